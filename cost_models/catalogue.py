@@ -1,0 +1,72 @@
+"""Built-in models, as data: one dict of shape numbers per model, expanded by family defaults.
+
+Sources: Llama 3 shapes from Meta's released config.json files (and arXiv 2407.21783 Table 3);
+GPT-3 from Brown et al. 2020 Table 2.1 with Megatron's padded vocabulary 51,200; Mixtral from
+its config.json; the Megatron family from Narayanan et al. SC'21 Table 1 (shared/reference/
+calibration.md); ntp-480b from the NTP paper's simulated model (shared/reference/ntp.md), whose
+vocabulary the paper does not state: we use Megatron GPT's 51,200.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cost_models.model import ModelSpec
+from topologies.naming import lookup
+
+_GPT = dict(family="gpt", gated_mlp=False, norm="layernorm", position="learned", bias=True,
+            dropout=0.1, tie_embeddings=True, vocab_size=51200, max_position_embeddings=2048)
+_LLAMA = dict(family="llama", gated_mlp=True, norm="rmsnorm", position="rope", bias=False,
+              dropout=0.0, tie_embeddings=False)
+
+
+def _gpt(name: str, hidden: int, layers: int, heads: int, **kw) -> ModelSpec:
+    fields = {**_GPT, **kw}
+    return ModelSpec(name=name, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_layers=layers,
+                     num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads, **fields)
+
+
+def _llama(name: str, hidden: int, ffn: int, layers: int, heads: int, kv: int, vocab: int,
+           max_pos: int, **kw) -> ModelSpec:
+    return ModelSpec(name=name, hidden_size=hidden, ffn_hidden_size=ffn, num_layers=layers,
+                     num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads, vocab_size=vocab,
+                     max_position_embeddings=max_pos, **{**_LLAMA, **kw})
+
+
+# Narayanan et al. SC'21 Table 1: (name, heads, hidden, layers)
+_MEGATRON_FAMILY = [
+    ("megatron-1.7b", 24, 2304, 24),
+    ("megatron-3.6b", 32, 3072, 30),
+    ("megatron-7.5b", 32, 4096, 36),
+    ("megatron-18.4b", 48, 6144, 40),
+    ("megatron-39.1b", 64, 8192, 48),
+    ("megatron-76.1b", 80, 10240, 60),
+    ("megatron-145.6b", 96, 12288, 80),
+    ("megatron-310.1b", 128, 16384, 96),
+    ("megatron-529.6b", 128, 20480, 105),
+    ("megatron-1t", 160, 25600, 128),
+]
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        _gpt("gpt3-175b", 12288, 96, 96),
+        _llama("llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192),
+        _llama("llama3-70b", 8192, 28672, 80, 64, 8, 128256, 8192),
+        _llama("llama3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072),
+        _llama("mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768, num_experts=8, moe_top_k=2,
+               moe_ffn_hidden_size=14336),
+        *[_gpt(name, hidden, layers, heads) for name, heads, hidden, layers in _MEGATRON_FAMILY],
+        _gpt("ntp-480b", 20480, 100, 128, max_position_embeddings=16384),
+    ]
+}
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    """A catalogue name, or a path to a HuggingFace ``config.json`` or a YAML file of its keys."""
+    path = Path(name_or_path)
+    if path.suffix in {".json", ".yaml", ".yml"} or path.exists():
+        from cost_models.hf_config import load_model_file
+
+        return load_model_file(path)
+    return lookup(MODELS, name_or_path, "model", "Run `ntp models` to list them, or pass a config.json.")

@@ -1,0 +1,141 @@
+"""ParallelLayout: HOW a model is spread over GPUs, and the rules a layout must obey.
+
+It lives in cost_models because the step estimator reads it, and ntp_planner (which searches
+over layouts) imports it from here; the dependency arrow points one way.
+
+Rank order (one rule, used everywhere): ``tp`` varies fastest, then ``cp``, then ``dp``, then
+``pp`` (Megatron's default "tp-cp-ep-dp-pp"; ``ep`` is carved out of ``dp x cp``). A rank's
+coordinates are ``rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i))``. Worked example, tp=2, dp=2,
+pp=2 on 8 GPUs: TP groups {0,1} {2,3} {4,5} {6,7}; DP groups {0,2} {1,3} {4,6} {5,7};
+pipelines {0,4} {1,5} {2,6} {3,7}.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cost_models.model import ModelSpec
+from cost_models.training import TrainingSpec
+
+Recompute = Literal["none", "selective", "full"]
+
+
+class ParallelLayout(BaseModel):
+    """Degrees of every parallel axis plus batching and memory-saving choices."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree (inside one NVLink domain).")
+    pp: int = Field(default=1, ge=1, description="Pipeline stages.")
+    dp: int = Field(default=1, ge=1, description="Data-parallel replicas.")
+    cp: int = Field(default=1, ge=1, description="Context-parallel degree (sequence split for attention).")
+    ep: int = Field(default=1, ge=1, description="Expert-parallel degree, carved out of dp x cp.")
+    micro_batch: int = Field(default=1, ge=1, description="Sequences per micro-batch.")
+    global_batch: int = Field(gt=0, description="Sequences per optimizer step.")
+    vpp: int = Field(default=1, ge=1, description="Virtual (interleaved) stages per pipeline rank.")
+    sequence_parallel: bool = Field(default=False, description="Shard norms/dropout over TP (needs tp > 1).")
+    recompute: Recompute = Field(default="none", description="Activation recomputation granularity.")
+    distributed_optimizer: bool = Field(default=False, description="Shard optimizer state over DP.")
+    pp_layers: tuple[int, ...] | None = Field(
+        default=None, description="Layers per pipeline stage; None = even, leading stages one more."
+    )
+    overlap_grad_reduce: bool = Field(default=True, description="Overlap the DP gradient reduction with backward.")
+    tp_comm_overlap: bool = Field(default=False, description="Overlap TP collectives with GEMMs (userbuffers).")
+    overlap_p2p: bool = Field(default=True, description="Overlap pipeline sends/receives with compute.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ParallelLayout:
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence parallelism needs tp > 1; drop --sequence-parallel or raise --tp")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise ValueError(
+                f"global_batch({self.global_batch}) is not divisible by micro_batch({self.micro_batch}) * "
+                f"dp({self.dp}) = {self.micro_batch * self.dp}; micro-batches per step must be whole"
+            )
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError(f"interleaving (vpp={self.vpp}) needs pp > 1")
+        if self.pp_layers is not None and len(self.pp_layers) != self.pp:
+            raise ValueError(f"pp_layers has {len(self.pp_layers)} entries but pp = {self.pp}")
+        if self.pp_layers is not None and min(self.pp_layers) < 1:
+            raise ValueError(f"every pipeline stage needs at least one layer, got {list(self.pp_layers)}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches each pipeline runs per step: global / (micro * dp)."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers on each pipeline stage.
+
+        >>> ParallelLayout(pp=4, global_batch=8).stage_layers(10)
+        (3, 3, 2, 2)
+        """
+        if self.pp_layers is not None:
+            return self.pp_layers
+        base, extra = divmod(num_layers, self.pp)
+        return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
+
+    def describe(self) -> str:
+        """Compact one-line form, e.g. 'tp8 pp4 dp32 mb1 vpp2 sp full distopt'."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"mb{self.micro_batch}"] + ([f"vpp{self.vpp}"] if self.vpp > 1 else [])
+        parts += ["sp"] if self.sequence_parallel else []
+        parts += [f"rc-{self.recompute}"] if self.recompute != "none" else []
+        parts += ["distopt"] if self.distributed_optimizer else []
+        return " ".join(parts)
+
+
+def check_layout(layout: ParallelLayout, model: ModelSpec, training: TrainingSpec,
+                 num_gpus: int, domain_size: int) -> None:
+    """Raise ValueError naming the first rule ``layout`` breaks for this model and cluster."""
+    lay, m = layout, model
+    if lay.world_size != num_gpus:
+        raise ValueError(
+            f"tp({lay.tp}) * cp({lay.cp}) * dp({lay.dp}) * pp({lay.pp}) = {lay.world_size} != GPUs({num_gpus}); "
+            "the degrees must multiply to the GPU count"
+        )
+    if lay.global_batch != training.global_batch:
+        raise ValueError(f"layout global_batch({lay.global_batch}) != training global_batch({training.global_batch})")
+    if lay.tp > domain_size or domain_size % lay.tp:
+        raise ValueError(
+            f"tp({lay.tp}) must divide the NVLink domain size ({domain_size}) so each TP group stays inside one domain"
+        )
+    if m.num_heads % lay.tp:
+        raise ValueError(f"heads({m.num_heads}) % tp({lay.tp}) = {m.num_heads % lay.tp}; tp must divide the heads")
+    if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
+        raise ValueError(
+            f"kv_heads({m.num_kv_heads}) and tp({lay.tp}) must divide one another (KV groups are split or replicated)"
+        )
+    if m.ffn_hidden_size % lay.tp:
+        raise ValueError(f"ffn_hidden_size({m.ffn_hidden_size}) % tp({lay.tp}) != 0; tp must divide the MLP width")
+    if lay.pp > m.num_layers:
+        raise ValueError(f"pp({lay.pp}) > layers({m.num_layers}); each stage needs at least one layer")
+    stages = lay.stage_layers(m.num_layers)
+    if sum(stages) != m.num_layers:
+        raise ValueError(f"pp_layers sum to {sum(stages)} but the model has {m.num_layers} layers")
+    if lay.vpp > 1 and min(stages) < lay.vpp:
+        raise ValueError(
+            f"vpp({lay.vpp}) > layers on the smallest stage ({min(stages)}); each virtual stage needs a layer"
+        )
+    if lay.cp > 1 and training.seq_len % (2 * lay.cp):
+        raise ValueError(f"seq_len({training.seq_len}) % (2 * cp({lay.cp})) != 0; causal CP splits the sequence in 2*cp chunks")
+    if lay.ep > 1:
+        if not m.is_moe:
+            raise ValueError(f"ep({lay.ep}) > 1 needs an MoE model; {m.name} is dense")
+        if m.num_experts % lay.ep:
+            raise ValueError(f"experts({m.num_experts}) % ep({lay.ep}) != 0; ep must divide the experts")
+        if (lay.dp * lay.cp) % lay.ep:
+            raise ValueError(f"dp({lay.dp}) * cp({lay.cp}) = {lay.dp * lay.cp} is not divisible by ep({lay.ep})")
+    if training.seq_len > m.max_position_embeddings and m.position == "learned":
+        raise ValueError(
+            f"seq_len({training.seq_len}) > max_position_embeddings({m.max_position_embeddings}) of {m.name}"
+        )

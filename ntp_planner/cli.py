@@ -1,0 +1,253 @@
+"""The `ntp` command: a thin layer over the library. Only this module prints.
+
+Heavy imports (pydantic models, numpy, rich tables) happen inside commands so `ntp --help`
+stays fast; torch is never imported by these commands.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    help="Plan how to parallelise LLM training over thousands of GPUs, and what failures cost.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class Dtype(str, Enum):
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+
+class RecomputeOpt(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Catalogue name (see `ntp models`) or a config.json / YAML path.")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs, a multiple of the NVLink domain size.")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
+BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")]
+DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Compute precision.")]
+FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention", help="Fused attention kernels.")]
+DistOptOpt = Annotated[bool, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state over DP.")]
+HeadroomOpt = Annotated[float, typer.Option("--headroom", help="Fraction of HBM kept free (fragmentation, spikes).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
+OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Save the Plan as JSON here (written atomically).")]
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message.rstrip('.')}.", err=True)
+    return typer.Exit(2)
+
+
+def user_errors(fn):
+    """Turn ValueError (bad input) into one sentence on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as exc:
+            from pydantic import ValidationError
+
+            if isinstance(exc, ValidationError):
+                from topologies.clusters import first_error
+
+                raise _fail(first_error(exc)) from None
+            raise _fail(str(exc)) from None
+
+    return wrapper
+
+
+def _print(renderable) -> None:
+    from rich.console import Console
+
+    Console().print(renderable)
+
+
+def _print_json(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+
+
+def _inputs(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int, dtype: Dtype, flash: bool,
+            distributed_optimizer: bool):
+    from cost_models import TrainingSpec, resolve_model
+    from topologies import Cluster, resolve_cluster_spec
+
+    model_spec = resolve_model(model)
+    cluster_obj = Cluster(spec=resolve_cluster_spec(cluster), num_gpus=gpus)
+    training = TrainingSpec(seq_len=seq_len, global_batch=global_batch, dtype=dtype.value, flash_attention=flash,
+                            distributed_optimizer=distributed_optimizer)
+    cluster_obj.gpu.peak_flops_per_s(training.dtype)  # fp8 on a GPU without it fails here, clearly
+    return model_spec, training, cluster_obj
+
+
+@app.command()
+@user_errors
+def models(json_out: JsonOpt = False) -> None:
+    """List the built-in models. Example: ntp models --json"""
+    from cost_models import MODELS
+
+    if json_out:
+        _print_json([m.model_dump(mode="json") | {"num_params": m.num_params} for m in MODELS.values()])
+    else:
+        from ntp_planner.report import models_table
+
+        _print(models_table(list(MODELS.values())))
+
+
+@app.command()
+@user_errors
+def clusters(json_out: JsonOpt = False) -> None:
+    """List the built-in clusters. Example: ntp clusters"""
+    from topologies import CLUSTERS
+
+    if json_out:
+        _print_json([c.model_dump(mode="json") for c in CLUSTERS.values()])
+    else:
+        from ntp_planner.report import clusters_table
+
+        _print(clusters_table(list(CLUSTERS.values())))
+
+
+@app.command()
+@user_errors
+def plan(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    gpus: GpusOpt,
+    seq_len: SeqOpt = 8192,
+    global_batch: BatchOpt = 1024,
+    dtype: DtypeOpt = Dtype.bf16,
+    flash_attention: FlashOpt = True,
+    distributed_optimizer: DistOptOpt = True,
+    headroom: HeadroomOpt = 0.1,
+    top: Annotated[int, typer.Option("--top", help="Layouts to keep: the best and top-1 runners-up.")] = 5,
+    output: OutOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Search every uniform layout and show the fastest that fits.
+
+    Example: ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 --seq-len 8192 -o plan.json
+    """
+    from ntp_planner.planner import make_plan
+
+    inputs = _inputs(model, cluster, gpus, seq_len, global_batch, dtype, flash_attention, distributed_optimizer)
+    result = make_plan(*inputs, headroom=headroom, top=top)
+    if output:
+        result.save(output)
+    if json_out:
+        sys.stdout.write(result.model_dump_json(indent=1) + "\n")
+    else:
+        from ntp_planner.report import plan_view
+
+        _print(plan_view(result))
+        if output:
+            _print(f"plan written to {output}")
+
+
+@app.command()
+@user_errors
+def estimate(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    gpus: GpusOpt,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 1,
+    dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree; default GPUs / (tp pp cp).")] = None,
+    cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")] = 1,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
+    vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaving).")] = 1,
+    pp_layers: Annotated[Optional[str], typer.Option("--pp-layers", help="Layers per stage, e.g. 13,13,12,12.")] = None,
+    recompute: Annotated[RecomputeOpt, typer.Option("--recompute", help="Activation recomputation.")] = RecomputeOpt.none,
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", help="Shard norms/dropout over TP.")] = False,
+    distributed_optimizer: Annotated[bool, typer.Option("--distributed-optimizer", help="Shard optimizer state over DP.")] = False,
+    overlap_grad_reduce: Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap DP sync with backward.")] = True,
+    overlap_p2p: Annotated[bool, typer.Option("--overlap-p2p/--no-overlap-p2p", help="Overlap pipeline sends with compute.")] = True,
+    tp_comm_overlap: Annotated[bool, typer.Option("--tp-comm-overlap", help="Overlap TP collectives with GEMMs.")] = False,
+    seq_len: SeqOpt = 8192,
+    global_batch: BatchOpt = 1024,
+    dtype: DtypeOpt = Dtype.bf16,
+    flash_attention: FlashOpt = True,
+    output: OutOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict step time, memory and MFU of a layout you choose.
+
+    Example: ntp estimate -m gpt3-175b -c dgx-a100 -n 1024 --tp 8 --pp 8 --seq-len 2048 --global-batch 1536
+    """
+    from cost_models import ParallelLayout, estimate_step
+
+    inputs = _inputs(model, cluster, gpus, seq_len, global_batch, dtype, flash_attention, distributed_optimizer)
+    if dp is None:
+        if gpus % (tp * pp * cp):
+            raise ValueError(f"GPUs({gpus}) is not divisible by tp({tp}) * pp({pp}) * cp({cp}) = {tp * pp * cp}")
+        dp = gpus // (tp * pp * cp)
+    layout = ParallelLayout(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=micro_batch, global_batch=global_batch, vpp=vpp,
+        pp_layers=_parse_layers(pp_layers), recompute=recompute.value, sequence_parallel=sequence_parallel,
+        distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
+        overlap_p2p=overlap_p2p, tp_comm_overlap=tp_comm_overlap,
+    )
+    cost = estimate_step(*inputs, layout)
+    if output:
+        from ntp_planner.planner import plan_from_layout
+
+        plan_from_layout(*inputs, layout).save(output)
+    if json_out:
+        sys.stdout.write(cost.model_dump_json(indent=1) + "\n")
+    else:
+        from ntp_planner.report import cost_tables
+
+        _print(f"[bold]{inputs[0].name}[/bold]: {layout.describe()}")
+        _print(cost_tables(cost))
+        if not cost.fits():
+            _print(f"[red]does not fit: needs {cost.memory_per_gpu_bytes / 1e9:.1f} GB of {cost.hbm_bytes / 1e9:.0f} GB[/red]")
+
+
+def _parse_layers(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--pp-layers {text!r} must be comma-separated whole numbers, e.g. 13,13,12,12") from None
+
+
+@app.command()
+@user_errors
+def explain(
+    plan_file: Annotated[Path, typer.Argument(help="A plan written by `ntp plan -o` or `ntp estimate -o`.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Where the time and memory go, and why the runners-up lost. Example: ntp explain plan.json"""
+    from ntp_planner.plan import Plan
+    from ntp_planner.report import explain_json, explain_view
+
+    p = Plan.load(plan_file)
+    if json_out:
+        _print_json(explain_json(p))
+    else:
+        _print(explain_view(p))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Rich renderables for the CLI. Nothing here prints; cli.py does."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from cost_models.model import ModelSpec
+from cost_models.step import StepCost
+from ntp_planner.plan import Plan, RunnerUp
+from topologies.clusters import ClusterSpec
+
+TIME_LABELS = {
+    "compute": "forward + backward compute",
+    "recompute": "activation recompute",
+    "tp_comm": "TP collectives",
+    "cp_comm": "CP collectives (exposed)",
+    "ep_comm": "expert all-to-all",
+    "pp_p2p": "pipeline sends (exposed)",
+    "pp_bubble": "pipeline bubble",
+    "dp_comm_exposed": "DP gradient sync (exposed)",
+    "optimizer": "optimizer step",
+    "overhead": "fixed overhead",
+}
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def models_table(models: list[ModelSpec]) -> Table:
+    t = Table(title="Models")
+    for col in ("name", "family", "params", "layers", "hidden", "ffn", "heads/kv", "vocab", "experts"):
+        t.add_column(col, justify="left" if col in ("name", "family") else "right")
+    for m in models:
+        experts = f"{m.num_experts} top-{m.moe_top_k}" if m.is_moe else "-"
+        t.add_row(m.name, m.family, f"{m.num_params / 1e9:.1f}B", str(m.num_layers), str(m.hidden_size),
+                  str(m.ffn_hidden_size), f"{m.num_heads}/{m.num_kv_heads}", str(m.vocab_size), experts)
+    return t
+
+
+def clusters_table(specs: list[ClusterSpec]) -> Table:
+    t = Table(title="Clusters (bandwidths per GPU, one way)")
+    for col in ("name", "GPU", "NVLink domain", "GPUs/node", "NVLink", "scale-out", "description"):
+        t.add_column(col, justify="right" if col in ("NVLink domain", "GPUs/node", "NVLink", "scale-out") else "left")
+    for c in specs:
+        t.add_row(c.name, c.gpu, str(c.domain_size), str(c.gpus_per_node), f"{c.nvlink_bw_bytes_per_s / 1e9:.0f} GB/s",
+                  f"{c.scaleout_bw_bytes_per_s / 1e9:.0f} GB/s", c.description)
+    return t
+
+
+def cost_tables(cost: StepCost) -> Group:
+    """Headline numbers, time breakdown and memory breakdown."""
+    head = Table(show_header=False, box=None)
+    head.add_row("step time", f"{cost.step_time_s:.3f} s")
+    head.add_row("MFU", f"{cost.mfu:.1%}")
+    head.add_row("tokens/s", f"{cost.tokens_per_s:,.0f}")
+    head.add_row("memory per GPU", f"{gb(cost.memory_per_gpu_bytes)} of {gb(cost.hbm_bytes)}")
+    time = Table(title="Where the time goes")
+    time.add_column("part")
+    time.add_column("seconds", justify="right")
+    time.add_column("share", justify="right")
+    for k, v in cost.time_breakdown_s.items():
+        if v > 0:
+            time.add_row(TIME_LABELS.get(k, k), f"{v:.3f}", f"{v / cost.step_time_s:.1%}")
+    mem = Table(title=f"Where the memory goes (stage {_fullest(cost)}, the fullest)")
+    mem.add_column("part")
+    mem.add_column("bytes", justify="right")
+    mem.add_column("share", justify="right")
+    for k, v in cost.memory_breakdown_bytes.items():
+        mem.add_row(k.replace("_", " "), gb(v), f"{v / cost.memory_per_gpu_bytes:.1%}")
+    return Group(head, time, mem)
+
+
+def _fullest(cost: StepCost) -> int:
+    return max(range(len(cost.stage_memory_bytes)), key=cost.stage_memory_bytes.__getitem__)
+
+
+def plan_view(plan: Plan) -> Group:
+    c = plan.cluster
+    title = Text(f"{plan.model.name} on {c.num_gpus} x {c.spec.gpu} ({c.spec.name}), "
+                 f"seq {plan.training.seq_len}, global batch {plan.training.global_batch}, {plan.training.dtype}",
+                 style="bold")
+    parts = [title, Text(f"layout: {plan.layout.describe()}", style="bold green"), cost_tables(plan.predicted)]
+    if plan.runners_up:
+        parts.append(runners_up_table(plan))
+    return Group(*parts)
+
+
+def runners_up_table(plan: Plan) -> Table:
+    t = Table(title="Runners-up")
+    for col in ("layout", "step time", "MFU", "memory", "why it lost"):
+        t.add_column(col, justify="left" if col in ("layout", "why it lost") else "right")
+    for r in plan.runners_up:
+        t.add_row(r.layout.describe(), f"{r.step_time_s:.3f} s", f"{r.mfu:.1%}", gb(r.memory_per_gpu_bytes),
+                  why_lost(plan.predicted, r))
+    return t
+
+
+def why_lost(best: StepCost, r: RunnerUp, parts: int = 2) -> str:
+    """The runner-up's slowest-growing parts relative to the chosen layout."""
+    delta = r.step_time_s - best.step_time_s
+    diffs = sorted(((r.time_breakdown_s[k] - best.time_breakdown_s.get(k, 0.0), k) for k in r.time_breakdown_s),
+                   reverse=True)
+    worse = [f"{TIME_LABELS.get(k, k)} +{d:.3f} s" for d, k in diffs[:parts] if d > 1e-6]
+    return f"+{delta:.3f} s ({delta / best.step_time_s:+.1%}): " + ", ".join(worse or ["ties on time"])
+
+
+def explain_view(plan: Plan) -> Group:
+    return Group(
+        Text(f"{plan.model.name}: {plan.layout.describe()} ({plan.source})", style="bold"),
+        cost_tables(plan.predicted),
+        runners_up_table(plan) if plan.runners_up else Text("No runners-up stored (the layout was given by the user)."),
+    )
+
+
+def explain_json(plan: Plan) -> dict:
+    cost = plan.predicted
+    return {
+        "layout": plan.layout.model_dump(mode="json"),
+        "step_time_s": cost.step_time_s,
+        "time_breakdown_s": cost.time_breakdown_s,
+        "memory_per_gpu_bytes": cost.memory_per_gpu_bytes,
+        "memory_breakdown_bytes": cost.memory_breakdown_bytes,
+        "runners_up": [
+            {"layout": r.layout.model_dump(mode="json"), "step_time_s": r.step_time_s,
+             "delta_s": r.step_time_s - cost.step_time_s, "why": why_lost(cost, r)}
+            for r in plan.runners_up
+        ],
+    }

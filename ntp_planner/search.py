@@ -1,0 +1,121 @@
+"""Exhaustive search over uniform layouts, ranked by predicted step time.
+
+The space searched is exactly ``SearchSpace``: every combination of its candidate values that
+passes ``check_layout`` and fits memory. Nothing inside that space is pruned by heuristics, so
+the search equals brute-force enumeration (tests/ntp_planner/test_search.py checks this).
+"""
+
+from __future__ import annotations
+
+from itertools import product
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from cost_models.layout import ParallelLayout, Recompute
+from cost_models.model import ModelSpec
+from cost_models.step import StepCost, estimate_step
+from cost_models.training import TrainingSpec
+from topologies.cluster import Cluster
+
+CP_FROM_TOKENS = {2: 8192, 4: 32768, 8: 32768}  # smallest sequence at which each cp degree is tried
+
+
+class SearchSpace(BaseModel):
+    """Candidate values per axis. tp, pp, cp and ep are further restricted to the values that
+    divide what they must divide; dp is whatever GPUs remain."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    micro_batches: tuple[int, ...] = Field(default=(1, 2, 4, 8), description="Micro-batch sizes tried.")
+    vpps: tuple[int, ...] = Field(default=(1, 2, 4), description="Virtual stages tried when pp > 1.")
+    recomputes: tuple[Recompute, ...] = Field(default=("none", "selective", "full"))
+    cps: tuple[int, ...] | None = Field(
+        default=None, description="Context-parallel degrees; None = 1, plus 2 from 8K tokens, plus 4 and 8 from 32K."
+    )
+    max_pp: int = Field(default=128, description="Largest pipeline degree tried.")
+
+
+class Candidate(BaseModel):
+    """A ranked layout and its predicted cost."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layout: ParallelLayout
+    cost: StepCost
+
+
+class SearchResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ranked: list[Candidate] = Field(description="Layouts that fit, fastest first.")
+    evaluated: int = Field(description="Valid layouts costed.")
+    rejected_memory: int = Field(description="Valid layouts that did not fit memory.")
+    least_memory: Candidate | None = Field(description="The valid layout needing least memory.")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
+                      space: SearchSpace = SearchSpace()) -> list[ParallelLayout]:
+    """Every layout of ``space`` that obeys the model/cluster divisibility rules."""
+    n, domain, batch = cluster.num_gpus, cluster.spec.domain_size, training.global_batch
+    tps = [t for t in divisors(domain)
+           if model.num_heads % t == 0 and model.ffn_hidden_size % t == 0
+           and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)]
+    cps = space.cps or (1, *[c for c, s in CP_FROM_TOKENS.items() if training.seq_len >= s])
+    out = []
+    for tp, cp in product(tps, cps):
+        if n % (tp * cp) or (cp > 1 and training.seq_len % (2 * cp)):
+            continue
+        for pp in divisors(n // (tp * cp)):
+            if pp > min(model.num_layers, space.max_pp):
+                break
+            dp = n // (tp * cp * pp)
+            smallest_stage = model.num_layers // pp
+            eps = [e for e in divisors(dp * cp) if model.num_experts % e == 0] if model.is_moe else [1]
+            for mb, vpp, rc, ep in product(space.micro_batches, space.vpps, space.recomputes, eps):
+                if batch % (mb * dp) or (vpp > 1 and (pp == 1 or smallest_stage < vpp)):
+                    continue
+                out.append(ParallelLayout(
+                    tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=batch, vpp=vpp,
+                    sequence_parallel=tp > 1, recompute=rc,
+                    distributed_optimizer=training.distributed_optimizer and dp > 1,
+                ))
+    return out
+
+
+def search(model: ModelSpec, training: TrainingSpec, cluster: Cluster, headroom: float = 0.1,
+           space: SearchSpace = SearchSpace(), efficiency: Efficiency = DEFAULT_EFFICIENCY) -> SearchResult:
+    """Cost every layout in ``space``; keep those whose memory fits HBM x (1 - headroom)."""
+    fitting, rejected, least = [], 0, None
+    layouts = enumerate_layouts(model, training, cluster, space)
+    for layout in layouts:
+        cost = estimate_step(model, training, layout, cluster, efficiency)
+        cand = Candidate(layout=layout, cost=cost)
+        if least is None or cost.memory_per_gpu_bytes < least.cost.memory_per_gpu_bytes:
+            least = cand
+        if cost.fits(headroom):
+            fitting.append(cand)
+        else:
+            rejected += 1
+    fitting.sort(key=lambda c: (c.cost.step_time_s, c.cost.memory_per_gpu_bytes, c.layout.describe()))
+    return SearchResult(ranked=fitting, evaluated=len(layouts), rejected_memory=rejected, least_memory=least)
+
+
+def no_fit_message(result: SearchResult, model: ModelSpec, cluster: Cluster, headroom: float) -> str:
+    """One sentence: why nothing fits and by how much the leanest layout misses."""
+    if result.least_memory is None:
+        return (f"no valid layout of {model.name} exists on {cluster.num_gpus} GPUs of {cluster.spec.name}: "
+                "check that the GPU count and global batch divide evenly")
+    c = result.least_memory
+    usable = c.cost.hbm_bytes * (1 - headroom)
+    missing = c.cost.memory_per_gpu_bytes - usable
+    return (
+        f"{model.name} fits no layout on {cluster.num_gpus} x {cluster.gpu.name}: the leanest, "
+        f"{c.layout.describe()}, needs {c.cost.memory_per_gpu_bytes / 1e9:.1f} GB per GPU but "
+        f"{usable / 1e9:.1f} GB is usable ({c.cost.hbm_bytes / 1e9:.0f} GB x (1 - headroom {headroom:g})), "
+        f"{missing / 1e9:.1f} GB short; add GPUs, shorten the sequence or lower --headroom"
+    )
