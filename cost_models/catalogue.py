@@ -14,23 +14,51 @@ from pathlib import Path
 from cost_models.model import ModelSpec
 from topologies.naming import lookup
 
-_GPT = dict(family="gpt", gated_mlp=False, norm="layernorm", position="learned", bias=True,
-            dropout=0.1, tie_embeddings=True, vocab_size=51200, max_position_embeddings=2048)
-_LLAMA = dict(family="llama", gated_mlp=True, norm="rmsnorm", position="rope", bias=False,
-              dropout=0.0, tie_embeddings=False)
+_GPT = dict(
+    family="gpt",
+    gated_mlp=False,
+    norm="layernorm",
+    position="learned",
+    bias=True,
+    dropout=0.1,
+    tie_embeddings=True,
+    vocab_size=51200,
+    max_position_embeddings=2048,
+)
+_LLAMA = dict(
+    family="llama", gated_mlp=True, norm="rmsnorm", position="rope", bias=False, dropout=0.0, tie_embeddings=False
+)
 
 
 def _gpt(name: str, hidden: int, layers: int, heads: int, **kw) -> ModelSpec:
     fields = {**_GPT, **kw}
-    return ModelSpec(name=name, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_layers=layers,
-                     num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads, **fields)
+    return ModelSpec(
+        name=name,
+        hidden_size=hidden,
+        ffn_hidden_size=4 * hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hidden // heads,
+        **fields,
+    )
 
 
-def _llama(name: str, hidden: int, ffn: int, layers: int, heads: int, kv: int, vocab: int,
-           max_pos: int, **kw) -> ModelSpec:
-    return ModelSpec(name=name, hidden_size=hidden, ffn_hidden_size=ffn, num_layers=layers,
-                     num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads, vocab_size=vocab,
-                     max_position_embeddings=max_pos, **{**_LLAMA, **kw})
+def _llama(
+    name: str, hidden: int, ffn: int, layers: int, heads: int, kv: int, vocab: int, max_pos: int, **kw
+) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        hidden_size=hidden,
+        ffn_hidden_size=ffn,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hidden // heads,
+        vocab_size=vocab,
+        max_position_embeddings=max_pos,
+        **{**_LLAMA, **kw},
+    )
 
 
 # Narayanan et al. SC'21 Table 1: (name, heads, hidden, layers)
@@ -54,8 +82,9 @@ MODELS: dict[str, ModelSpec] = {
         _llama("llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192),
         _llama("llama3-70b", 8192, 28672, 80, 64, 8, 128256, 8192),
         _llama("llama3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072),
-        _llama("mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768, num_experts=8, moe_top_k=2,
-               moe_ffn_hidden_size=14336),
+        _llama(
+            "mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=14336
+        ),
         *[_gpt(name, hidden, layers, heads) for name, heads, hidden, layers in _MEGATRON_FAMILY],
         _gpt("ntp-480b", 20480, 100, 128, max_position_embeddings=16384),
     ]

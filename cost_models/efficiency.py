@@ -38,9 +38,7 @@ class Efficiency(BaseModel):
     nvlink_efficiency: float = Field(
         default=0.8, description="NCCL bus bandwidth over NVLink / one-way link rate (nccl-tests on DGX)."
     )
-    scaleout_efficiency: float = Field(
-        default=0.9, description="NCCL bus bandwidth over InfiniBand / NIC line rate."
-    )
+    scaleout_efficiency: float = Field(default=0.9, description="NCCL bus bandwidth over InfiniBand / NIC line rate.")
     tp_overlap_hidden: float = Field(
         default=0.7, description="Fraction of TP communication hidden behind GEMMs when overlap is on."
     )

@@ -39,8 +39,7 @@ def gemm(name: str, m: int, n: int, k: int, batch: int = 1) -> Op:
     return Op(name=name, kind="gemm", flops=2.0 * m * n * k * batch, m=m, n=n, k=k, batch=batch)
 
 
-def attention_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int,
-                  flash: bool) -> list[Op]:
+def attention_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, flash: bool) -> list[Op]:
     """QKV projection, attention core (QK^T and AV), output projection.
 
     Core FLOPs 4 b s^2 q / (tp cp): counted in full by the MFU convention; a flash kernel
@@ -66,8 +65,15 @@ def attention_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp:
     return ops
 
 
-def mlp_ops(model: ModelSpec, tokens: int, tp: int, width: int, name: str = "mlp",
-            routed_tokens: int | None = None, experts_per_rank: int = 1) -> list[Op]:
+def mlp_ops(
+    model: ModelSpec,
+    tokens: int,
+    tp: int,
+    width: int,
+    name: str = "mlp",
+    routed_tokens: int | None = None,
+    experts_per_rank: int = 1,
+) -> list[Op]:
     """Column-parallel up (and gate) projection, activation, row-parallel down projection."""
     h, f = model.hidden_size, width // tp
     rows = routed_tokens if routed_tokens is not None else tokens
@@ -97,12 +103,20 @@ def norm_residual_ops(model: ModelSpec, tokens: int, shard: int) -> list[Op]:
     1-byte dropout mask). ``shard`` is tp under sequence parallelism, else 1 (replicated)."""
     th = tokens * model.hidden_size / shard
     residual = (3 * ACT_BYTES + (1 if model.dropout else 0)) * th
-    return [Op("norms", "memory", mem_bytes=2 * 2 * ACT_BYTES * th),
-            Op("residuals", "memory", mem_bytes=2 * residual)]
+    return [Op("norms", "memory", mem_bytes=2 * 2 * ACT_BYTES * th), Op("residuals", "memory", mem_bytes=2 * residual)]
 
 
-def layer_ops(model: ModelSpec, layer: int, micro_batch: int, seq_len: int, tp: int, cp: int,
-              ep: int, sequence_parallel: bool, flash: bool) -> list[Op]:
+def layer_ops(
+    model: ModelSpec,
+    layer: int,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash: bool,
+) -> list[Op]:
     """Every op of transformer layer ``layer`` for one micro-batch forward on one GPU."""
     tokens = micro_batch * seq_len // cp
     ops = attention_ops(model, micro_batch, seq_len, tp, cp, flash)

@@ -33,7 +33,9 @@ def load_model_file(path: Path) -> ModelSpec:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         kind = "JSON" if path.suffix == ".json" else "YAML"
-        raise ValueError(f"model file {path} is not valid {kind}: {str(exc).splitlines()[0]}; fix the syntax.") from None
+        raise ValueError(
+            f"model file {path} is not valid {kind}: {str(exc).splitlines()[0]}; fix the syntax."
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"model file {path} must hold a mapping of config keys.")
     return model_from_hf_config(data, name=path.parent.name if path.stem == "config" else path.stem, where=str(path))

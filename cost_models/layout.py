@@ -94,8 +94,9 @@ class ParallelLayout(BaseModel):
         return " ".join(parts)
 
 
-def check_layout(layout: ParallelLayout, model: ModelSpec, training: TrainingSpec,
-                 num_gpus: int, domain_size: int) -> None:
+def check_layout(
+    layout: ParallelLayout, model: ModelSpec, training: TrainingSpec, num_gpus: int, domain_size: int
+) -> None:
     """Raise ValueError naming the first rule ``layout`` breaks for this model and cluster."""
     lay, m = layout, model
     if lay.world_size != num_gpus:
@@ -127,7 +128,9 @@ def check_layout(layout: ParallelLayout, model: ModelSpec, training: TrainingSpe
             f"vpp({lay.vpp}) > layers on the smallest stage ({min(stages)}); each virtual stage needs a layer"
         )
     if lay.cp > 1 and training.seq_len % (2 * lay.cp):
-        raise ValueError(f"seq_len({training.seq_len}) % (2 * cp({lay.cp})) != 0; causal CP splits the sequence in 2*cp chunks")
+        raise ValueError(
+            f"seq_len({training.seq_len}) % (2 * cp({lay.cp})) != 0; causal CP splits the sequence in 2*cp chunks"
+        )
     if lay.ep > 1:
         if not m.is_moe:
             raise ValueError(f"ep({lay.ep}) > 1 needs an MoE model; {m.name} is dense")

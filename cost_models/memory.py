@@ -40,12 +40,11 @@ def state_bytes(params: float, dtype: str, dp: int, distributed_optimizer: bool)
     return StateBytes(weights=2.0 * params, grads=grad * params, optimizer=opt * params / shard)
 
 
-def stage_params(model: ModelSpec, layers: range, tp: int, ep: int, first: bool, last: bool,
-                 pp: int) -> float:
-    """Parameters one GPU of a pipeline stage holds. Norms and learned positions are replicated
-    over TP; everything else is split tp ways (experts ep * tp ways). A tied output layer on a
+def stage_params(model: ModelSpec, layers: range, tp: int, ep: int, first: bool, last: bool, pp: int) -> float:
+    """Parameters one GPU of a pipeline stage holds. Norms, row-parallel biases and learned
+    positions are replicated over TP; everything else is split tp ways (experts ep * tp ways). A tied output layer on a
     separate last stage keeps its own copy of the embedding (Megatron)."""
-    norms = model.norm_params
+    norms = model.tp_replicated_layer_params
     moe = model.count_moe_layers(layers.start, layers.stop)
     dense = len(layers) - moe
     total = dense * ((model.dense_layer_params - norms) / tp + norms)
@@ -60,8 +59,17 @@ def stage_params(model: ModelSpec, layers: range, tp: int, ep: int, first: bool,
     return total
 
 
-def activation_bytes_per_layer(model: ModelSpec, layer: int, seq_len: int, micro_batch: int, tp: int,
-                               sequence_parallel: bool, recompute: str, flash: bool, cp: int = 1) -> float:
+def activation_bytes_per_layer(
+    model: ModelSpec,
+    layer: int,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    flash: bool,
+    cp: int = 1,
+) -> float:
     """Bytes one layer stores for backward, for one micro-batch on one GPU.
 
     Tensors saved (Korthikanti Fig. 4 and 5), with T = b s / cp tokens, t = tp:

@@ -44,9 +44,7 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.num_experts:
             if not 0 < self.moe_top_k <= self.num_experts:
                 raise ValueError(f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})")
@@ -71,8 +69,10 @@ class ModelSpec(BaseModel):
 
     def is_moe_layer(self, layer: int) -> bool:
         """Layer ``layer`` (0-based) is MoE: past the dense prefix, every ``moe_layer_freq``-th."""
-        return self.is_moe and layer >= self.moe_first_dense_layers and (
-            (layer - self.moe_first_dense_layers) % self.moe_layer_freq == 0
+        return (
+            self.is_moe
+            and layer >= self.moe_first_dense_layers
+            and ((layer - self.moe_first_dense_layers) % self.moe_layer_freq == 0)
         )
 
     def count_moe_layers(self, start: int, stop: int) -> int:
@@ -112,6 +112,12 @@ class ModelSpec(BaseModel):
     def norm_params(self) -> int:
         """Two norms per layer; LayerNorm has a bias as well as a scale."""
         return 2 * self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def tp_replicated_layer_params(self) -> int:
+        """Per-layer parameters every TP rank keeps whole: the norms and the biases of the two
+        row-parallel projections (attention output, MLP down), added after the reduction."""
+        return self.norm_params + (2 * self.hidden_size if self.bias else 0)
 
     def mlp_params(self, width: int) -> int:
         bias = (width * (self.mlp_matrices - 1) + self.hidden_size) if self.bias else 0

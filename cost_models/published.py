@@ -42,9 +42,13 @@ class PublishedRow:
 
     @property
     def training(self) -> TrainingSpec:
-        return TrainingSpec(seq_len=self.seq_len, global_batch=self.global_batch,
-                            dtype="fp16" if self.table == "A" else "bf16",
-                            distributed_optimizer=self.table == "B", flash_attention=self.table == "B")
+        return TrainingSpec(
+            seq_len=self.seq_len,
+            global_batch=self.global_batch,
+            dtype="fp16" if self.table == "A" else "bf16",
+            distributed_optimizer=self.table == "B",
+            flash_attention=self.table == "B",
+        )
 
     @property
     def layout(self) -> ParallelLayout:
@@ -52,10 +56,18 @@ class PublishedRow:
         vpp = max(v for v in (1, 2, 3, 4) if per_stage % v == 0) if self.pp > 1 else 1
         a = self.table == "A"
         return ParallelLayout(
-            tp=self.tp, pp=self.pp, dp=self.gpus // (self.tp * self.pp), micro_batch=1,
-            global_batch=self.global_batch, vpp=vpp, recompute="full" if a else "none",
-            sequence_parallel=not a and self.tp > 1, distributed_optimizer=not a,
-            overlap_grad_reduce=not a, overlap_p2p=not a, tp_comm_overlap=not a,
+            tp=self.tp,
+            pp=self.pp,
+            dp=self.gpus // (self.tp * self.pp),
+            micro_batch=1,
+            global_batch=self.global_batch,
+            vpp=vpp,
+            recompute="full" if a else "none",
+            sequence_parallel=not a and self.tp > 1,
+            distributed_optimizer=not a,
+            overlap_grad_reduce=not a,
+            overlap_p2p=not a,
+            tp_comm_overlap=not a,
         )
 
     @property
@@ -72,23 +84,33 @@ class PublishedRow:
 
 
 _A = [  # name, TP, PP, GPUs, global batch, TFLOP/s per GPU
-    ("megatron-1.7b", 1, 1, 32, 512, 137), ("megatron-3.6b", 2, 1, 64, 512, 138),
-    ("megatron-7.5b", 4, 1, 128, 512, 142), ("megatron-18.4b", 8, 1, 256, 1024, 135),
-    ("megatron-39.1b", 8, 2, 512, 1536, 138), ("megatron-76.1b", 8, 4, 1024, 1792, 140),
-    ("megatron-145.6b", 8, 8, 1536, 2304, 148), ("megatron-310.1b", 8, 16, 1920, 2160, 155),
-    ("megatron-529.6b", 8, 35, 2520, 2520, 163), ("megatron-1t", 8, 64, 3072, 3072, 163),
+    ("megatron-1.7b", 1, 1, 32, 512, 137),
+    ("megatron-3.6b", 2, 1, 64, 512, 138),
+    ("megatron-7.5b", 4, 1, 128, 512, 142),
+    ("megatron-18.4b", 8, 1, 256, 1024, 135),
+    ("megatron-39.1b", 8, 2, 512, 1536, 138),
+    ("megatron-76.1b", 8, 4, 1024, 1792, 140),
+    ("megatron-145.6b", 8, 8, 1536, 2304, 148),
+    ("megatron-310.1b", 8, 16, 1920, 2160, 155),
+    ("megatron-529.6b", 8, 35, 2520, 2520, 163),
+    ("megatron-1t", 8, 64, 3072, 3072, 163),
 ]
 _B = [  # params, heads, hidden, layers, TP, PP, GPUs, global batch, TFLOP/s per GPU
-    ("1.7b", 16, 2048, 24, 1, 1, 48, 192, 408.8), ("7.1b", 32, 4096, 30, 2, 1, 96, 192, 465.9),
-    ("16b", 48, 6144, 32, 4, 1, 192, 192, 489.1), ("32b", 56, 7168, 48, 8, 1, 384, 192, 459.6),
-    ("70b", 64, 8192, 84, 8, 2, 768, 384, 419.7), ("119b", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
-    ("177b", 96, 12288, 96, 8, 6, 2304, 1152, 432.8), ("314b", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+    ("1.7b", 16, 2048, 24, 1, 1, 48, 192, 408.8),
+    ("7.1b", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+    ("16b", 48, 6144, 32, 4, 1, 192, 192, 489.1),
+    ("32b", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+    ("70b", 64, 8192, 84, 8, 2, 768, 384, 419.7),
+    ("119b", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+    ("177b", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+    ("314b", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
     ("462b", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
 ]
 
 TABLE_A = [PublishedRow("A", MODELS[n], tp, pp, g, b, f, 2048) for n, tp, pp, g, b, f in _A]
 TABLE_B = [
-    PublishedRow("B", _gpt(f"megatron-h100-{n}", h, L, a, vocab_size=131072, max_position_embeddings=4096),
-                 tp, pp, g, b, f, 4096)
+    PublishedRow(
+        "B", _gpt(f"megatron-h100-{n}", h, L, a, vocab_size=131072, max_position_embeddings=4096), tp, pp, g, b, f, 4096
+    )
     for n, a, h, L, tp, pp, g, b, f in _B
 ]

@@ -28,7 +28,9 @@ from cost_models.pipeline import p2p_bytes, pipeline_time
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
 
-ADAM_BYTES_PER_PARAM = 34.0  # read fp32 param, grad, m, v (16) + write param, m, v (12) + 16-bit copy (2) + grad-norm read (4)
+ADAM_BYTES_PER_PARAM = (
+    34.0  # read fp32 param, grad, m, v (16) + write param, m, v (12) + 16-bit copy (2) + grad-norm read (4)
+)
 RUNTIME_RESERVED_BYTES = 2e9  # CUDA context, NCCL buffers, allocator slack
 
 
@@ -79,8 +81,9 @@ class _Pass:
 class _Ctx:
     """Everything estimate_step looks up repeatedly, computed once."""
 
-    def __init__(self, model: ModelSpec, training: TrainingSpec, layout: ParallelLayout,
-                 cluster: Cluster, eff: Efficiency):
+    def __init__(
+        self, model: ModelSpec, training: TrainingSpec, layout: ParallelLayout, cluster: Cluster, eff: Efficiency
+    ):
         self.model, self.training, self.layout, self.cluster, self.eff = model, training, layout, cluster, eff
         gpu = cluster.gpu
         self.peak = gpu.peak_flops_per_s(training.dtype)
@@ -111,8 +114,17 @@ class _Ctx:
     def layer_pass(self, layer: int) -> _Pass:
         """One transformer layer, one micro-batch: compute, recompute and collectives."""
         m, lay, eff = self.model, self.layout, self.eff
-        ops = layer_ops(m, layer, lay.micro_batch, self.training.seq_len, lay.tp, lay.cp, lay.ep,
-                        lay.sequence_parallel, self.training.flash_attention)
+        ops = layer_ops(
+            m,
+            layer,
+            lay.micro_batch,
+            self.training.seq_len,
+            lay.tp,
+            lay.cp,
+            lay.ep,
+            lay.sequence_parallel,
+            self.training.flash_attention,
+        )
         p = self.ops_pass(ops)
         act = ACT_BYTES * self.tokens * m.hidden_size
         # Two TP collectives forward (after attention and after the MLP), two backward:
@@ -137,8 +149,13 @@ class _Ctx:
         return p
 
 
-def estimate_step(model: ModelSpec, training: TrainingSpec, layout: ParallelLayout, cluster: Cluster,
-                  efficiency: Efficiency = DEFAULT_EFFICIENCY) -> StepCost:
+def estimate_step(
+    model: ModelSpec,
+    training: TrainingSpec,
+    layout: ParallelLayout,
+    cluster: Cluster,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+) -> StepCost:
     """Predict step time, memory per GPU and MFU of ``layout``; raise ValueError if it is invalid."""
     check_layout(layout, model, training, cluster.num_gpus, cluster.spec.domain_size)
     ctx = _Ctx(model, training, layout, cluster, efficiency)
@@ -151,8 +168,10 @@ def estimate_step(model: ModelSpec, training: TrainingSpec, layout: ParallelLayo
     embed = ctx.ops_pass(embedding_ops(model, lay.micro_batch, training.seq_len, lay.cp))
     head = ctx.ops_pass(head_ops(model, lay.micro_batch, training.seq_len, lay.tp, lay.cp))
     # Stages with the same layer counts and role cost the same: compute each signature once.
-    signatures = [(count, model.count_moe_layers(start, start + count), i == 0, i == lay.pp - 1)
-                  for i, (start, count) in enumerate(zip(starts, stages))]
+    signatures = [
+        (count, model.count_moe_layers(start, start + count), i == 0, i == lay.pp - 1)
+        for i, (start, count) in enumerate(zip(starts, stages, strict=True))
+    ]
     by_signature: dict[tuple[int, int, bool, bool], _Pass] = {}
     for count, moe, first, last in set(signatures):
         p = _Pass()
@@ -173,8 +192,10 @@ def estimate_step(model: ModelSpec, training: TrainingSpec, layout: ParallelLayo
     stage_time = [p.total + p2p for p in passes]
     pipe = pipeline_time(stage_time, lay.num_micro_batches, lay.vpp if lay.pp > 1 else 1)
 
-    params = [stage_params(model, range(s, s + n), lay.tp, lay.ep, i == 0, i == lay.pp - 1, lay.pp)
-              for i, (s, n) in enumerate(zip(starts, stages))]
+    params = [
+        stage_params(model, range(s, s + n), lay.tp, lay.ep, i == 0, i == lay.pp - 1, lay.pp)
+        for i, (s, n) in enumerate(zip(starts, stages, strict=True))
+    ]
     exposed: dict[tuple, float] = {}
     for i, sig in enumerate(signatures):
         if sig not in exposed:
@@ -254,21 +275,39 @@ def _layer_kinds(model: ModelSpec) -> dict[bool, int]:
     return {k: v for k, v in ((True, first_moe), (False, first_dense)) if v is not None}
 
 
-def _stage_memory(model: ModelSpec, training: TrainingSpec, lay: ParallelLayout, stage: int, start: int,
-                  count: int, params: float, kinds: dict[bool, int]) -> dict[str, float]:
+def _stage_memory(
+    model: ModelSpec,
+    training: TrainingSpec,
+    lay: ParallelLayout,
+    stage: int,
+    start: int,
+    count: int,
+    params: float,
+    kinds: dict[bool, int],
+) -> dict[str, float]:
     st = state_bytes(params, training.dtype, lay.dp, lay.distributed_optimizer)
     flash = training.flash_attention
     moe = model.count_moe_layers(start, start + count)
     per_layer = 0.0
     for is_moe, n in ((True, moe), (False, count - moe)):
         if n:
-            per_layer += n * activation_bytes_per_layer(model, kinds[is_moe], training.seq_len, lay.micro_batch,
-                                                        lay.tp, lay.sequence_parallel, lay.recompute, flash, lay.cp)
+            per_layer += n * activation_bytes_per_layer(
+                model,
+                kinds[is_moe],
+                training.seq_len,
+                lay.micro_batch,
+                lay.tp,
+                lay.sequence_parallel,
+                lay.recompute,
+                flash,
+                lay.cp,
+            )
     held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
     act = per_layer * held
     if lay.recompute == "full":  # one layer's full activations live while it is recomputed
-        act += activation_bytes_per_layer(model, start, training.seq_len, lay.micro_batch, lay.tp,
-                                          lay.sequence_parallel, "none", flash, lay.cp)
+        act += activation_bytes_per_layer(
+            model, start, training.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel, "none", flash, lay.cp
+        )
     if stage == lay.pp - 1:
         act += head_activation_bytes(model, training.seq_len, lay.micro_batch, lay.tp, lay.cp)
     return {

@@ -11,7 +11,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -35,17 +35,23 @@ class RecomputeOpt(str, Enum):
     full = "full"
 
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Catalogue name (see `ntp models`) or a config.json / YAML path.")]
-ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Catalogue name (see `ntp models`) or a config.json / YAML path.")
+]
+ClusterOpt = Annotated[
+    str, typer.Option("--cluster", "-c", help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path.")
+]
 GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs, a multiple of the NVLink domain size.")]
 SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
 BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Compute precision.")]
 FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention", help="Fused attention kernels.")]
-DistOptOpt = Annotated[bool, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state over DP.")]
+DistOptOpt = Annotated[
+    bool, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state over DP.")
+]
 HeadroomOpt = Annotated[float, typer.Option("--headroom", help="Fraction of HBM kept free (fragmentation, spikes).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
-OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Save the Plan as JSON here (written atomically).")]
+OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Save the Plan as JSON here (written atomically).")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -75,22 +81,36 @@ def user_errors(fn):
 def _print(renderable) -> None:
     from rich.console import Console
 
-    Console().print(renderable)
+    # A terminal sets its own width; pipes and files get 120 columns instead of rich's 80.
+    Console(width=None if sys.stdout.isatty() else 120).print(renderable)
 
 
 def _print_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=1) + "\n")
 
 
-def _inputs(model: str, cluster: str, gpus: int, seq_len: int, global_batch: int, dtype: Dtype, flash: bool,
-            distributed_optimizer: bool):
+def _inputs(
+    model: str,
+    cluster: str,
+    gpus: int,
+    seq_len: int,
+    global_batch: int,
+    dtype: Dtype,
+    flash: bool,
+    distributed_optimizer: bool,
+):
     from cost_models import TrainingSpec, resolve_model
     from topologies import Cluster, resolve_cluster_spec
 
     model_spec = resolve_model(model)
     cluster_obj = Cluster(spec=resolve_cluster_spec(cluster), num_gpus=gpus)
-    training = TrainingSpec(seq_len=seq_len, global_batch=global_batch, dtype=dtype.value, flash_attention=flash,
-                            distributed_optimizer=distributed_optimizer)
+    training = TrainingSpec(
+        seq_len=seq_len,
+        global_batch=global_batch,
+        dtype=dtype.value,
+        flash_attention=flash,
+        distributed_optimizer=distributed_optimizer,
+    )
     cluster_obj.gpu.peak_flops_per_s(training.dtype)  # fp8 on a GPU without it fails here, clearly
     return model_spec, training, cluster_obj
 
@@ -167,18 +187,30 @@ def estimate(
     gpus: GpusOpt,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 1,
-    dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree; default GPUs / (tp pp cp).")] = None,
+    dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel degree; default GPUs / (tp pp cp).")] = None,
     cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree.")] = 1,
     ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")] = 1,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
     vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaving).")] = 1,
-    pp_layers: Annotated[Optional[str], typer.Option("--pp-layers", help="Layers per stage, e.g. 13,13,12,12.")] = None,
-    recompute: Annotated[RecomputeOpt, typer.Option("--recompute", help="Activation recomputation.")] = RecomputeOpt.none,
-    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", help="Shard norms/dropout over TP.")] = False,
-    distributed_optimizer: Annotated[bool, typer.Option("--distributed-optimizer", help="Shard optimizer state over DP.")] = False,
-    overlap_grad_reduce: Annotated[bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap DP sync with backward.")] = True,
-    overlap_p2p: Annotated[bool, typer.Option("--overlap-p2p/--no-overlap-p2p", help="Overlap pipeline sends with compute.")] = True,
-    tp_comm_overlap: Annotated[bool, typer.Option("--tp-comm-overlap", help="Overlap TP collectives with GEMMs.")] = False,
+    pp_layers: Annotated[str | None, typer.Option("--pp-layers", help="Layers per stage, e.g. 13,13,12,12.")] = None,
+    recompute: Annotated[
+        RecomputeOpt, typer.Option("--recompute", help="Activation recomputation.")
+    ] = RecomputeOpt.none,
+    sequence_parallel: Annotated[
+        bool, typer.Option("--sequence-parallel", help="Shard norms/dropout over TP.")
+    ] = False,
+    distributed_optimizer: Annotated[
+        bool, typer.Option("--distributed-optimizer", help="Shard optimizer state over DP.")
+    ] = False,
+    overlap_grad_reduce: Annotated[
+        bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap DP sync with backward.")
+    ] = True,
+    overlap_p2p: Annotated[
+        bool, typer.Option("--overlap-p2p/--no-overlap-p2p", help="Overlap pipeline sends with compute.")
+    ] = True,
+    tp_comm_overlap: Annotated[
+        bool, typer.Option("--tp-comm-overlap", help="Overlap TP collectives with GEMMs.")
+    ] = False,
     seq_len: SeqOpt = 8192,
     global_batch: BatchOpt = 1024,
     dtype: DtypeOpt = Dtype.bf16,
@@ -198,12 +230,24 @@ def estimate(
             raise ValueError(f"GPUs({gpus}) is not divisible by tp({tp}) * pp({pp}) * cp({cp}) = {tp * pp * cp}")
         dp = gpus // (tp * pp * cp)
     layout = ParallelLayout(
-        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=micro_batch, global_batch=global_batch, vpp=vpp,
-        pp_layers=_parse_layers(pp_layers), recompute=recompute.value, sequence_parallel=sequence_parallel,
-        distributed_optimizer=distributed_optimizer, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_p2p=overlap_p2p, tp_comm_overlap=tp_comm_overlap,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        micro_batch=micro_batch,
+        global_batch=global_batch,
+        vpp=vpp,
+        pp_layers=_parse_layers(pp_layers),
+        recompute=recompute.value,
+        sequence_parallel=sequence_parallel,
+        distributed_optimizer=distributed_optimizer,
+        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_p2p=overlap_p2p,
+        tp_comm_overlap=tp_comm_overlap,
     )
-    cost = estimate_step(*inputs, layout)
+    model_spec, training, cluster_obj = inputs
+    cost = estimate_step(model_spec, training, layout, cluster_obj)
     if output:
         from ntp_planner.planner import plan_from_layout
 
@@ -213,10 +257,11 @@ def estimate(
     else:
         from ntp_planner.report import cost_tables
 
-        _print(f"[bold]{inputs[0].name}[/bold]: {layout.describe()}")
+        _print(f"[bold]{model_spec.name}[/bold]: {layout.describe()}")
         _print(cost_tables(cost))
         if not cost.fits():
-            _print(f"[red]does not fit: needs {cost.memory_per_gpu_bytes / 1e9:.1f} GB of {cost.hbm_bytes / 1e9:.0f} GB[/red]")
+            need, have = cost.memory_per_gpu_bytes / 1e9, cost.hbm_bytes / 1e9
+            _print(f"[red]does not fit: needs {need:.1f} GB of {have:.0f} GB per GPU[/red]")
 
 
 def _parse_layers(text: str | None) -> tuple[int, ...] | None:

@@ -25,7 +25,7 @@ def place_ranks(world_size: int, tp: int, cluster: Cluster) -> list[int]:
     size = cluster.spec.domain_size
     for d in range(cluster.num_domains):
         healthy = [g for g in range(d * size, (d + 1) * size) if g not in cluster.failed_gpus]
-        runs += [healthy[i:i + tp] for i in range(0, len(healthy) - tp + 1, tp)]
+        runs += [healthy[i : i + tp] for i in range(0, len(healthy) - tp + 1, tp)]
     need = world_size // tp
     if len(runs) < need:
         raise ValueError(

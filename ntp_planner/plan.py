@@ -77,7 +77,9 @@ class Plan(BaseModel):
         except OSError as exc:
             raise ValueError(f"cannot read plan {path}: {exc.strerror}.") from None
         except json.JSONDecodeError as exc:
-            raise ValueError(f"plan {path} is not valid JSON ({exc.msg}, line {exc.lineno}); re-create it with `ntp plan -o`.") from None
+            raise ValueError(
+                f"plan {path} is not valid JSON ({exc.msg}, line {exc.lineno}); re-create it with `ntp plan -o`."
+            ) from None
         if not isinstance(data, dict) or "schema_version" not in data:
             raise ValueError(f"{path} is not an ntp plan (no schema_version); create one with `ntp plan -o`.")
         if data["schema_version"] != SCHEMA_VERSION:
@@ -93,9 +95,13 @@ class Plan(BaseModel):
 
 def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs) -> str:
     blob = json.dumps(
-        {"model": model.model_dump(mode="json"), "training": training.model_dump(mode="json"),
-         "cluster": cluster.model_dump(mode="json")},
-        sort_keys=True, separators=(",", ":"),
+        {
+            "model": model.model_dump(mode="json"),
+            "training": training.model_dump(mode="json"),
+            "cluster": cluster.model_dump(mode="json"),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
     )
     return hashlib.sha256(blob.encode()).hexdigest()
 

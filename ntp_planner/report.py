@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -30,23 +31,40 @@ def gb(n: float) -> str:
 
 
 def models_table(models: list[ModelSpec]) -> Table:
-    t = Table(title="Models")
-    for col in ("name", "family", "params", "layers", "hidden", "ffn", "heads/kv", "vocab", "experts"):
-        t.add_column(col, justify="left" if col in ("name", "family") else "right")
+    t = Table(title="Models", box=box.SIMPLE_HEAD)
+    t.add_column("name", no_wrap=True)
+    for col in ("params", "layers", "hidden", "ffn", "heads", "vocab", "MoE"):
+        t.add_column(col, justify="right", no_wrap=True)
     for m in models:
         experts = f"{m.num_experts} top-{m.moe_top_k}" if m.is_moe else "-"
-        t.add_row(m.name, m.family, f"{m.num_params / 1e9:.1f}B", str(m.num_layers), str(m.hidden_size),
-                  str(m.ffn_hidden_size), f"{m.num_heads}/{m.num_kv_heads}", str(m.vocab_size), experts)
+        t.add_row(
+            m.name,
+            f"{m.num_params / 1e9:.1f}B",
+            str(m.num_layers),
+            str(m.hidden_size),
+            str(m.ffn_hidden_size),
+            f"{m.num_heads}/{m.num_kv_heads}",
+            str(m.vocab_size),
+            experts,
+        )
     return t
 
 
 def clusters_table(specs: list[ClusterSpec]) -> Table:
-    t = Table(title="Clusters (bandwidths per GPU, one way)")
-    for col in ("name", "GPU", "NVLink domain", "GPUs/node", "NVLink", "scale-out", "description"):
+    t = Table(title="Clusters (bandwidths per GPU, one way)", box=box.SIMPLE_HEAD)
+    t.add_column("name", no_wrap=True)
+    for col in ("GPU", "NVLink domain", "GPUs/node", "NVLink", "scale-out", "description"):
         t.add_column(col, justify="right" if col in ("NVLink domain", "GPUs/node", "NVLink", "scale-out") else "left")
     for c in specs:
-        t.add_row(c.name, c.gpu, str(c.domain_size), str(c.gpus_per_node), f"{c.nvlink_bw_bytes_per_s / 1e9:.0f} GB/s",
-                  f"{c.scaleout_bw_bytes_per_s / 1e9:.0f} GB/s", c.description)
+        t.add_row(
+            c.name,
+            c.gpu,
+            str(c.domain_size),
+            str(c.gpus_per_node),
+            f"{c.nvlink_bw_bytes_per_s / 1e9:.0f} GB/s",
+            f"{c.scaleout_bw_bytes_per_s / 1e9:.0f} GB/s",
+            c.description,
+        )
     return t
 
 
@@ -79,9 +97,11 @@ def _fullest(cost: StepCost) -> int:
 
 def plan_view(plan: Plan) -> Group:
     c = plan.cluster
-    title = Text(f"{plan.model.name} on {c.num_gpus} x {c.spec.gpu} ({c.spec.name}), "
-                 f"seq {plan.training.seq_len}, global batch {plan.training.global_batch}, {plan.training.dtype}",
-                 style="bold")
+    title = Text(
+        f"{plan.model.name} on {c.num_gpus} x {c.spec.gpu} ({c.spec.name}), "
+        f"seq {plan.training.seq_len}, global batch {plan.training.global_batch}, {plan.training.dtype}",
+        style="bold",
+    )
     parts = [title, Text(f"layout: {plan.layout.describe()}", style="bold green"), cost_tables(plan.predicted)]
     if plan.runners_up:
         parts.append(runners_up_table(plan))
@@ -93,16 +113,22 @@ def runners_up_table(plan: Plan) -> Table:
     for col in ("layout", "step time", "MFU", "memory", "why it lost"):
         t.add_column(col, justify="left" if col in ("layout", "why it lost") else "right")
     for r in plan.runners_up:
-        t.add_row(r.layout.describe(), f"{r.step_time_s:.3f} s", f"{r.mfu:.1%}", gb(r.memory_per_gpu_bytes),
-                  why_lost(plan.predicted, r))
+        t.add_row(
+            r.layout.describe(),
+            f"{r.step_time_s:.3f} s",
+            f"{r.mfu:.1%}",
+            gb(r.memory_per_gpu_bytes),
+            why_lost(plan.predicted, r),
+        )
     return t
 
 
 def why_lost(best: StepCost, r: RunnerUp, parts: int = 2) -> str:
     """The runner-up's slowest-growing parts relative to the chosen layout."""
     delta = r.step_time_s - best.step_time_s
-    diffs = sorted(((r.time_breakdown_s[k] - best.time_breakdown_s.get(k, 0.0), k) for k in r.time_breakdown_s),
-                   reverse=True)
+    diffs = sorted(
+        ((r.time_breakdown_s[k] - best.time_breakdown_s.get(k, 0.0), k) for k in r.time_breakdown_s), reverse=True
+    )
     worse = [f"{TIME_LABELS.get(k, k)} +{d:.3f} s" for d, k in diffs[:parts] if d > 1e-6]
     return f"+{delta:.3f} s ({delta / best.step_time_s:+.1%}): " + ", ".join(worse or ["ties on time"])
 
@@ -124,8 +150,12 @@ def explain_json(plan: Plan) -> dict:
         "memory_per_gpu_bytes": cost.memory_per_gpu_bytes,
         "memory_breakdown_bytes": cost.memory_breakdown_bytes,
         "runners_up": [
-            {"layout": r.layout.model_dump(mode="json"), "step_time_s": r.step_time_s,
-             "delta_s": r.step_time_s - cost.step_time_s, "why": why_lost(cost, r)}
+            {
+                "layout": r.layout.model_dump(mode="json"),
+                "step_time_s": r.step_time_s,
+                "delta_s": r.step_time_s - cost.step_time_s,
+                "why": why_lost(cost, r),
+            }
             for r in plan.runners_up
         ],
     }

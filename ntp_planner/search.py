@@ -58,13 +58,18 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster,
-                      space: SearchSpace = SearchSpace()) -> list[ParallelLayout]:
+def enumerate_layouts(
+    model: ModelSpec, training: TrainingSpec, cluster: Cluster, space: SearchSpace = SearchSpace()
+) -> list[ParallelLayout]:
     """Every layout of ``space`` that obeys the model/cluster divisibility rules."""
     n, domain, batch = cluster.num_gpus, cluster.spec.domain_size, training.global_batch
-    tps = [t for t in divisors(domain)
-           if model.num_heads % t == 0 and model.ffn_hidden_size % t == 0
-           and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)]
+    tps = [
+        t
+        for t in divisors(domain)
+        if model.num_heads % t == 0
+        and model.ffn_hidden_size % t == 0
+        and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)
+    ]
     cps = space.cps or (1, *[c for c, s in CP_FROM_TOKENS.items() if training.seq_len >= s])
     out = []
     for tp, cp in product(tps, cps):
@@ -79,16 +84,32 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, cluster: Cluster
             for mb, vpp, rc, ep in product(space.micro_batches, space.vpps, space.recomputes, eps):
                 if batch % (mb * dp) or (vpp > 1 and (pp == 1 or smallest_stage < vpp)):
                     continue
-                out.append(ParallelLayout(
-                    tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=batch, vpp=vpp,
-                    sequence_parallel=tp > 1, recompute=rc,
-                    distributed_optimizer=training.distributed_optimizer and dp > 1,
-                ))
+                out.append(
+                    ParallelLayout(
+                        tp=tp,
+                        pp=pp,
+                        dp=dp,
+                        cp=cp,
+                        ep=ep,
+                        micro_batch=mb,
+                        global_batch=batch,
+                        vpp=vpp,
+                        sequence_parallel=tp > 1,
+                        recompute=rc,
+                        distributed_optimizer=training.distributed_optimizer and dp > 1,
+                    )
+                )
     return out
 
 
-def search(model: ModelSpec, training: TrainingSpec, cluster: Cluster, headroom: float = 0.1,
-           space: SearchSpace = SearchSpace(), efficiency: Efficiency = DEFAULT_EFFICIENCY) -> SearchResult:
+def search(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: Cluster,
+    headroom: float = 0.1,
+    space: SearchSpace = SearchSpace(),
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+) -> SearchResult:
     """Cost every layout in ``space``; keep those whose memory fits HBM x (1 - headroom)."""
     fitting, rejected, least = [], 0, None
     layouts = enumerate_layouts(model, training, cluster, space)
@@ -108,8 +129,10 @@ def search(model: ModelSpec, training: TrainingSpec, cluster: Cluster, headroom:
 def no_fit_message(result: SearchResult, model: ModelSpec, cluster: Cluster, headroom: float) -> str:
     """One sentence: why nothing fits and by how much the leanest layout misses."""
     if result.least_memory is None:
-        return (f"no valid layout of {model.name} exists on {cluster.num_gpus} GPUs of {cluster.spec.name}: "
-                "check that the GPU count and global batch divide evenly")
+        return (
+            f"no valid layout of {model.name} exists on {cluster.num_gpus} GPUs of {cluster.spec.name}: "
+            "check that the GPU count and global batch divide evenly"
+        )
     c = result.least_memory
     usable = c.cost.hbm_bytes * (1 - headroom)
     missing = c.cost.memory_per_gpu_bytes - usable

@@ -207,4 +207,3 @@ class Cluster(BaseModel):
             for k in range(s.gpus_per_node)
         )
         return g
-

@@ -90,27 +90,77 @@ def _spec(name, description, gpu, domain, per_node, nvlink_bidir_gb, nic_gbit, s
 CLUSTERS: dict[str, ClusterSpec] = {
     c.name: c
     for c in [
-        _spec("dgx-a100", "DGX A100 80GB, NVLink3 in 8-GPU nodes, 8x HDR 200 Gb/s", "A100-SXM4-80GB",
-              8, 8, 600, 200, "DGX A100 datasheet: NVSwitch 600 GB/s per GPU",
-              "DGX A100 datasheet: 8x ConnectX-6 HDR 200 Gb/s"),
-        _spec("dgx-h100", "DGX H100, NVLink4 in 8-GPU nodes, 8x NDR 400 Gb/s", "H100-SXM",
-              8, 8, 900, 400, "DGX H100 datasheet: NVLink 900 GB/s per GPU",
-              "DGX H100 datasheet: 8x ConnectX-7 400 Gb/s"),
-        _spec("hgx-h200", "HGX H200, NVLink4 in 8-GPU nodes, 8x NDR 400 Gb/s", "H200",
-              8, 8, 900, 400, "HGX H200 specifications: NVLink 900 GB/s per GPU",
-              "HGX H200 reference design: one ConnectX-7 400 Gb/s per GPU"),
-        _spec("dgx-b200", "DGX B200, NVLink5 in 8-GPU nodes, 8x NDR 400 Gb/s", "B200",
-              8, 8, 1800, 400, "DGX B200 datasheet: NVLink5 1.8 TB/s per GPU",
-              "DGX B200 datasheet: 8x ConnectX-7 400 Gb/s"),
-        _spec("gb200-nvl72", "GB200 NVL72 racks: 72-GPU NVLink domain, 4-GPU trays", "GB200",
-              72, 4, 1800, 400, "GB200 NVL72 specifications: NVLink5 1.8 TB/s per GPU",
-              "GB200 NVL72 reference design: one ConnectX-7 400 Gb/s per GPU",
-              sources={"domain_size": "GB200 NVL72: 72 GPUs in one NVLink domain, 18 trays of 4"}),
-        _spec("b200-nvl32", "NTP study cluster: 32-GPU NVLink domains of B200, 800 Gb/s per GPU", "B200",
-              32, 8, 1800, 800, "NTP paper (arXiv 2504.06095) setup: NVLink 1.8 TB/s per GPU",
-              "NTP paper (arXiv 2504.06095) setup: one 800 Gb/s InfiniBand NIC per GPU",
-              sources={"domain_size": "NTP paper (arXiv 2504.06095): NVL domains of 32 GPUs",
-                       "gpus_per_node": "assumed: 8-GPU hosts, 4 per NVL32 domain"}),
+        _spec(
+            "dgx-a100",
+            "DGX A100 80GB, NVLink3 in 8-GPU nodes, 8x HDR 200 Gb/s",
+            "A100-SXM4-80GB",
+            8,
+            8,
+            600,
+            200,
+            "DGX A100 datasheet: NVSwitch 600 GB/s per GPU",
+            "DGX A100 datasheet: 8x ConnectX-6 HDR 200 Gb/s",
+        ),
+        _spec(
+            "dgx-h100",
+            "DGX H100, NVLink4 in 8-GPU nodes, 8x NDR 400 Gb/s",
+            "H100-SXM",
+            8,
+            8,
+            900,
+            400,
+            "DGX H100 datasheet: NVLink 900 GB/s per GPU",
+            "DGX H100 datasheet: 8x ConnectX-7 400 Gb/s",
+        ),
+        _spec(
+            "hgx-h200",
+            "HGX H200, NVLink4 in 8-GPU nodes, 8x NDR 400 Gb/s",
+            "H200",
+            8,
+            8,
+            900,
+            400,
+            "HGX H200 specifications: NVLink 900 GB/s per GPU",
+            "HGX H200 reference design: one ConnectX-7 400 Gb/s per GPU",
+        ),
+        _spec(
+            "dgx-b200",
+            "DGX B200, NVLink5 in 8-GPU nodes, 8x NDR 400 Gb/s",
+            "B200",
+            8,
+            8,
+            1800,
+            400,
+            "DGX B200 datasheet: NVLink5 1.8 TB/s per GPU",
+            "DGX B200 datasheet: 8x ConnectX-7 400 Gb/s",
+        ),
+        _spec(
+            "gb200-nvl72",
+            "GB200 NVL72 racks: 72-GPU NVLink domain, 4-GPU trays",
+            "GB200",
+            72,
+            4,
+            1800,
+            400,
+            "GB200 NVL72 specifications: NVLink5 1.8 TB/s per GPU",
+            "GB200 NVL72 reference design: one ConnectX-7 400 Gb/s per GPU",
+            sources={"domain_size": "GB200 NVL72: 72 GPUs in one NVLink domain, 18 trays of 4"},
+        ),
+        _spec(
+            "b200-nvl32",
+            "NTP study cluster: 32-GPU NVLink domains of B200, 800 Gb/s per GPU",
+            "B200",
+            32,
+            8,
+            1800,
+            800,
+            "NTP paper (arXiv 2504.06095) setup: NVLink 1.8 TB/s per GPU",
+            "NTP paper (arXiv 2504.06095) setup: one 800 Gb/s InfiniBand NIC per GPU",
+            sources={
+                "domain_size": "NTP paper (arXiv 2504.06095): NVL domains of 32 GPUs",
+                "gpus_per_node": "assumed: 8-GPU hosts, 4 per NVL32 domain",
+            },
+        ),
     ]
 }
 
@@ -124,8 +174,10 @@ def load_cluster_spec(path: Path) -> ClusterSpec:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"cluster file {path} is not valid {path.suffix.lstrip('.').upper() or 'YAML'}: "
-                         f"{str(exc).splitlines()[0]}; fix the syntax.") from None
+        raise ValueError(
+            f"cluster file {path} is not valid {path.suffix.lstrip('.').upper() or 'YAML'}: "
+            f"{str(exc).splitlines()[0]}; fix the syntax."
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"cluster file {path} must hold a mapping of ClusterSpec fields.")
     data.setdefault("name", path.stem)

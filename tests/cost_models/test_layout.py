@@ -1,0 +1,58 @@
+"""Layout rules: each violation names the rule and shows the arithmetic."""
+
+import pytest
+
+from cost_models import MODELS, ParallelLayout, TrainingSpec, check_layout
+
+LLAMA70 = MODELS["llama3-70b"]
+TRAIN = TrainingSpec(seq_len=8192, global_batch=64)
+
+
+def check(domain=8, gpus=64, **kw):
+    check_layout(ParallelLayout(global_batch=64, **kw), LLAMA70, TRAIN, gpus, domain)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(tp=8, pp=2, dp=2), r"tp\(8\) \* cp\(1\) \* dp\(2\) \* pp\(2\) = 32 != GPUs\(64\)"),
+        (dict(tp=16, dp=4), r"tp\(16\) must divide the NVLink domain size \(8\)"),
+        (dict(tp=3, dp=1, gpus=3, domain=3), r"heads\(64\) % tp\(3\) = 1"),
+        (dict(tp=32, dp=2, domain=32), None),  # 64 heads, 8 KV heads: tp 32 replicates KV heads - valid
+        (dict(tp=8, pp=128, gpus=1024, dp=1), r"pp\(128\) > layers\(80\)"),
+        (dict(tp=8, pp=8, vpp=11, dp=1), r"vpp\(11\) > layers on the smallest stage \(10\)"),
+        (dict(tp=8, pp=2, dp=4, pp_layers=(40, 41)), r"pp_layers sum to 81 but the model has 80 layers"),
+        (dict(tp=8, ep=2, dp=8), r"ep\(2\) > 1 needs an MoE model"),
+    ],
+)
+def test_layout_rules(kw, message):
+    if message is None:
+        check(**kw)
+    else:
+        with pytest.raises(ValueError, match=message):
+            check(**kw)
+
+
+def test_kv_groups_rule():
+    model = MODELS["llama3-70b"].model_copy(update={"num_kv_heads": 8, "num_heads": 48})
+    with pytest.raises(ValueError, match=r"kv_heads\(8\) and tp\(6\) must divide one another"):
+        check_layout(ParallelLayout(tp=6, dp=1, global_batch=64), model, TRAIN, 6, 6)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(dp=3, micro_batch=2), r"global_batch\(64\) is not divisible by micro_batch\(2\) \* dp\(3\) = 6"),
+        (dict(vpp=2), r"interleaving \(vpp=2\) needs pp > 1"),
+        (dict(sequence_parallel=True), r"sequence parallelism needs tp > 1"),
+        (dict(pp=2, pp_layers=(80,)), r"pp_layers has 1 entries but pp = 2"),
+    ],
+)
+def test_self_consistency_rules(kw, message):
+    with pytest.raises(ValueError, match=message):
+        ParallelLayout(global_batch=64, **kw)
+
+
+def test_uneven_split_gives_leading_stages_one_more():
+    assert ParallelLayout(pp=16, global_batch=16).stage_layers(126) == (8,) * 14 + (7,) * 2
+    assert ParallelLayout(pp=3, global_batch=3, pp_layers=(10, 30, 40)).stage_layers(80) == (10, 30, 40)

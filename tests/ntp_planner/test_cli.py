@@ -1,0 +1,267 @@
+"""The CLI through CliRunner: outputs, the frozen surface, and one-sentence errors with exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cost_models import MODELS
+from ntp_planner.cli import app
+from topologies import CLUSTERS
+
+runner = CliRunner()
+SMALL = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "32", "--seq-len", "4096", "--global-batch", "64"]
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_cli_surface_is_frozen():
+    """Renaming or dropping a command or option breaks users' scripts: change this list on purpose."""
+    commands = typer.main.get_command(app).commands
+    surface = {name: sorted(p.opts[0] for p in cmd.params) for name, cmd in commands.items()}
+    assert surface == {
+        "models": ["--json"],
+        "clusters": ["--json"],
+        "plan": sorted(
+            [
+                "--model",
+                "--cluster",
+                "--gpus",
+                "--seq-len",
+                "--global-batch",
+                "--dtype",
+                "--flash-attention",
+                "--distributed-optimizer",
+                "--headroom",
+                "--top",
+                "--output",
+                "--json",
+            ]
+        ),
+        "estimate": sorted(
+            [
+                "--model",
+                "--cluster",
+                "--gpus",
+                "--tp",
+                "--pp",
+                "--dp",
+                "--cp",
+                "--ep",
+                "--micro-batch",
+                "--vpp",
+                "--pp-layers",
+                "--recompute",
+                "--sequence-parallel",
+                "--distributed-optimizer",
+                "--overlap-grad-reduce",
+                "--overlap-p2p",
+                "--tp-comm-overlap",
+                "--seq-len",
+                "--global-batch",
+                "--dtype",
+                "--flash-attention",
+                "--output",
+                "--json",
+            ]
+        ),
+        "explain": ["--json", "plan_file"],
+    }
+
+
+@pytest.mark.parametrize("command", ["models", "clusters", "plan", "estimate", "explain"])
+def test_every_command_has_help_with_an_example(command):
+    result = run(command, "--help")
+    assert result.exit_code == 0
+    assert "Example: ntp " + command in " ".join(result.output.split())
+
+
+def test_models_and_clusters_json():
+    models = json.loads(run("models", "--json").stdout)
+    assert [m["name"] for m in models] == list(MODELS)
+    assert next(m for m in models if m["name"] == "gpt3-175b")["num_params"] == MODELS["gpt3-175b"].num_params
+    clusters = json.loads(run("clusters", "--json").stdout)
+    assert {c["name"] for c in clusters} == set(CLUSTERS)
+    table = run("models").stdout
+    assert "llama3.1-405b" in table and "405.9B" in table
+
+
+def test_plan_then_explain(tmp_path):
+    out = tmp_path / "plan.json"
+    result = run("plan", *SMALL, "--top", "3", "-o", out)
+    assert result.exit_code == 0, result.output
+    saved = json.loads(out.read_text())
+    assert f"layout: {_describe(saved['layout'])}" in result.stdout
+    as_json = json.loads(run("plan", *SMALL, "--top", "3", "--json").stdout)
+    assert as_json["layout"] == saved["layout"] and as_json["predicted"] == saved["predicted"]
+    explained = json.loads(run("explain", out, "--json").stdout)
+    assert explained["step_time_s"] == saved["predicted"]["step_time_s"]
+    assert len(explained["runners_up"]) == 2
+    assert all(r["delta_s"] >= 0 for r in explained["runners_up"])
+    text = run("explain", out).stdout
+    assert "Where the time goes" in text and "Runners-up" in text
+
+
+def _describe(layout):
+    from cost_models import ParallelLayout
+
+    return ParallelLayout(**layout).describe()
+
+
+def test_estimate_json_and_saved_plan(tmp_path):
+    out = tmp_path / "mine.json"
+    result = run("estimate", *SMALL, "--tp", 4, "--pp", 2, "--sequence-parallel", "--json", "-o", out)
+    assert result.exit_code == 0, result.output
+    cost = json.loads(result.stdout)
+    plan = json.loads(out.read_text())
+    assert cost["step_time_s"] == plan["predicted"]["step_time_s"] > 0
+    assert plan["layout"]["dp"] == 4 and plan["source"] == "user"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["plan", "--model", "llama3-7b", "--cluster", "dgx-h100", "--gpus", 8],
+            "unknown model 'llama3-7b': did you mean 'llama3-70b', 'llama3-8b'",
+        ),
+        (
+            ["plan", "--model", "llama3-8b", "--cluster", "dgx-h1000", "--gpus", 8],
+            "unknown cluster 'dgx-h1000': did you mean 'dgx-h100'",
+        ),
+        (
+            ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", 12],
+            "12 GPUs is not a multiple of dgx-h100's NVLink domain size 8; use 8 or 16",
+        ),
+        (["estimate", *SMALL, "--tp", 8, "--pp", 2, "--dp", 4], "tp(8) * cp(1) * dp(4) * pp(2) = 64 != GPUs(32)"),
+        (
+            [
+                "estimate",
+                "--model",
+                "gpt3-175b",
+                "--cluster",
+                "dgx-h100",
+                "--gpus",
+                48,
+                "--tp",
+                8,
+                "--pp",
+                6,
+                "--global-batch",
+                64,
+                "--seq-len",
+                2048,
+            ],
+            None,
+        ),
+        (
+            [
+                "estimate",
+                "--model",
+                "megatron-1.7b",
+                "--cluster",
+                "dgx-h100",
+                "--gpus",
+                16,
+                "--tp",
+                16,
+                "--global-batch",
+                16,
+                "--seq-len",
+                2048,
+            ],
+            "tp(16) must divide the NVLink domain size (8)",
+        ),
+        (
+            [
+                "estimate",
+                "--model",
+                "megatron-145.6b",
+                "--cluster",
+                "gb200-nvl72",
+                "--gpus",
+                72,
+                "--tp",
+                36,
+                "--global-batch",
+                16,
+                "--seq-len",
+                2048,
+            ],
+            "heads(96) % tp(36) = 24; tp must divide the heads",
+        ),
+        (
+            ["estimate", *SMALL, "--pp", 2, "--pp-layers", "16,x"],
+            "--pp-layers '16,x' must be comma-separated whole numbers",
+        ),
+        (["plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", 8, "--global-batch", 8], "GB short"),
+        (["plan", *SMALL, "--dtype", "fp8", "--cluster", "dgx-a100"], "A100-SXM4-80GB has no fp8 tensor cores"),
+        (["plan", *SMALL, "--headroom", "1.5"], "headroom 1.5 must lie in [0, 1)"),
+        (["explain", "no-such-plan.json"], "cannot read plan no-such-plan.json"),
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_2(args, message):
+    result = run(*args)
+    if message is None:  # a valid control case in the same table
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    err = result.stderr.strip()
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_malformed_files(tmp_path):
+    bad_yaml = tmp_path / "c.yaml"
+    bad_yaml.write_text("gpu: [H100")
+    result = run("plan", "--model", "llama3-8b", "--cluster", bad_yaml, "--gpus", 8)
+    assert result.exit_code == 2 and "is not valid YAML" in result.stderr
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32}))
+    result = run("plan", "--model", cfg, "--cluster", "dgx-h100", "--gpus", 8)
+    assert result.exit_code == 2
+    assert "lacks required key(s) num_attention_heads, vocab_size, intermediate_size" in result.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert "is not valid JSON" in run("plan", "--model", broken, "--cluster", "dgx-h100", "--gpus", 8).stderr
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"schema_version": 0}))
+    result = run("explain", plan)
+    assert result.exit_code == 2 and "schema version 0, this ntp reads version 1" in result.stderr
+
+
+def test_custom_model_file_plans(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "hidden_size": 2048,
+                "intermediate_size": 8192,
+                "num_hidden_layers": 16,
+                "num_attention_heads": 16,
+                "vocab_size": 32000,
+                "hidden_act": "silu",
+            }
+        )
+    )
+    result = run(
+        "plan", "--model", cfg, "--cluster", "dgx-h100", "--gpus", 16, "--seq-len", 2048, "--global-batch", 32, "--json"
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"]["hidden_size"] == 2048
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["plan", *SMALL], ["estimate", *SMALL, "--tp", "8"]])
+def test_commands_never_import_torch(argv):
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom ntp_planner.cli import app\n"
+        f"r = CliRunner().invoke(app, {argv!r})\nassert r.exit_code == 0, r.output\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("False")

@@ -1,0 +1,92 @@
+"""The layout search is exhaustive over its space: it equals brute-force enumeration."""
+
+import itertools
+
+import pytest
+
+from cost_models import MODELS, ParallelLayout, TrainingSpec, check_layout, estimate_step
+from ntp_planner.search import SearchSpace, no_fit_message, search
+from topologies import CLUSTERS, Cluster
+
+
+def brute_force(model, training, cluster, space, headroom):
+    """Every combination of degrees 1..N and every SearchSpace value, filtered only by the
+    layout rules and memory: no divisor tricks, no pruning."""
+    n = cluster.num_gpus
+    found = {}
+    for tp, pp, cp in itertools.product(range(1, n + 1), repeat=3):
+        dp = n // (tp * pp * cp)
+        if tp * pp * dp * cp != n or pp > space.max_pp:
+            continue
+        if cp not in (space.cps or (1,)):
+            continue
+        for mb, vpp, rc in itertools.product(space.micro_batches, space.vpps, space.recomputes):
+            try:
+                layout = ParallelLayout(
+                    tp=tp,
+                    pp=pp,
+                    dp=dp,
+                    cp=cp,
+                    micro_batch=mb,
+                    vpp=vpp,
+                    recompute=rc,
+                    global_batch=training.global_batch,
+                    sequence_parallel=tp > 1,
+                    distributed_optimizer=training.distributed_optimizer and dp > 1,
+                )
+                check_layout(layout, model, training, n, cluster.spec.domain_size)
+            except ValueError:
+                continue
+            cost = estimate_step(model, training, layout, cluster)
+            if cost.fits(headroom):
+                found[layout] = cost.step_time_s
+    return found
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "seq", "batch", "cps"),
+    [("llama3-8b", 16, 4096, 32, (1,)), ("gpt3-175b", 64, 2048, 64, (1, 2)), ("llama3-70b", 32, 8192, 32, (1,))],
+)
+def test_search_equals_brute_force(model, gpus, seq, batch, cps):
+    m = MODELS[model]
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=gpus)
+    space = SearchSpace(cps=cps)
+    result = search(m, training, cluster, 0.1, space)
+    expected = brute_force(m, training, cluster, space, 0.1)
+    assert {c.layout for c in result.ranked} == set(expected)
+    times = [c.cost.step_time_s for c in result.ranked]
+    assert times == sorted(times)
+    assert expected, "the case must have feasible layouts to compare"
+    assert times[0] == min(expected.values())
+
+
+def test_memory_binds_on_a_big_model():
+    result = search(
+        MODELS["llama3-70b"],
+        TrainingSpec(seq_len=8192, global_batch=32),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=32),
+    )
+    assert result.rejected_memory > 0 and result.ranked
+    assert all(c.cost.fits(0.1) for c in result.ranked)
+
+
+def test_no_fit_message_names_the_shortfall():
+    model, cluster = MODELS["llama3.1-405b"], Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    result = search(model, TrainingSpec(seq_len=8192, global_batch=8), cluster)
+    assert not result.ranked
+    msg = no_fit_message(result, model, cluster, 0.1)
+    least = result.least_memory.cost.memory_per_gpu_bytes
+    assert f"{(least - 72e9) / 1e9:.1f} GB short" in msg and result.least_memory.layout.describe() in msg
+
+
+def test_llama3_405b_on_16k_h100_lands_in_the_published_mfu_band():
+    # Llama 3 (arXiv 2407.21783, Table 4) reports 38-43% MFU on 16K H100 at 8K tokens.
+    result = search(
+        MODELS["llama3.1-405b"],
+        TrainingSpec(seq_len=8192, global_batch=2048),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16384),
+    )
+    best = result.ranked[0]
+    assert 0.35 <= best.cost.mfu <= 0.55, best.layout.describe()
+    assert best.layout.tp == 8
