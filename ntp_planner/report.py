@@ -82,7 +82,7 @@ def cost_tables(cost: StepCost) -> Group:
     for k, v in cost.time_breakdown_s.items():
         if v > 0:
             time.add_row(TIME_LABELS.get(k, k), f"{v:.3f}", f"{v / cost.step_time_s:.1%}")
-    mem = Table(title=f"Where the memory goes (stage {_fullest(cost)}, the fullest)")
+    mem = Table(title=f"Memory per GPU, stage {_fullest(cost)}")
     mem.add_column("part")
     mem.add_column("bytes", justify="right")
     mem.add_column("share", justify="right")
