@@ -25,8 +25,15 @@ def table_errors(rows, title: str, console: Console) -> list[float]:
         cost = estimate_step(r.model, r.training, r.layout, r.cluster)
         err = cost.step_time_s / r.measured_step_time_s - 1
         errors.append(err)
-        t.add_row(r.model.name, r.layout.describe(), str(r.gpus), f"{r.measured_step_time_s:.2f}",
-                  f"{cost.step_time_s:.2f}", f"{err:+.1%}", f"{cost.mfu:.1%}")
+        t.add_row(
+            r.model.name,
+            r.layout.describe(),
+            str(r.gpus),
+            f"{r.measured_step_time_s:.2f}",
+            f"{cost.step_time_s:.2f}",
+            f"{err:+.1%}",
+            f"{cost.mfu:.1%}",
+        )
     console.print(t)
     mean = sum(abs(e) for e in errors) / len(errors)
     console.print(f"{title}: mean |error| {mean:.1%}, max |error| {max(abs(e) for e in errors):.1%}\n")

@@ -19,8 +19,19 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-PLAN_ARGS = ["plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "16384",
-             "--seq-len", "8192", "--global-batch", "2048"]
+PLAN_ARGS = [
+    "plan",
+    "--model",
+    "llama3.1-405b",
+    "--cluster",
+    "dgx-h100",
+    "--gpus",
+    "16384",
+    "--seq-len",
+    "8192",
+    "--global-batch",
+    "2048",
+]
 
 
 def wall(cmd: list[str], runs: int = 5) -> tuple[float, str]:
@@ -46,8 +57,10 @@ def main() -> None:
     plan_s, out = wall([ntp, *PLAN_ARGS, "--json"])
     plan = json.loads(out)
     help_s, _ = wall([ntp, "--help"])
-    probe = ("import sys; from typer.testing import CliRunner; from ntp_planner.cli import app; "
-             f"CliRunner().invoke(app, {PLAN_ARGS!r}); print('torch' in sys.modules)")
+    probe = (
+        "import sys; from typer.testing import CliRunner; from ntp_planner.cli import app; "
+        f"CliRunner().invoke(app, {PLAN_ARGS!r}); print('torch' in sys.modules)"
+    )
     torch_loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
 
     from cost_models import MODELS, TrainingSpec
@@ -55,7 +68,7 @@ def main() -> None:
     from topologies import CLUSTERS, Cluster
 
     def graph():
-        Cluster(spec=CLUSTERS["b200-nvl32"], num_gpus=32768).graph
+        return Cluster(spec=CLUSTERS["b200-nvl32"], num_gpus=32768).graph
 
     cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16384)
     training = TrainingSpec(seq_len=8192, global_batch=2048)
@@ -63,8 +76,8 @@ def main() -> None:
     result = search(MODELS["llama3.1-405b"], training, cluster)
 
     print(f"ntp plan 405B / 16,384 H100 wall time : {plan_s:.2f} s   (target < 1 s)")
-    print(f"  chosen layout, MFU                  : {result.ranked[0].layout.describe()}, {plan['predicted']['mfu']:.1%}"
-          "   (target 35-55%)")
+    best, mfu = result.ranked[0].layout.describe(), plan["predicted"]["mfu"]
+    print(f"  chosen layout, MFU                  : {best}, {mfu:.1%}   (target 35-55%)")
     print(f"  layouts costed in the search        : {result.evaluated} ({result.rejected_memory} over memory)")
     print(f"  search in process                   : {search_s:.3f} s")
     print(f"ntp --help wall time                  : {help_s:.2f} s   (target < 0.3 s)")

@@ -10,34 +10,21 @@ decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size), DeepSeek
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from cost_models.model import ModelSpec
 from topologies.clusters import first_error
+from topologies.files import read_mapping
 
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 _GATED_ACTS = {"silu", "swiglu", "swish"}
 
 
 def load_model_file(path: Path) -> ModelSpec:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read model file {path}: {exc.strerror}.") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        kind = "JSON" if path.suffix == ".json" else "YAML"
-        raise ValueError(
-            f"model file {path} is not valid {kind}: {str(exc).splitlines()[0]}; fix the syntax."
-        ) from None
-    if not isinstance(data, dict):
-        raise ValueError(f"model file {path} must hold a mapping of config keys.")
+    data = read_mapping(path, "model file")
     return model_from_hf_config(data, name=path.parent.name if path.stem == "config" else path.stem, where=str(path))
 
 

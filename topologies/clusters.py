@@ -9,12 +9,11 @@ as the bidirectional sum ("900 GB/s" on H100 = 450 GB/s each way), so we halve i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from topologies.files import read_mapping
 from topologies.gpus import GPUS, resolve_gpu
 from topologies.naming import lookup
 
@@ -64,7 +63,8 @@ _LAT_NVL = "assumed: ~1 us per NVSwitch message step (order of nccl-tests small-
 _LAT_IB = "assumed: ~5 us per InfiniBand message step (switch + NIC, nccl-tests order)"
 
 
-def _spec(name, description, gpu, domain, per_node, nvlink_bidir_gb, nic_gbit, src_nvl, src_nic, **kw):
+def _spec(name, description, gpu, domain, per_node, nvlink_bidir_gb, nic_gbit, src_nvl, src_nic, extra_sources):
+    """One catalogue row -> ClusterSpec, converting datasheet units to bytes/s one way."""
     return ClusterSpec(
         name=name,
         description=description,
@@ -81,105 +81,42 @@ def _spec(name, description, gpu, domain, per_node, nvlink_bidir_gb, nic_gbit, s
             "nvlink_latency_s": _LAT_NVL,
             "scaleout_latency_s": _LAT_IB,
             "nodes_per_leaf": "NVIDIA DGX SuperPOD reference architecture: 32-node scalable units",
-            **kw.pop("sources", {}),
+            **extra_sources,
         },
-        **kw,
     )
 
 
-CLUSTERS: dict[str, ClusterSpec] = {
-    c.name: c
-    for c in [
-        _spec(
-            "dgx-a100",
-            "DGX A100 80GB, NVLink3 in 8-GPU nodes, 8x HDR 200 Gb/s",
-            "A100-SXM4-80GB",
-            8,
-            8,
-            600,
-            200,
-            "DGX A100 datasheet: NVSwitch 600 GB/s per GPU",
-            "DGX A100 datasheet: 8x ConnectX-6 HDR 200 Gb/s",
-        ),
-        _spec(
-            "dgx-h100",
-            "DGX H100, NVLink4 in 8-GPU nodes, 8x NDR 400 Gb/s",
-            "H100-SXM",
-            8,
-            8,
-            900,
-            400,
-            "DGX H100 datasheet: NVLink 900 GB/s per GPU",
-            "DGX H100 datasheet: 8x ConnectX-7 400 Gb/s",
-        ),
-        _spec(
-            "hgx-h200",
-            "HGX H200, NVLink4 in 8-GPU nodes, 8x NDR 400 Gb/s",
-            "H200",
-            8,
-            8,
-            900,
-            400,
-            "HGX H200 specifications: NVLink 900 GB/s per GPU",
-            "HGX H200 reference design: one ConnectX-7 400 Gb/s per GPU",
-        ),
-        _spec(
-            "dgx-b200",
-            "DGX B200, NVLink5 in 8-GPU nodes, 8x NDR 400 Gb/s",
-            "B200",
-            8,
-            8,
-            1800,
-            400,
-            "DGX B200 datasheet: NVLink5 1.8 TB/s per GPU",
-            "DGX B200 datasheet: 8x ConnectX-7 400 Gb/s",
-        ),
-        _spec(
-            "gb200-nvl72",
-            "GB200 NVL72 racks: 72-GPU NVLink domain, 4-GPU trays",
-            "GB200",
-            72,
-            4,
-            1800,
-            400,
-            "GB200 NVL72 specifications: NVLink5 1.8 TB/s per GPU",
-            "GB200 NVL72 reference design: one ConnectX-7 400 Gb/s per GPU",
-            sources={"domain_size": "GB200 NVL72: 72 GPUs in one NVLink domain, 18 trays of 4"},
-        ),
-        _spec(
-            "b200-nvl32",
-            "NTP study cluster: 32-GPU NVLink domains of B200, 800 Gb/s per GPU",
-            "B200",
-            32,
-            8,
-            1800,
-            800,
-            "NTP paper (arXiv 2504.06095) setup: NVLink 1.8 TB/s per GPU",
-            "NTP paper (arXiv 2504.06095) setup: one 800 Gb/s InfiniBand NIC per GPU",
-            sources={
-                "domain_size": "NTP paper (arXiv 2504.06095): NVL domains of 32 GPUs",
-                "gpus_per_node": "assumed: 8-GPU hosts, 4 per NVL32 domain",
-            },
-        ),
-    ]
-}
+# fmt: off
+_TABLE = [
+    # name, description, GPU, NVLink domain, GPUs per host, NVLink GB/s (bidirectional), NIC Gb/s per GPU,
+    # source of the NVLink figure, source of the NIC figure, extra sources
+    ("dgx-a100", "DGX A100 80GB, NVLink3 in 8-GPU nodes, 8x HDR 200 Gb/s", "A100-SXM4-80GB", 8, 8, 600, 200,
+     "DGX A100 datasheet: NVSwitch 600 GB/s per GPU", "DGX A100 datasheet: 8x ConnectX-6 HDR 200 Gb/s", {}),
+    ("dgx-h100", "DGX H100, NVLink4 in 8-GPU nodes, 8x NDR 400 Gb/s", "H100-SXM", 8, 8, 900, 400,
+     "DGX H100 datasheet: NVLink 900 GB/s per GPU", "DGX H100 datasheet: 8x ConnectX-7 400 Gb/s", {}),
+    ("hgx-h200", "HGX H200, NVLink4 in 8-GPU nodes, 8x NDR 400 Gb/s", "H200", 8, 8, 900, 400,
+     "HGX H200 specifications: NVLink 900 GB/s per GPU",
+     "HGX H200 reference design: one ConnectX-7 400 Gb/s per GPU", {}),
+    ("dgx-b200", "DGX B200, NVLink5 in 8-GPU nodes, 8x NDR 400 Gb/s", "B200", 8, 8, 1800, 400,
+     "DGX B200 datasheet: NVLink5 1.8 TB/s per GPU", "DGX B200 datasheet: 8x ConnectX-7 400 Gb/s", {}),
+    ("gb200-nvl72", "GB200 NVL72 racks: 72-GPU NVLink domain, 4-GPU trays", "GB200", 72, 4, 1800, 400,
+     "GB200 NVL72 specifications: NVLink5 1.8 TB/s per GPU",
+     "GB200 NVL72 reference design: one ConnectX-7 400 Gb/s per GPU",
+     {"domain_size": "GB200 NVL72: 72 GPUs in one NVLink domain, 18 trays of 4"}),
+    ("b200-nvl32", "NTP study cluster: 32-GPU NVLink domains of B200, 800 Gb/s per GPU", "B200", 32, 8, 1800, 800,
+     "NTP paper (arXiv 2504.06095) setup: NVLink 1.8 TB/s per GPU",
+     "NTP paper (arXiv 2504.06095) setup: one 800 Gb/s InfiniBand NIC per GPU",
+     {"domain_size": "NTP paper (arXiv 2504.06095): NVL domains of 32 GPUs",
+      "gpus_per_node": "assumed: 8-GPU hosts, 4 per NVL32 domain"}),
+]
+# fmt: on
+
+CLUSTERS: dict[str, ClusterSpec] = {row[0]: _spec(*row) for row in _TABLE}
 
 
 def load_cluster_spec(path: Path) -> ClusterSpec:
     """Read a custom cluster from a YAML or JSON file with ``ClusterSpec``'s fields."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read cluster file {path}: {exc.strerror}.") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(
-            f"cluster file {path} is not valid {path.suffix.lstrip('.').upper() or 'YAML'}: "
-            f"{str(exc).splitlines()[0]}; fix the syntax."
-        ) from None
-    if not isinstance(data, dict):
-        raise ValueError(f"cluster file {path} must hold a mapping of ClusterSpec fields.")
+    data = read_mapping(path, "cluster file")
     data.setdefault("name", path.stem)
     try:
         return ClusterSpec(**data)

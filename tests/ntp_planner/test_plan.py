@@ -67,6 +67,16 @@ def test_schema_and_garbage_are_rejected(plan, tmp_path):
         Plan.load(path)
 
 
+def test_saved_plan_has_ordinary_permissions(plan, tmp_path):
+    import os
+
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_atomic_write_keeps_the_old_file_on_failure(plan, tmp_path, monkeypatch):
     path = tmp_path / "plan.json"
     path.write_text("old")
