@@ -1,10 +1,10 @@
 """Built-in models, as data: one dict of shape numbers per model, expanded by family defaults.
 
 Sources: Llama 3 shapes from Meta's released config.json files (and arXiv 2407.21783 Table 3);
-GPT-3 from Brown et al. 2020 Table 2.1 with Megatron's padded vocabulary 51,200; Mixtral from
-its config.json; the Megatron family from Narayanan et al. SC'21 Table 1 (shared/reference/
-calibration.md); ntp-480b from the NTP paper's simulated model (shared/reference/ntp.md), whose
-vocabulary the paper does not state: we use Megatron GPT's 51,200.
+GPT-3 from Brown et al. 2020 Table 2.1 with Megatron's padded vocabulary 51,200; Mixtral and
+DeepSeekMoE 16B from their config.json files; the Megatron family from Narayanan et al. SC'21
+Table 1 (shared/reference/calibration.md); ntp-480b from the NTP paper's simulated model
+(shared/reference/ntp.md), whose vocabulary the paper does not state: we use Megatron GPT's 51,200.
 """
 
 from __future__ import annotations
@@ -84,6 +84,23 @@ MODELS: dict[str, ModelSpec] = {
         _llama("llama3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072),
         _llama(
             "mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=14336
+        ),
+        # DeepSeekMoE 16B (arXiv 2401.06066, config.json): a dense first layer, then MoE layers of 64
+        # fine-grained experts (top-6) plus 2 shared experts: layers of two kinds in one model.
+        _llama(
+            "deepseek-moe-16b",
+            2048,
+            10944,
+            28,
+            16,
+            16,
+            102400,
+            4096,
+            num_experts=64,
+            moe_top_k=6,
+            moe_ffn_hidden_size=1408,
+            moe_first_dense_layers=1,
+            moe_shared_ffn_hidden_size=2816,
         ),
         *[_gpt(name, hidden, layers, heads) for name, heads, hidden, layers in _MEGATRON_FAMILY],
         _gpt("ntp-480b", 20480, 100, 128, max_position_embeddings=16384),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from cost_models.model import ModelSpec
+from cost_models.model import LayerKind, ModelSpec
 
 ACT_BYTES = 2  # activations are 16-bit in fp16, bf16 and fp8 training (fp8 only inside GEMMs)
 
@@ -98,17 +98,20 @@ def moe_ops(model: ModelSpec, tokens: int, tp: int, ep: int) -> list[Op]:
     return ops
 
 
-def norm_residual_ops(model: ModelSpec, tokens: int, shard: int) -> list[Op]:
-    """Two norms (read + write 2 bytes each) and two residual adds (read 2, write 1, plus a
-    1-byte dropout mask). ``shard`` is tp under sequence parallelism, else 1 (replicated)."""
+def norm_residual_ops(model: ModelSpec, tokens: int, shard: int, sublayers: int = 2) -> list[Op]:
+    """Per sublayer (attention, MLP): a norm (read + write 2 bytes) and a residual add (read 2,
+    write 1, plus a 1-byte dropout mask). ``shard`` is tp under sequence parallelism, else 1."""
     th = tokens * model.hidden_size / shard
     residual = (3 * ACT_BYTES + (1 if model.dropout else 0)) * th
-    return [Op("norms", "memory", mem_bytes=2 * 2 * ACT_BYTES * th), Op("residuals", "memory", mem_bytes=2 * residual)]
+    return [
+        Op("norms", "memory", mem_bytes=sublayers * 2 * ACT_BYTES * th),
+        Op("residuals", "memory", mem_bytes=sublayers * residual),
+    ]
 
 
 def layer_ops(
     model: ModelSpec,
-    layer: int,
+    layer: int | LayerKind,
     micro_batch: int,
     seq_len: int,
     tp: int,
@@ -117,14 +120,17 @@ def layer_ops(
     sequence_parallel: bool,
     flash: bool,
 ) -> list[Op]:
-    """Every op of transformer layer ``layer`` for one micro-batch forward on one GPU."""
+    """Every op of one transformer layer (an index or a LayerKind) for one micro-batch forward
+    on one GPU."""
+    kind = layer if isinstance(layer, LayerKind) else model.layer_kind(layer)
     tokens = micro_batch * seq_len // cp
-    ops = attention_ops(model, micro_batch, seq_len, tp, cp, flash)
-    if model.is_moe_layer(layer):
+    ops = attention_ops(model, micro_batch, seq_len, tp, cp, flash) if kind.attention else []
+    if kind.moe:
         ops += moe_ops(model, tokens, tp, ep)
-    else:
-        ops += mlp_ops(model, tokens, tp, model.ffn_hidden_size)
-    ops += norm_residual_ops(model, tokens, tp if sequence_parallel else 1)
+    elif kind.ffn:
+        ops += mlp_ops(model, tokens, tp, kind.ffn)
+    sublayers = kind.attention + (kind.moe or kind.ffn > 0)
+    ops += norm_residual_ops(model, tokens, tp if sequence_parallel else 1, sublayers)
     return ops
 
 
@@ -158,11 +164,12 @@ def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int) -> f
     tokens = global_batch * seq_len
     h = model.hidden_size
     attn = 2 * h * (model.q_width + 2 * model.kv_width) + 2 * model.q_width * h + 4 * seq_len * model.q_width
-    dense_mlp = 2 * model.mlp_matrices * h * model.ffn_hidden_size
     moe_mlp = 2 * h * model.num_experts + 2 * model.mlp_matrices * h * (
         model.moe_top_k * model.moe_ffn_hidden_size + model.moe_shared_ffn_hidden_size
     )
-    moe = model.num_moe_layers
-    per_token = model.num_layers * attn + moe * moe_mlp + (model.num_layers - moe) * dense_mlp
+    per_token = sum(
+        n * (attn * k.attention + (moe_mlp if k.moe else 2 * model.mlp_matrices * h * k.ffn))
+        for k, n in model.kind_counts(0, model.num_layers).items()
+    )
     per_token += 2 * h * model.vocab_size
     return 3.0 * tokens * per_token

@@ -44,6 +44,11 @@ class ParallelLayout(BaseModel):
     overlap_grad_reduce: bool = Field(default=True, description="Overlap the DP gradient reduction with backward.")
     tp_comm_overlap: bool = Field(default=False, description="Overlap TP collectives with GEMMs (userbuffers).")
     overlap_p2p: bool = Field(default=True, description="Overlap pipeline sends/receives with compute.")
+    layer_tp: tuple[int, ...] | None = Field(
+        default=None,
+        description="Per-block TP degrees (embedding, each layer, LM head), each dividing tp, which is then "
+        "the stage width; None = every block at tp. A block at degree t runs tp/t copies inside the stage.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ParallelLayout:
@@ -82,9 +87,21 @@ class ParallelLayout(BaseModel):
         base, extra = divmod(num_layers, self.pp)
         return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
 
+    def block_tp(self, num_layers: int) -> tuple[int, ...]:
+        """Degree of every block: [embedding, layer 0 .. layer L-1, LM head]."""
+        return self.layer_tp if self.layer_tp is not None else (self.tp,) * (num_layers + 2)
+
+    @property
+    def is_per_layer(self) -> bool:
+        return self.layer_tp is not None and any(t != self.tp for t in self.layer_tp)
+
     def describe(self) -> str:
         """Compact one-line form, e.g. 'tp8 pp4 dp32 mb1 vpp2 sp full distopt'."""
-        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        parts = [
+            f"tp{self.tp}" if not self.is_per_layer else f"tp{_degree_summary(self.layer_tp)}/{self.tp}",
+            f"pp{self.pp}",
+            f"dp{self.dp}",
+        ]
         parts += [f"cp{self.cp}"] if self.cp > 1 else []
         parts += [f"ep{self.ep}"] if self.ep > 1 else []
         parts += [f"mb{self.micro_batch}"] + ([f"vpp{self.vpp}"] if self.vpp > 1 else [])
@@ -92,6 +109,32 @@ class ParallelLayout(BaseModel):
         parts += [f"rc-{self.recompute}"] if self.recompute != "none" else []
         parts += ["distopt"] if self.distributed_optimizer else []
         return " ".join(parts)
+
+
+def _degree_summary(degrees: tuple[int, ...] | None) -> str:
+    """'4-8' for a per-layer layout whose degrees range from 4 to 8."""
+    return f"{min(degrees)}-{max(degrees)}" if degrees else ""
+
+
+def sub_batch(micro_batch: int, t: int, width: int) -> tuple[int, int]:
+    """(sequences, sequence split) of one degree-t TP group in a stage of ``width`` GPUs.
+
+    The stage's micro-batch is divided over its width/t groups: each takes micro_batch * t /
+    width sequences, or, when that is below one, a 1/split slice of one sequence (context
+    parallelism inside the stage).
+
+    >>> sub_batch(4, 2, 8), sub_batch(1, 2, 8), sub_batch(2, 8, 8)
+    ((1, 1), (1, 4), (2, 1))
+    """
+    r = micro_batch * t
+    if r % width == 0:
+        return r // width, 1
+    if width % r == 0:
+        return 1, width // r
+    raise ValueError(
+        f"micro_batch({micro_batch}) * t({t}) = {r} and the stage width tp({width}) must divide one another "
+        "so the micro-batch splits evenly over the stage's TP groups"
+    )
 
 
 def check_layout(
@@ -110,14 +153,16 @@ def check_layout(
         raise ValueError(
             f"tp({lay.tp}) must divide the NVLink domain size ({domain_size}) so each TP group stays inside one domain"
         )
-    if m.num_heads % lay.tp:
-        raise ValueError(f"heads({m.num_heads}) % tp({lay.tp}) = {m.num_heads % lay.tp}; tp must divide the heads")
-    if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
-        raise ValueError(
-            f"kv_heads({m.num_kv_heads}) and tp({lay.tp}) must divide one another (KV groups are split or replicated)"
-        )
-    if m.ffn_hidden_size % lay.tp:
-        raise ValueError(f"ffn_hidden_size({m.ffn_hidden_size}) % tp({lay.tp}) != 0; tp must divide the MLP width")
+    if lay.layer_tp is None:  # per-layer layouts are checked block by block below
+        if m.num_heads % lay.tp:
+            raise ValueError(f"heads({m.num_heads}) % tp({lay.tp}) = {m.num_heads % lay.tp}; tp must divide the heads")
+        if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
+            raise ValueError(
+                f"kv_heads({m.num_kv_heads}) and tp({lay.tp}) must divide one another "
+                "(KV groups are split or replicated)"
+            )
+        if m.ffn_hidden_size % lay.tp:
+            raise ValueError(f"ffn_hidden_size({m.ffn_hidden_size}) % tp({lay.tp}) != 0; tp must divide the MLP width")
     if lay.pp > m.num_layers:
         raise ValueError(f"pp({lay.pp}) > layers({m.num_layers}); each stage needs at least one layer")
     stages = lay.stage_layers(m.num_layers)
@@ -138,7 +183,42 @@ def check_layout(
             raise ValueError(f"experts({m.num_experts}) % ep({lay.ep}) != 0; ep must divide the experts")
         if (lay.dp * lay.cp) % lay.ep:
             raise ValueError(f"dp({lay.dp}) * cp({lay.cp}) = {lay.dp * lay.cp} is not divisible by ep({lay.ep})")
+    if lay.layer_tp is not None:
+        _check_layer_tp(lay, m, training, domain_size)
     if training.seq_len > m.max_position_embeddings and m.position == "learned":
         raise ValueError(
             f"seq_len({training.seq_len}) > max_position_embeddings({m.max_position_embeddings}) of {m.name}"
         )
+
+
+def block_degree_ok(model: ModelSpec, block: int, t: int) -> str | None:
+    """Why block ``block`` (0 = embedding, L+1 = head) cannot run at degree t, or None."""
+    if block == 0 or block == model.num_layers + 1:
+        return None  # the vocabulary is padded to a multiple of 128 * t
+    kind = model.layer_kind(block - 1)
+    if kind.attention and model.num_heads % t:
+        return f"heads({model.num_heads}) % t({t}) != 0"
+    if kind.attention and model.num_kv_heads % t and t % model.num_kv_heads:
+        return f"kv_heads({model.num_kv_heads}) and t({t}) must divide one another"
+    width = model.moe_ffn_hidden_size if kind.moe else kind.ffn
+    if width and width % t:
+        return f"ffn width({width}) % t({t}) != 0"
+    return None
+
+
+def _check_layer_tp(lay: ParallelLayout, m: ModelSpec, training: TrainingSpec, domain_size: int) -> None:
+    degrees = lay.layer_tp or ()
+    if len(degrees) != m.num_layers + 2:
+        raise ValueError(
+            f"layer_tp has {len(degrees)} entries but needs {m.num_layers + 2}: "
+            f"embedding, {m.num_layers} layers, LM head"
+        )
+    for block, t in enumerate(degrees):
+        if t < 1 or lay.tp % t:
+            raise ValueError(f"block {block} has degree {t}, which does not divide the stage width tp({lay.tp})")
+        why = block_degree_ok(m, block, t)
+        if why:
+            raise ValueError(f"block {block} (layer {block - 1}) cannot run at degree {t}: {why}")
+        _, split = sub_batch(lay.micro_batch, t, lay.tp)
+        if split > 1 and training.seq_len % (2 * split * lay.cp):
+            raise ValueError(f"seq_len({training.seq_len}) cannot be split {split * lay.cp} ways for block {block}")

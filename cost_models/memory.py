@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.flops import ACT_BYTES, kv_heads_per_rank, padded_vocab
-from cost_models.model import ModelSpec
+from cost_models.model import LayerKind, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,9 @@ def stage_params(model: ModelSpec, layers: range, tp: int, ep: int, first: bool,
     """Parameters one GPU of a pipeline stage holds. Norms, row-parallel biases and learned
     positions are replicated over TP; everything else is split tp ways (experts ep * tp ways). A tied output layer on a
     separate last stage keeps its own copy of the embedding (Megatron)."""
-    norms = model.tp_replicated_layer_params
-    moe = model.count_moe_layers(layers.start, layers.stop)
-    dense = len(layers) - moe
-    total = dense * ((model.dense_layer_params - norms) / tp + norms)
-    total += moe * ((model.moe_layer_nonexpert_params - norms) / tp + norms + model.expert_params / (tp * ep))
+    total = 0.0
+    for kind, n in model.kind_counts(layers.start, layers.stop).items():
+        total += n * layer_params_per_gpu(model, kind, tp, ep)
     word = padded_vocab(model, tp) * model.hidden_size / tp
     if first:
         total += word + (model.embedding_params - model.vocab_size * model.hidden_size)
@@ -57,6 +55,13 @@ def stage_params(model: ModelSpec, layers: range, tp: int, ep: int, first: bool,
         if not model.tie_embeddings or (pp > 1):
             total += word
     return total
+
+
+def layer_params_per_gpu(model: ModelSpec, kind: LayerKind, tp: int, ep: int) -> float:
+    """Parameters of one layer of ``kind`` on one GPU at TP degree ``tp`` (experts over ep * tp)."""
+    whole = model.layer_tp_replicated_params(kind)
+    experts = model.layer_expert_params(kind)
+    return (model.layer_params(kind) - whole - experts) / tp + whole + experts / (tp * ep)
 
 
 def activation_bytes_per_layer(
@@ -79,24 +84,30 @@ def activation_bytes_per_layer(
     recompute): scores 2 a s T, dropout mask and output 3 a s T, or only the log-sum-exp of a
     flash kernel. Full recompute keeps only the layer input, 2Th (split under SP).
     """
+    kind = layer if isinstance(layer, LayerKind) else model.layer_kind(layer)
     tokens = micro_batch * seq_len / cp
     h, d = model.hidden_size, model.head_dim
     rep_div = tp if sequence_parallel else 1
     if recompute == "full":
         return ACT_BYTES * tokens * h / rep_div
     drop = 1 if model.dropout else 0
-    replicated = (4 * ACT_BYTES + 2 * drop) * tokens * h
+    sublayers = kind.attention + (kind.moe or kind.ffn > 0)
+    replicated = sublayers * (2 * ACT_BYTES + drop) * tokens * h
     heads, kv = model.num_heads // tp, kv_heads_per_rank(model, tp)
-    split = ACT_BYTES * tokens * (heads + 2 * kv) * d + ACT_BYTES * tokens * heads * d
-    if model.is_moe_layer(layer):
+    split = 0.0
+    if kind.attention:
+        split += ACT_BYTES * tokens * (heads + 2 * kv) * d + ACT_BYTES * tokens * heads * d
+    if kind.moe:
         routed = tokens * model.moe_top_k
         f = model.moe_ffn_hidden_size / tp
         split += ACT_BYTES * routed * h + (3 if model.gated_mlp else 2) * ACT_BYTES * routed * f
         if model.moe_shared_ffn_hidden_size:
             split += (3 if model.gated_mlp else 2) * ACT_BYTES * tokens * model.moe_shared_ffn_hidden_size / tp
-    else:
-        split += (3 if model.gated_mlp else 2) * ACT_BYTES * tokens * model.ffn_hidden_size / tp
-    if flash:
+    elif kind.ffn:
+        split += (3 if model.gated_mlp else 2) * ACT_BYTES * tokens * kind.ffn / tp
+    if not kind.attention:
+        core = 0.0
+    elif flash:
         core = 4.0 * tokens * heads  # fp32 log-sum-exp per query and head
     else:
         scores = micro_batch * heads * seq_len * seq_len / cp

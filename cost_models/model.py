@@ -8,9 +8,28 @@ expert MLPs of width ``moe_ffn_hidden_size`` of which each token visits ``moe_to
 
 from __future__ import annotations
 
-from typing import Literal
+from collections import Counter
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class LayerKind(NamedTuple):
+    """What makes one transformer layer cost differently from another."""
+
+    moe: bool  # the MLP is a mixture of experts
+    ffn: int  # dense MLP width (0 = no MLP); ignored for MoE layers
+    attention: bool  # the layer has self-attention
+
+
+class LayerOverride(BaseModel):
+    """Per-layer deviations from the model's defaults (pruned or hybrid models)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layers: tuple[int, ...] = Field(min_length=1, description="0-based indices of the layers it applies to.")
+    ffn_hidden_size: int | None = Field(default=None, ge=0, description="Dense MLP width; 0 removes the MLP.")
+    attention: bool = Field(default=True, description="False removes self-attention from these layers.")
 
 
 class ModelSpec(BaseModel):
@@ -40,6 +59,9 @@ class ModelSpec(BaseModel):
     moe_layer_freq: int = Field(default=1, ge=1, description="Every k-th layer is MoE (1 = all).")
     moe_first_dense_layers: int = Field(default=0, ge=0, description="Leading layers kept dense.")
     moe_shared_ffn_hidden_size: int = Field(default=0, ge=0, description="Shared-expert MLP width; 0 = none.")
+    layer_overrides: tuple[LayerOverride, ...] = Field(
+        default=(), description="Layers that differ from the defaults (later entries win)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -50,6 +72,12 @@ class ModelSpec(BaseModel):
                 raise ValueError(f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})")
             if self.moe_ffn_hidden_size <= 0:
                 raise ValueError("an MoE model needs moe_ffn_hidden_size > 0")
+        for o in self.layer_overrides:
+            bad = [i for i in o.layers if not 0 <= i < self.num_layers]
+            if bad:
+                raise ValueError(f"layer_overrides name layers {bad[:5]} outside 0..{self.num_layers - 1}")
+            if o.ffn_hidden_size is not None and any(self.is_moe_layer(i) for i in o.layers):
+                raise ValueError("ffn_hidden_size overrides apply to dense layers; these include MoE layers")
         return self
 
     # ---- derived widths ----------------------------------------------------------------
@@ -74,6 +102,32 @@ class ModelSpec(BaseModel):
             and layer >= self.moe_first_dense_layers
             and ((layer - self.moe_first_dense_layers) % self.moe_layer_freq == 0)
         )
+
+    def layer_kind(self, layer: int) -> LayerKind:
+        """The kind of layer ``layer`` after overrides."""
+        ffn, attention = self.ffn_hidden_size, True
+        for o in self.layer_overrides:
+            if layer in o.layers:
+                ffn = o.ffn_hidden_size if o.ffn_hidden_size is not None else ffn
+                attention = o.attention
+        return LayerKind(self.is_moe_layer(layer), ffn, attention)
+
+    def kind_counts(self, start: int, stop: int) -> dict[LayerKind, int]:
+        """How many layers of each kind lie in ``start <= layer < stop``. Closed form for models
+        without overrides (the search asks this for every stage of every layout)."""
+        if self.layer_overrides:
+            return dict(Counter(self.layer_kind(i) for i in range(start, stop)))
+        moe = self.count_moe_layers(start, stop)
+        counts = {
+            LayerKind(True, self.ffn_hidden_size, True): moe,
+            LayerKind(False, self.ffn_hidden_size, True): stop - start - moe,
+        }
+        return {k: n for k, n in counts.items() if n}
+
+    @property
+    def kinds(self) -> list[LayerKind]:
+        """Distinct layer kinds, in order of first appearance."""
+        return list(dict.fromkeys(self.layer_kind(i) for i in range(self.num_layers)))
 
     def count_moe_layers(self, start: int, stop: int) -> int:
         """MoE layers among ``start <= layer < stop``, in closed form (no loop over layers).
@@ -127,6 +181,31 @@ class ModelSpec(BaseModel):
     def dense_layer_params(self) -> int:
         return self.attention_params + self.norm_params + self.mlp_params(self.ffn_hidden_size)
 
+    def _norm_size(self) -> int:
+        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    def layer_params(self, kind: LayerKind) -> int:
+        """All parameters of one layer of ``kind`` (every expert included)."""
+        has_mlp = kind.moe or kind.ffn > 0
+        total = (kind.attention + has_mlp) * self._norm_size()
+        total += self.attention_params if kind.attention else 0
+        if kind.moe:
+            total += self.moe_layer_nonexpert_params - self.attention_params - self.norm_params + self.expert_params
+        elif kind.ffn:
+            total += self.mlp_params(kind.ffn)
+        return total
+
+    def layer_expert_params(self, kind: LayerKind) -> int:
+        """Routed-expert parameters of one layer (split over ep as well as tp)."""
+        return self.expert_params if kind.moe else 0
+
+    def layer_tp_replicated_params(self, kind: LayerKind) -> int:
+        """Parameters every TP rank keeps whole: norms, and the biases of row-parallel
+        projections (attention output, MLP down), added after the reduction."""
+        has_mlp = kind.moe or kind.ffn > 0
+        bias = (kind.attention + has_mlp) * self.hidden_size if self.bias else 0
+        return (kind.attention + has_mlp) * self._norm_size() + bias
+
     @property
     def expert_params(self) -> int:
         """Parameters of all routed experts of one MoE layer."""
@@ -152,14 +231,8 @@ class ModelSpec(BaseModel):
 
     @property
     def num_params(self) -> int:
-        moe = self.num_moe_layers
-        dense = self.num_layers - moe
-        return (
-            dense * self.dense_layer_params
-            + moe * (self.moe_layer_nonexpert_params + self.expert_params)
-            + self.embedding_params
-            + self.head_params
-        )
+        layers = sum(n * self.layer_params(k) for k, n in self.kind_counts(0, self.num_layers).items())
+        return layers + self.embedding_params + self.head_params
 
     @property
     def active_params(self) -> int:

@@ -1,37 +1,43 @@
 """estimate_step: the one place where the cost terms are composed into a step time.
 
-Per pipeline stage and micro-batch: forward and backward compute of every op (backward = 2x
-forward for GEMMs and memory traffic), recomputation, TP/CP/EP collectives and pipeline sends.
-The pipeline schedule turns stage times into the forward-backward time; then the exposed part
-of the DP gradient reduction and the optimizer step are added.
+A pipeline stage is a chain of blocks: the embedding (first stage), transformer layers, the LM
+head (last stage). Each block runs at a TP degree t dividing the stage width ``layout.tp`` (t =
+tp everywhere for a uniform layout); a block at degree t runs tp/t copies inside the stage, each
+on its share of the micro-batch. Per block and micro-batch we cost forward and backward compute
+(backward = 2x forward for GEMMs and memory traffic), recomputation and the TP/CP/EP
+collectives; between blocks of different degree, the change of activation layout. The pipeline
+schedule turns stage times into the forward-backward time; the exposed part of the DP gradient
+reduction and the optimizer step are added.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models import collectives as coll
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, layer_ops, model_flops_per_step
-from cost_models.layout import ParallelLayout, check_layout
+from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, layer_ops, model_flops_per_step, padded_vocab
+from cost_models.layout import ParallelLayout, check_layout, sub_batch
 from cost_models.memory import (
     activation_bytes_per_layer,
     head_activation_bytes,
     in_flight_micro_batches,
-    stage_params,
+    layer_params_per_gpu,
     state_bytes,
 )
-from cost_models.model import ModelSpec
+from cost_models.model import LayerKind, ModelSpec
 from cost_models.pipeline import p2p_bytes, pipeline_time
 from cost_models.training import TrainingSpec
-from topologies.cluster import Cluster
+from topologies.cluster import Cluster, GroupLinks
 
 ADAM_BYTES_PER_PARAM = (
     34.0  # read fp32 param, grad, m, v (16) + write param, m, v (12) + 16-bit copy (2) + grad-norm read (4)
 )
 RUNTIME_RESERVED_BYTES = 2e9  # CUDA context, NCCL buffers, allocator slack
+EMBED, HEAD = "embedding", "head"
+Block = LayerKind | str  # a layer kind, or EMBED / HEAD
 
 
 class StepCost(BaseModel):
@@ -58,8 +64,8 @@ class StepCost(BaseModel):
 
 
 @dataclass
-class _Pass:
-    """Seconds of one micro-batch through some layers on one GPU, by category."""
+class Pass:
+    """Seconds of one micro-batch through some blocks on one GPU, by category."""
 
     fwd: float = 0.0
     bwd: float = 0.0
@@ -69,36 +75,76 @@ class _Pass:
     ep_comm: float = 0.0
     hw_flops: float = 0.0
 
-    def add(self, other: _Pass, times: float = 1.0) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + times * getattr(other, name))
+    def add(self, other: Pass, times: float = 1.0) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + times * getattr(other, f.name))
 
     @property
     def total(self) -> float:
         return self.fwd + self.bwd + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
 
 
-class _Ctx:
-    """Everything estimate_step looks up repeatedly, computed once."""
+@dataclass(frozen=True)
+class Degree:
+    """What running a block at TP degree ``t`` inside a stage means: its share of the
+    micro-batch and the groups it talks to (rank order tp < cp < dp < pp; a degree-t group's
+    in-stage copies sit at stride t inside the stage's tp GPUs)."""
+
+    t: int
+    seqs: int  # sequences per TP group
+    cp: int  # sequence split: inside the stage times the layout's cp
+    tokens: int  # tokens one GPU's TP group processes
+    copies: int  # data-parallel copies of the block inside the stage (tp / t)
+    tp_links: GroupLinks
+    cp_links: GroupLinks
+    ep_links: GroupLinks
+    dp_links: GroupLinks
+    expert_dp_links: GroupLinks
+
+
+class CostEnv:
+    """Everything the estimator looks up repeatedly for one (model, training, layout, cluster),
+    with per-degree and per-block caches. Also used by the per-layer solver to cost blocks."""
 
     def __init__(
-        self, model: ModelSpec, training: TrainingSpec, layout: ParallelLayout, cluster: Cluster, eff: Efficiency
+        self,
+        model: ModelSpec,
+        training: TrainingSpec,
+        layout: ParallelLayout,
+        cluster: Cluster,
+        eff: Efficiency = DEFAULT_EFFICIENCY,
     ):
         self.model, self.training, self.layout, self.cluster, self.eff = model, training, layout, cluster, eff
         gpu = cluster.gpu
         self.peak = gpu.peak_flops_per_s(training.dtype)
         self.gemm_peak = self.peak * eff.gemm_peak_fraction(gpu.name)
         self.mem_bw = gpu.hbm_bw_bytes_per_s * eff.hbm_efficiency
-        lay = layout
-        self.tokens = lay.micro_batch * training.seq_len // lay.cp
-        # Representative groups of rank 0 under the rank order tp < cp < dp < pp.
-        self.tp_links = cluster.strided_links(0, 1, lay.tp)
-        self.cp_links = cluster.strided_links(0, lay.tp, lay.cp)
-        self.dp_links = cluster.strided_links(0, lay.tp * lay.cp, lay.dp)
-        self.ep_links = cluster.strided_links(0, lay.tp * lay.cp, lay.ep)
-        self.expert_dp_links = cluster.strided_links(0, lay.tp * lay.cp * lay.ep, lay.dp * lay.cp // lay.ep)
-        self.pp_links = cluster.strided_links(0, lay.tp * lay.cp * lay.dp, min(2, lay.pp))
+        self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
+        self._degrees: dict[int, Degree] = {}
+        self._passes: dict[tuple[Block, int], Pass] = {}
 
+    # ---- degrees and groups ------------------------------------------------------------------
+    def degree(self, t: int) -> Degree:
+        if t not in self._degrees:
+            lay, c = self.layout, self.cluster
+            seqs, split = sub_batch(lay.micro_batch, t, lay.tp)
+            copies = lay.tp // t
+            outer = lay.tp * lay.cp
+            self._degrees[t] = Degree(
+                t=t,
+                seqs=seqs,
+                cp=split * lay.cp,
+                tokens=seqs * self.training.seq_len // (split * lay.cp),
+                copies=copies,
+                tp_links=c.strided_links(0, 1, t),
+                cp_links=c.grid_links(t, split, lay.tp, lay.cp),
+                ep_links=c.strided_links(0, outer, lay.ep),
+                dp_links=c.grid_links(t, copies, outer, lay.dp),
+                expert_dp_links=c.grid_links(t, copies, outer * lay.ep, lay.dp * lay.cp // lay.ep),
+            )
+        return self._degrees[t]
+
+    # ---- time of one micro-batch through one block -------------------------------------------
     def op_time(self, op: Op) -> float:
         if op.kind == "gemm":
             return op.flops / (self.gemm_peak * self.eff.shape_factor(op.m, op.n, op.k))
@@ -106,40 +152,69 @@ class _Ctx:
             return op.flops / (self.peak * self.eff.flash_efficiency)
         return op.mem_bytes / self.mem_bw
 
-    def ops_pass(self, ops: list[Op]) -> _Pass:
+    def ops_pass(self, ops: list[Op]) -> Pass:
         fwd = sum(self.op_time(op) for op in ops)
-        flops = sum(op.flops for op in ops)
-        return _Pass(fwd=fwd, bwd=2 * fwd, hw_flops=3 * flops)
+        return Pass(fwd=fwd, bwd=2 * fwd, hw_flops=3 * sum(op.flops for op in ops))
 
-    def layer_pass(self, layer: int) -> _Pass:
-        """One transformer layer, one micro-batch: compute, recompute and collectives."""
-        m, lay, eff = self.model, self.layout, self.eff
+    def block_pass(self, block: Block, t: int) -> Pass:
+        key = (block, t)
+        if key not in self._passes:
+            if block == EMBED:
+                self._passes[key] = self._embed_pass(t)
+            elif block == HEAD:
+                self._passes[key] = self._head_pass(t)
+            else:
+                self._passes[key] = self._layer_pass(block, t)
+        return self._passes[key]
+
+    def _tp_collective(self, d: Degree) -> float:
+        """One TP collective on a block's activation: all-reduce, or reduce-scatter + all-gather
+        under sequence parallelism (the same bytes), less what overlap hides."""
+        one = coll.all_reduce_time(ACT_BYTES * d.tokens * self.model.hidden_size, d.tp_links, self.eff)
+        return one * ((1 - self.eff.tp_overlap_hidden) if self.layout.tp_comm_overlap else 1.0)
+
+    def _embed_pass(self, t: int) -> Pass:
+        """Vocabulary-parallel lookup; its partial outputs are summed over TP (forward only)."""
+        d = self.degree(t)
+        p = self.ops_pass(embedding_ops(self.model, d.seqs, self.training.seq_len, d.cp))
+        p.tp_comm = self._tp_collective(d)
+        return p
+
+    def _head_pass(self, t: int) -> Pass:
+        """Final norm, column-parallel logits and vocabulary-parallel cross entropy; one TP
+        collective's worth of traffic (gather forward, reduce backward)."""
+        d = self.degree(t)
+        p = self.ops_pass(head_ops(self.model, d.seqs, self.training.seq_len, t, d.cp))
+        p.tp_comm = self._tp_collective(d)
+        return p
+
+    def _layer_pass(self, kind: LayerKind, t: int) -> Pass:
+        """One transformer layer: compute, recompute and collectives. A TP collective follows
+        each sublayer (attention, MLP) forward and again backward."""
+        m, lay, eff, d = self.model, self.layout, self.eff, self.degree(t)
         ops = layer_ops(
             m,
-            layer,
-            lay.micro_batch,
+            kind,
+            d.seqs,
             self.training.seq_len,
-            lay.tp,
-            lay.cp,
+            t,
+            d.cp,
             lay.ep,
             lay.sequence_parallel,
             self.training.flash_attention,
         )
         p = self.ops_pass(ops)
-        act = ACT_BYTES * self.tokens * m.hidden_size
-        # Two TP collectives forward (after attention and after the MLP), two backward:
-        # all-reduce, or reduce-scatter + all-gather under sequence parallelism (same bytes).
-        tp_one = coll.all_reduce_time(act, self.tp_links, eff)
-        tp_fwd = 2 * tp_one * ((1 - eff.tp_overlap_hidden) if lay.tp_comm_overlap else 1.0)
+        sublayers = kind.attention + (kind.moe or kind.ffn > 0)
+        tp_fwd = sublayers * self._tp_collective(d)
         p.tp_comm = 2 * tp_fwd
         core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
-        if lay.cp > 1:  # all-gather K and V forward, reduce-scatter their gradients backward
-            kv = 2 * ACT_BYTES * self.tokens * m.kv_width * lay.cp
+        if d.cp > 1 and kind.attention:  # all-gather K and V forward, reduce-scatter their gradients backward
+            kv = 2 * ACT_BYTES * d.tokens * m.kv_width * d.cp
             core_s = sum(self.op_time(op) for op in core)
-            p.cp_comm = max(0.0, coll.all_gather_time(kv, self.cp_links, eff) - core_s) * 3
-        if m.is_moe_layer(layer) and lay.ep > 1:  # dispatch + combine, forward and backward
-            routed = act * m.moe_top_k
-            p.ep_comm = 4 * coll.all_to_all_time(routed, self.ep_links, eff)
+            p.cp_comm = max(0.0, coll.all_gather_time(kv, d.cp_links, eff) - core_s) * 3
+        if kind.moe and lay.ep > 1:  # dispatch + combine, forward and backward
+            routed = ACT_BYTES * d.tokens * m.hidden_size * m.moe_top_k
+            p.ep_comm = 4 * coll.all_to_all_time(routed, d.ep_links, eff)
         if lay.recompute == "full":
             p.recompute = p.fwd + (tp_fwd + p.cp_comm / 3 + p.ep_comm / 2)
             p.hw_flops += sum(op.flops for op in ops)
@@ -147,6 +222,136 @@ class _Ctx:
             p.recompute = sum(self.op_time(op) for op in core)
             p.hw_flops += sum(op.flops for op in core)
         return p
+
+    def transition_time(self, t_from: int, t_to: int) -> float:
+        """Changing degree between consecutive blocks, per micro-batch. Under sequence
+        parallelism every GPU holds tokens [g T/tp, (g+1) T/tp) at a block boundary whatever the
+        degree, so the change is free. Otherwise a degree-t block leaves its TP group's share
+        replicated on the group: growing to t' > t all-gathers t'/t shares forward (backward
+        slices locally); shrinking slices forward and all-gathers the gradient backward."""
+        if t_from == t_to or self.layout.sequence_parallel:
+            return 0.0
+        lo, hi = sorted((t_from, t_to))
+        nbytes = ACT_BYTES * self.stage_tokens * self.model.hidden_size * hi / self.layout.tp
+        gather = coll.all_gather_time(nbytes, self.cluster.strided_links(0, lo, hi // lo), self.eff)
+        regrown = self.layout.recompute == "full" and t_to > t_from
+        return gather * (2 if regrown else 1)
+
+    # ---- memory and gradient sync of one block -------------------------------------------------
+    def block_params(self, block: Block, t: int, last_stage_ties: bool = False) -> tuple[float, float]:
+        """(non-expert, expert) parameters of a block on one GPU at degree t."""
+        m = self.model
+        word = padded_vocab(m, t) * m.hidden_size / t
+        if block == EMBED:
+            return word + (m.embedding_params - m.vocab_size * m.hidden_size), 0.0
+        if block == HEAD:
+            untied = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size
+            extra = word if (not m.tie_embeddings or last_stage_ties) else 0.0
+            return m.head_params - untied + extra, 0.0
+        expert = m.layer_expert_params(block) / (t * self.layout.ep)
+        return layer_params_per_gpu(m, block, t, self.layout.ep) - expert, expert
+
+    def block_activation_bytes(self, block: Block, t: int) -> float:
+        """Bytes one micro-batch leaves on a GPU for the backward pass of this block."""
+        if block in (EMBED, HEAD):
+            return 0.0
+        d, lay = self.degree(t), self.layout
+        return activation_bytes_per_layer(
+            self.model,
+            block,
+            self.training.seq_len,
+            d.seqs,
+            t,
+            lay.sequence_parallel,
+            lay.recompute,
+            self.training.flash_attention,
+            d.cp,
+        )
+
+
+Run = tuple[Block, int, int]  # (block, degree, how many in a row)
+
+
+def stage_runs(model: ModelSpec, layout: ParallelLayout, stage: int, start: int, count: int) -> list[Run]:
+    """The blocks of one pipeline stage, in order, as runs of equal (block, degree). A uniform
+    layout's layers are grouped by kind (order is irrelevant when no degree changes)."""
+    first, last = stage == 0, stage == layout.pp - 1
+    if layout.layer_tp is None:
+        t = layout.tp
+        runs: list[Run] = [(EMBED, t, 1)] if first else []
+        runs += [(kind, t, n) for kind, n in model.kind_counts(start, start + count).items()]
+        return runs + ([(HEAD, t, 1)] if last else [])
+    degrees = layout.layer_tp
+    blocks: list[tuple[Block, int]] = [(EMBED, degrees[0])] if first else []
+    blocks += [(model.layer_kind(i), degrees[i + 1]) for i in range(start, start + count)]
+    blocks += [(HEAD, degrees[-1])] if last else []
+    runs = []
+    for block, t in blocks:
+        if runs and runs[-1][0] == block and runs[-1][1] == t:
+            runs[-1] = (block, t, runs[-1][2] + 1)
+        else:
+            runs.append((block, t, 1))
+    return runs
+
+
+@dataclass
+class StageCost:
+    pass_: Pass  # per micro-batch, transitions included in fwd/bwd
+    params: float  # per GPU
+    memory: dict[str, float]
+    dp_reduce_s: float  # gradient reduction (reduce-scatter or all-reduce)
+    dp_gather_s: float  # parameter all-gather (distributed optimizer)
+    optimizer_params: float  # parameters this GPU's optimizer updates
+
+
+def stage_cost(env: CostEnv, stage: int, runs: list[Run], count: int) -> StageCost:
+    """Time per micro-batch, memory and DP traffic of one stage made of ``runs``."""
+    m, lay, training = env.model, env.layout, env.training
+    p = Pass()
+    prev_t = None
+    params = opt_params = act = reduce_s = gather_s = 0.0
+    state = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0}
+    full_working = 0.0
+    grad_bytes = 2.0 if training.dtype == "fp16" else 4.0
+    for block, t, n in runs:
+        p.add(env.block_pass(block, t), n)
+        if prev_t is not None and prev_t != t:
+            switch = env.transition_time(prev_t, t)
+            p.fwd += switch / 2
+            p.bwd += switch / 2
+        prev_t = t
+        d = env.degree(t)
+        dense, expert = env.block_params(block, t, last_stage_ties=lay.pp > 1)
+        shard = lay.dp * d.copies if lay.distributed_optimizer else 1
+        st = state_bytes(n * (dense + expert), training.dtype, shard, lay.distributed_optimizer)
+        for k in state:
+            state[k] += getattr(st, k)
+        params += n * (dense + expert)
+        opt_params += n * (dense + expert) / shard
+        act += n * env.block_activation_bytes(block, t)
+        if block == HEAD:
+            act_head = head_activation_bytes(m, training.seq_len, d.seqs, t, d.cp)
+        elif block != EMBED and lay.recompute == "full":
+            full_working = max(
+                full_working,
+                activation_bytes_per_layer(
+                    m, block, training.seq_len, d.seqs, t, lay.sequence_parallel, "none", training.flash_attention, d.cp
+                ),
+            )
+        for nparams, links in ((n * dense, d.dp_links), (n * expert, d.expert_dp_links)):
+            if nparams <= 0:
+                continue
+            if lay.distributed_optimizer:
+                reduce_s += coll.reduce_scatter_time(nparams * grad_bytes, links, env.eff)
+                gather_s += coll.all_gather_time(nparams * ACT_BYTES, links, env.eff)
+            else:
+                reduce_s += coll.all_reduce_time(nparams * grad_bytes, links, env.eff)
+    held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
+    activations = act * held + full_working
+    if stage == lay.pp - 1:
+        activations += act_head
+    memory = {**state, "activations": activations, "runtime_reserved": RUNTIME_RESERVED_BYTES}
+    return StageCost(p, params, memory, reduce_s, gather_s, opt_params)
 
 
 def estimate_step(
@@ -158,53 +363,38 @@ def estimate_step(
 ) -> StepCost:
     """Predict step time, memory per GPU and MFU of ``layout``; raise ValueError if it is invalid."""
     check_layout(layout, model, training, cluster.num_gpus, cluster.spec.domain_size)
-    ctx = _Ctx(model, training, layout, cluster, efficiency)
-    lay, eff = layout, efficiency
-    stages = lay.stage_layers(model.num_layers)
-    starts = [sum(stages[:i]) for i in range(lay.pp)]
-    # Layers of one kind (dense or MoE) cost the same: cost one of each, multiply by counts.
-    kinds = _layer_kinds(model)
-    per_kind = {moe: ctx.layer_pass(layer) for moe, layer in kinds.items()}
-    embed = ctx.ops_pass(embedding_ops(model, lay.micro_batch, training.seq_len, lay.cp))
-    head = ctx.ops_pass(head_ops(model, lay.micro_batch, training.seq_len, lay.tp, lay.cp))
-    # Stages with the same layer counts and role cost the same: compute each signature once.
-    signatures = [
-        (count, model.count_moe_layers(start, start + count), i == 0, i == lay.pp - 1)
-        for i, (start, count) in enumerate(zip(starts, stages, strict=True))
-    ]
-    by_signature: dict[tuple[int, int, bool, bool], _Pass] = {}
-    for count, moe, first, last in set(signatures):
-        p = _Pass()
-        for is_moe, n in ((True, moe), (False, count - moe)):
-            if n:
-                p.add(per_kind[is_moe], n)
-        if first:
-            p.add(embed)
-        if last:
-            p.add(head)
-        by_signature[(count, moe, first, last)] = p
-    passes = [by_signature[sig] for sig in signatures]
+    return cost_from_stages(CostEnv(model, training, layout, cluster, efficiency))
+
+
+def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> StepCost:
+    """Compose stage costs into a StepCost; stages default to the layout's own split."""
+    model, training, lay, eff = env.model, env.training, env.layout, env.eff
+    if stages is None:
+        counts = lay.stage_layers(model.num_layers)
+        starts = [sum(counts[:i]) for i in range(lay.pp)]
+        memo: dict[tuple, StageCost] = {}
+        stages = []
+        for i, (start, count) in enumerate(zip(starts, counts, strict=True)):
+            runs = stage_runs(model, lay, i, start, count)
+            key = (
+                tuple(runs),
+                i == 0,
+                i == lay.pp - 1,
+                in_flight_micro_batches(i, lay.pp, lay.num_micro_batches, lay.vpp),
+            )
+            if key not in memo:
+                memo[key] = stage_cost(env, i, runs, count)
+            stages.append(memo[key])
     # Pipeline sends: activation forward and its gradient backward, once per model chunk.
     p2p = 0.0
     if lay.pp > 1 and not lay.overlap_p2p:
-        send = p2p_bytes(ctx.tokens, model.hidden_size, lay.tp)
-        p2p = 2 * lay.vpp * coll.send_recv_time(send, ctx.pp_links, eff)
-    stage_time = [p.total + p2p for p in passes]
+        pp_links = env.cluster.strided_links(0, lay.tp * lay.cp * lay.dp, 2)
+        p2p = 2 * lay.vpp * coll.send_recv_time(p2p_bytes(env.stage_tokens, model.hidden_size, lay.tp), pp_links, eff)
+    stage_time = [s.pass_.total + p2p for s in stages]
     pipe = pipeline_time(stage_time, lay.num_micro_batches, lay.vpp if lay.pp > 1 else 1)
-
-    params = [
-        stage_params(model, range(s, s + n), lay.tp, lay.ep, i == 0, i == lay.pp - 1, lay.pp)
-        for i, (s, n) in enumerate(zip(starts, stages, strict=True))
-    ]
-    exposed: dict[tuple, float] = {}
-    for i, sig in enumerate(signatures):
-        if sig not in exposed:
-            exposed[sig] = _dp_exposed(ctx, params[i], passes[i], sig[1])
-    dp_exposed = max(exposed.values())
-    local = max(params) / (lay.dp if lay.distributed_optimizer else 1)
-    optimizer_s = local * ADAM_BYTES_PER_PARAM / ctx.mem_bw
-
-    s = passes[pipe.bottleneck_stage]
+    dp_exposed = max(_dp_exposed(lay, s) for s in stages)
+    optimizer_s = max(s.optimizer_params for s in stages) * ADAM_BYTES_PER_PARAM / env.mem_bw
+    s = stages[pipe.bottleneck_stage].pass_
     m = lay.num_micro_batches
     breakdown = {
         "compute": m * (s.fwd + s.bwd),
@@ -219,27 +409,28 @@ def estimate_step(
         "overhead": eff.step_overhead_s,
     }
     step_time = sum(breakdown.values())
-    mem = [_stage_memory(model, training, lay, i, starts[i], stages[i], params[i], kinds) for i in range(lay.pp)]
-    fullest = max(range(lay.pp), key=lambda i: sum(mem[i].values()))
+    totals = [sum(st.memory.values()) for st in stages]
+    fullest = max(range(lay.pp), key=totals.__getitem__)
     model_flops = model_flops_per_step(model, training.seq_len, training.global_batch)
-    hw_flops = sum(p.hw_flops for p in passes) * m * lay.dp
+    n = env.cluster.num_gpus
+    hw_flops = sum(st.pass_.hw_flops for st in stages) * m * lay.dp * lay.tp * lay.cp  # every GPU of every stage
     return StepCost(
         step_time_s=step_time,
         time_breakdown_s=breakdown,
-        memory_per_gpu_bytes=sum(mem[fullest].values()),
-        memory_breakdown_bytes=mem[fullest],
-        hbm_bytes=cluster.gpu.hbm_bytes,
-        mfu=model_flops / (step_time * cluster.num_gpus * ctx.peak),
+        memory_per_gpu_bytes=totals[fullest],
+        memory_breakdown_bytes=stages[fullest].memory,
+        hbm_bytes=env.cluster.gpu.hbm_bytes,
+        mfu=model_flops / (step_time * n * env.peak),
         tokens_per_s=training.tokens_per_step / step_time,
         model_flops_per_step=model_flops,
-        tflops_per_gpu=hw_flops / (step_time * cluster.num_gpus) / 1e12,
+        tflops_per_gpu=hw_flops / (step_time * n) / 1e12,
         bottleneck_stage=pipe.bottleneck_stage,
         stage_time_s=stage_time,
-        stage_memory_bytes=[sum(x.values()) for x in mem],
+        stage_memory_bytes=totals,
     )
 
 
-def _dp_exposed(ctx: _Ctx, params: float, p: _Pass, expert_layers: int) -> float:
+def _dp_exposed(lay: ParallelLayout, s: StageCost) -> float:
     """DP gradient sync left on the critical path for one stage.
 
     Gradients are reduced in fp32 for bf16/fp8 (Megatron accumulates main grads in fp32) and in
@@ -248,72 +439,6 @@ def _dp_exposed(ctx: _Ctx, params: float, p: _Pass, expert_layers: int) -> float
     the last micro-batch's backward pass (buckets fill only then) and the parameter all-gather
     behind the next step's first forward; whatever does not fit stays exposed.
     """
-    lay, eff = ctx.layout, ctx.eff
-    grad_bytes = 2.0 if ctx.training.dtype == "fp16" else 4.0
-    expert = expert_layers * ctx.model.expert_params / (lay.tp * lay.ep)
-    groups = [(params - expert, ctx.dp_links), (expert, ctx.expert_dp_links)]
-    reduce_s = gather_s = 0.0
-    for n, links in groups:
-        if n <= 0:
-            continue
-        if lay.distributed_optimizer:
-            reduce_s += coll.reduce_scatter_time(n * grad_bytes, links, eff)
-            gather_s += coll.all_gather_time(n * ACT_BYTES, links, eff)
-        else:
-            reduce_s += coll.all_reduce_time(n * grad_bytes, links, eff)
     if not lay.overlap_grad_reduce:
-        return reduce_s + gather_s
-    return max(0.0, reduce_s - (p.bwd + p.recompute)) + max(0.0, gather_s - p.fwd)
-
-
-def _layer_kinds(model: ModelSpec) -> dict[bool, int]:
-    """One representative layer index per kind present: {is_moe: layer}."""
-    if not model.is_moe:
-        return {False: 0}
-    first_moe = next((i for i in range(model.num_layers) if model.is_moe_layer(i)), None)
-    first_dense = next((i for i in range(model.num_layers) if not model.is_moe_layer(i)), None)
-    return {k: v for k, v in ((True, first_moe), (False, first_dense)) if v is not None}
-
-
-def _stage_memory(
-    model: ModelSpec,
-    training: TrainingSpec,
-    lay: ParallelLayout,
-    stage: int,
-    start: int,
-    count: int,
-    params: float,
-    kinds: dict[bool, int],
-) -> dict[str, float]:
-    st = state_bytes(params, training.dtype, lay.dp, lay.distributed_optimizer)
-    flash = training.flash_attention
-    moe = model.count_moe_layers(start, start + count)
-    per_layer = 0.0
-    for is_moe, n in ((True, moe), (False, count - moe)):
-        if n:
-            per_layer += n * activation_bytes_per_layer(
-                model,
-                kinds[is_moe],
-                training.seq_len,
-                lay.micro_batch,
-                lay.tp,
-                lay.sequence_parallel,
-                lay.recompute,
-                flash,
-                lay.cp,
-            )
-    held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
-    act = per_layer * held
-    if lay.recompute == "full":  # one layer's full activations live while it is recomputed
-        act += activation_bytes_per_layer(
-            model, start, training.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel, "none", flash, lay.cp
-        )
-    if stage == lay.pp - 1:
-        act += head_activation_bytes(model, training.seq_len, lay.micro_batch, lay.tp, lay.cp)
-    return {
-        "weights": st.weights,
-        "grads": st.grads,
-        "optimizer": st.optimizer,
-        "activations": act,
-        "runtime_reserved": RUNTIME_RESERVED_BYTES,
-    }
+        return s.dp_reduce_s + s.dp_gather_s
+    return max(0.0, s.dp_reduce_s - (s.pass_.bwd + s.pass_.recompute)) + max(0.0, s.dp_gather_s - s.pass_.fwd)

@@ -124,7 +124,7 @@ class Cluster(BaseModel):
             return Tier.LEAF
         return Tier.SPINE
 
-    def group_links(self, gpus: list[int] | range) -> GroupLinks:
+    def group_links(self, gpus: list[int] | range | np.ndarray) -> GroupLinks:
         """Bandwidth and shape of the links a collective over ``gpus`` uses.
 
         The tier is NVLINK inside one domain, LEAF inside one scalable unit (a hierarchical
@@ -165,6 +165,21 @@ class Cluster(BaseModel):
         cache = self._links_cache
         if key not in cache:
             cache[key] = self.group_links(range(start, start + stride * count, stride))
+        return cache[key]
+
+    def grid_links(self, inner_stride: int, inner_count: int, outer_stride: int, outer_count: int) -> GroupLinks:
+        """Links of the group {i * inner_stride + j * outer_stride}, memoised: a per-layer TP
+        group's data-parallel peers are its copies inside the stage times the outer replicas."""
+        if inner_count == 1:
+            return self.strided_links(0, outer_stride, outer_count)
+        if outer_count == 1:
+            return self.strided_links(0, inner_stride, inner_count)
+        key = (inner_stride, inner_count, outer_stride, outer_count)
+        cache = self._links_cache
+        if key not in cache:
+            inner = np.arange(inner_count) * inner_stride
+            outer = np.arange(outer_count) * outer_stride
+            cache[key] = self.group_links((outer[:, None] + inner[None, :]).ravel())
         return cache[key]
 
     @cached_property

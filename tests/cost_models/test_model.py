@@ -28,8 +28,15 @@ def test_parameter_counts_match_published(name, billions):
     assert MODELS[name].num_params / 1e9 == pytest.approx(billions, abs=0.06)
 
 
-def test_mixtral_active_params():
+def test_moe_active_params():
     assert MODELS["mixtral-8x7b"].active_params / 1e9 == pytest.approx(12.9, abs=0.05)
+    # DeepSeekMoE 16B (arXiv 2401.06066): 16.4B parameters, 2.8B activated per token.
+    deepseek = MODELS["deepseek-moe-16b"]
+    assert (deepseek.num_params / 1e9, deepseek.active_params / 1e9) == (
+        pytest.approx(16.4, abs=0.05),
+        pytest.approx(2.8, abs=0.05),
+    )
+    assert len(deepseek.kinds) == 2 and not deepseek.is_moe_layer(0) and deepseek.is_moe_layer(1)
 
 
 @given(
