@@ -1,0 +1,168 @@
+"""Choose a TP degree for every block of a pipeline stage: two exact solvers.
+
+The problem (``ChainProblem``): blocks 0..n-1 in a chain; block i at degree t costs
+``time_s[i][t]`` seconds per step and ``memory_bytes[i][t]`` bytes per GPU; changing degree
+between consecutive blocks costs ``switch_s[(t, t')]``. Minimise total time subject to total
+memory <= ``budget_bytes``.
+
+- ``solve_graph``: shortest path through the layered graph of (block, degree) with networkx
+  (Dijkstra); exact when memory does not bind.
+- ``solve_milp``: a mixed-integer program for scipy's HiGHS: x[i,t] binary (block i runs at t),
+  flow variables y[i,t,t'] >= 0 for each consecutive pair with sum_t' y[i,t,t'] = x[i,t] and
+  sum_t y[i,t,t'] = x[i+1,t'] (their LP relaxation is already integral without the memory row),
+  and the memory row sum mem * x <= budget. When every switch is free, blocks with identical
+  cost tables share one integer count variable per degree, which cannot change the optimum:
+  the objective and the memory row then depend only on how many blocks take each degree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    time_s: tuple[dict[int, float], ...]
+    memory_bytes: tuple[dict[int, float], ...]
+    switch_s: dict[tuple[int, int], float] = field(default_factory=dict)
+    budget_bytes: float = math.inf
+
+    def __post_init__(self):
+        if len(self.time_s) != len(self.memory_bytes) or not self.time_s:
+            raise ValueError("a chain needs at least one block, with time and memory for each")
+        for i, (t, m) in enumerate(zip(self.time_s, self.memory_bytes, strict=True)):
+            if not t or set(t) != set(m):
+                raise ValueError(f"block {i} needs the same non-empty set of degrees for time and memory")
+
+    def switch(self, a: int, b: int) -> float:
+        return 0.0 if a == b else self.switch_s.get((a, b), 0.0)
+
+    def objective(self, degrees: tuple[int, ...]) -> float:
+        total = sum(self.time_s[i][t] for i, t in enumerate(degrees))
+        return total + sum(self.switch(a, b) for a, b in zip(degrees, degrees[1:], strict=False))
+
+    def memory(self, degrees: tuple[int, ...]) -> float:
+        return sum(self.memory_bytes[i][t] for i, t in enumerate(degrees))
+
+
+@dataclass(frozen=True)
+class ChainSolution:
+    degrees: tuple[int, ...]
+    time_s: float
+    memory_bytes: float
+
+
+def _solution(p: ChainProblem, degrees) -> ChainSolution:
+    degrees = tuple(int(t) for t in degrees)
+    return ChainSolution(degrees, p.objective(degrees), p.memory(degrees))
+
+
+def solve_graph(p: ChainProblem) -> ChainSolution:
+    """Shortest path over (block, degree) vertices; ignores the memory budget."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    n = len(p.time_s)
+    for t, cost in p.time_s[0].items():
+        g.add_edge("start", (0, t), weight=cost)
+    for i in range(n - 1):
+        for a in p.time_s[i]:
+            for b, cost in p.time_s[i + 1].items():
+                g.add_edge((i, a), (i + 1, b), weight=p.switch(a, b) + cost)
+    for t in p.time_s[-1]:
+        g.add_edge((n - 1, t), "end", weight=0.0)
+    path = nx.dijkstra_path(g, "start", "end", weight="weight")
+    return _solution(p, [t for _, t in path[1:-1]])
+
+
+def solve_milp(p: ChainProblem) -> ChainSolution | None:
+    """Exact optimum under the memory budget; None when no assignment fits."""
+    if not any(p.switch(a, b) for a in _all_degrees(p) for b in _all_degrees(p)):
+        return _solve_counts(p)
+    return _solve_binary(p)
+
+
+def _all_degrees(p: ChainProblem) -> set[int]:
+    return {t for table in p.time_s for t in table}
+
+
+def _run_milp(c, a_rows, lo, hi, integrality, upper):
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csr_array
+
+    a = csr_array(np.array(a_rows, dtype=float)) if a_rows else None
+    cons = [LinearConstraint(a, lo, hi)] if a is not None else []
+    res = milp(c=np.asarray(c, float), constraints=cons, integrality=np.asarray(integrality),
+               bounds=Bounds(np.zeros(len(c)), np.asarray(upper, float)))
+    return res.x if res.status == 0 else None
+
+
+def _memory_row(budget: float) -> tuple[float, float]:
+    return (-np.inf, budget if math.isfinite(budget) else np.inf)
+
+
+def _solve_binary(p: ChainProblem) -> ChainSolution | None:
+    n = len(p.time_s)
+    xs = [(i, t) for i in range(n) for t in sorted(p.time_s[i])]
+    ys = [(i, a, b) for i in range(n - 1) for a in sorted(p.time_s[i]) for b in sorted(p.time_s[i + 1])]
+    xi = {k: j for j, k in enumerate(xs)}
+    yi = {k: len(xs) + j for j, k in enumerate(ys)}
+    nv = len(xs) + len(ys)
+    c = [p.time_s[i][t] for i, t in xs] + [p.switch(a, b) for _, a, b in ys]
+    rows, lo, hi = [], [], []
+
+    def row(entries, low, high):
+        r = np.zeros(nv)
+        for j, v in entries:
+            r[j] += v
+        rows.append(r)
+        lo.append(low)
+        hi.append(high)
+
+    for i in range(n):  # one degree per block
+        row([(xi[(i, t)], 1.0) for t in p.time_s[i]], 1.0, 1.0)
+    for i in range(n - 1):  # flow conservation links consecutive choices
+        for a in p.time_s[i]:
+            row([(yi[(i, a, b)], 1.0) for b in p.time_s[i + 1]] + [(xi[(i, a)], -1.0)], 0.0, 0.0)
+        for b in p.time_s[i + 1]:
+            row([(yi[(i, a, b)], 1.0) for a in p.time_s[i]] + [(xi[(i + 1, b)], -1.0)], 0.0, 0.0)
+    if math.isfinite(p.budget_bytes):
+        row([(xi[(i, t)], p.memory_bytes[i][t]) for i, t in xs], *_memory_row(p.budget_bytes))
+    x = _run_milp(c, rows, lo, hi, [1] * len(xs) + [0] * len(ys), [1.0] * nv)
+    if x is None:
+        return None
+    chosen = {i: t for (i, t) in xs if x[xi[(i, t)]] > 0.5}
+    return _solution(p, [chosen[i] for i in range(n)])
+
+
+def _solve_counts(p: ChainProblem) -> ChainSolution | None:
+    """Free switches: group blocks with identical tables; integer count per (group, degree)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (t, m) in enumerate(zip(p.time_s, p.memory_bytes, strict=True)):
+        groups.setdefault((tuple(sorted(t.items())), tuple(sorted(m.items()))), []).append(i)
+    keys = list(groups)
+    vs = [(g, t) for g, key in enumerate(keys) for t, _ in key[0]]
+    c = [dict(keys[g][0])[t] for g, t in vs]
+    rows, lo, hi = [], [], []
+    for g, key in enumerate(keys):
+        rows.append([1.0 if vg == g else 0.0 for vg, _ in vs])
+        lo.append(len(groups[key]))
+        hi.append(len(groups[key]))
+    if math.isfinite(p.budget_bytes):
+        rows.append([dict(keys[g][1])[t] for g, t in vs])
+        low, high = _memory_row(p.budget_bytes)
+        lo.append(low)
+        hi.append(high)
+    upper = [len(groups[keys[g]]) for g, _ in vs]
+    x = _run_milp(c, rows, lo, hi, [1] * len(vs), upper)
+    if x is None:
+        return None
+    degrees = [0] * len(p.time_s)
+    unfilled = {g: iter(groups[key]) for g, key in enumerate(keys)}
+    for (g, t), count in zip(vs, np.rint(x).astype(int), strict=True):
+        for _ in range(count):
+            degrees[next(unfilled[g])] = t
+    return _solution(p, degrees)
