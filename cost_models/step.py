@@ -21,6 +21,7 @@ from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, layer_ops, model_flops_per_step, padded_vocab
 from cost_models.layout import ParallelLayout, check_layout, sub_batch
 from cost_models.memory import (
+    StateBytes,
     activation_bytes_per_layer,
     head_activation_bytes,
     in_flight_micro_batches,
@@ -113,7 +114,10 @@ class CostEnv:
         layout: ParallelLayout,
         cluster: Cluster,
         eff: Efficiency = DEFAULT_EFFICIENCY,
+        pass_cache: dict | None = None,
     ):
+        """``pass_cache`` may be shared between layouts that differ only in pp, dp and vpp
+        (block passes depend on tp, cp, ep, micro-batch, recompute and overlap, not on those)."""
         self.model, self.training, self.layout, self.cluster, self.eff = model, training, layout, cluster, eff
         gpu = cluster.gpu
         self.peak = gpu.peak_flops_per_s(training.dtype)
@@ -121,7 +125,7 @@ class CostEnv:
         self.mem_bw = gpu.hbm_bw_bytes_per_s * eff.hbm_efficiency
         self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
         self._degrees: dict[int, Degree] = {}
-        self._passes: dict[tuple[Block, int], Pass] = {}
+        self._passes: dict[tuple[Block, int], Pass] = {} if pass_cache is None else pass_cache
 
     # ---- degrees and groups ------------------------------------------------------------------
     def degree(self, t: int) -> Degree:
@@ -251,6 +255,37 @@ class CostEnv:
         expert = m.layer_expert_params(block) / (t * self.layout.ep)
         return layer_params_per_gpu(m, block, t, self.layout.ep) - expert, expert
 
+    def block_memory(self, block: Block, t: int, held: float) -> tuple[StateBytes, float]:
+        """(weights/grads/optimizer, activation bytes) of one block on one GPU when ``held``
+        micro-batches are in flight. The distributed optimizer shards over every data-parallel
+        copy of the block: the outer replicas times its copies inside the stage."""
+        lay = self.layout
+        dense, expert = self.block_params(block, t, last_stage_ties=lay.pp > 1)
+        shard = lay.dp * self.degree(t).copies if lay.distributed_optimizer else 1
+        state = state_bytes(dense + expert, self.training.dtype, shard, lay.distributed_optimizer)
+        act = self.block_activation_bytes(block, t) * held
+        if block == HEAD:
+            d = self.degree(t)
+            act += head_activation_bytes(self.model, self.training.seq_len, d.seqs, t, d.cp)
+        return state, act
+
+    def full_recompute_working_bytes(self, block: Block, t: int) -> float:
+        """Under full recompute, one layer's complete activations live while it is recomputed."""
+        if self.layout.recompute != "full" or block in (EMBED, HEAD):
+            return 0.0
+        d, lay = self.degree(t), self.layout
+        return activation_bytes_per_layer(
+            self.model,
+            block,
+            self.training.seq_len,
+            d.seqs,
+            t,
+            lay.sequence_parallel,
+            "none",
+            self.training.flash_attention,
+            d.cp,
+        )
+
     def block_activation_bytes(self, block: Block, t: int) -> float:
         """Bytes one micro-batch leaves on a GPU for the backward pass of this block."""
         if block in (EMBED, HEAD):
@@ -306,12 +341,12 @@ class StageCost:
 
 def stage_cost(env: CostEnv, stage: int, runs: list[Run], count: int) -> StageCost:
     """Time per micro-batch, memory and DP traffic of one stage made of ``runs``."""
-    m, lay, training = env.model, env.layout, env.training
+    lay, training = env.layout, env.training
+    held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
     p = Pass()
     prev_t = None
-    params = opt_params = act = reduce_s = gather_s = 0.0
-    state = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0}
-    full_working = 0.0
+    params = opt_params = reduce_s = gather_s = full_working = 0.0
+    memory = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
     grad_bytes = 2.0 if training.dtype == "fp16" else 4.0
     for block, t, n in runs:
         p.add(env.block_pass(block, t), n)
@@ -320,24 +355,15 @@ def stage_cost(env: CostEnv, stage: int, runs: list[Run], count: int) -> StageCo
             p.fwd += switch / 2
             p.bwd += switch / 2
         prev_t = t
+        state, act = env.block_memory(block, t, held)
+        for k in ("weights", "grads", "optimizer"):
+            memory[k] += n * getattr(state, k)
+        memory["activations"] += n * act
+        full_working = max(full_working, env.full_recompute_working_bytes(block, t))
         d = env.degree(t)
         dense, expert = env.block_params(block, t, last_stage_ties=lay.pp > 1)
-        shard = lay.dp * d.copies if lay.distributed_optimizer else 1
-        st = state_bytes(n * (dense + expert), training.dtype, shard, lay.distributed_optimizer)
-        for k in state:
-            state[k] += getattr(st, k)
         params += n * (dense + expert)
-        opt_params += n * (dense + expert) / shard
-        act += n * env.block_activation_bytes(block, t)
-        if block == HEAD:
-            act_head = head_activation_bytes(m, training.seq_len, d.seqs, t, d.cp)
-        elif block != EMBED and lay.recompute == "full":
-            full_working = max(
-                full_working,
-                activation_bytes_per_layer(
-                    m, block, training.seq_len, d.seqs, t, lay.sequence_parallel, "none", training.flash_attention, d.cp
-                ),
-            )
+        opt_params += n * (dense + expert) / (lay.dp * d.copies if lay.distributed_optimizer else 1)
         for nparams, links in ((n * dense, d.dp_links), (n * expert, d.expert_dp_links)):
             if nparams <= 0:
                 continue
@@ -346,11 +372,8 @@ def stage_cost(env: CostEnv, stage: int, runs: list[Run], count: int) -> StageCo
                 gather_s += coll.all_gather_time(nparams * ACT_BYTES, links, env.eff)
             else:
                 reduce_s += coll.all_reduce_time(nparams * grad_bytes, links, env.eff)
-    held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
-    activations = act * held + full_working
-    if stage == lay.pp - 1:
-        activations += act_head
-    memory = {**state, "activations": activations, "runtime_reserved": RUNTIME_RESERVED_BYTES}
+    memory["activations"] += full_working
+    memory["runtime_reserved"] = RUNTIME_RESERVED_BYTES
     return StageCost(p, params, memory, reduce_s, gather_s, opt_params)
 
 

@@ -7,6 +7,9 @@ memory <= ``budget_bytes``.
 
 - ``solve_graph``: shortest path through the layered graph of (block, degree) with networkx
   (Dijkstra); exact when memory does not bind.
+- ``solve_counts``: when every switch is free, the same optimum by enumeration: per group of
+  identical blocks every split of its blocks over the degrees, kept to the Pareto front of
+  (time, memory), fronts of groups merged. Fast for the few groups of a pipeline stage.
 - ``solve_milp``: a mixed-integer program for scipy's HiGHS: x[i,t] binary (block i runs at t),
   flow variables y[i,t,t'] >= 0 for each consecutive pair with sum_t' y[i,t,t'] = x[i,t] and
   sum_t y[i,t,t'] = x[i+1,t'] (their LP relaxation is already integral without the memory row),
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -95,8 +99,12 @@ def _run_milp(c, a_rows, lo, hi, integrality, upper):
 
     a = csr_array(np.array(a_rows, dtype=float)) if a_rows else None
     cons = [LinearConstraint(a, lo, hi)] if a is not None else []
-    res = milp(c=np.asarray(c, float), constraints=cons, integrality=np.asarray(integrality),
-               bounds=Bounds(np.zeros(len(c)), np.asarray(upper, float)))
+    res = milp(
+        c=np.asarray(c, float),
+        constraints=cons,
+        integrality=np.asarray(integrality),
+        bounds=Bounds(np.zeros(len(c)), np.asarray(upper, float)),
+    )
     return res.x if res.status == 0 else None
 
 
@@ -165,4 +173,62 @@ def _solve_counts(p: ChainProblem) -> ChainSolution | None:
     for (g, t), count in zip(vs, np.rint(x).astype(int), strict=True):
         for _ in range(count):
             degrees[next(unfilled[g])] = t
+    return _solution(p, degrees)
+
+
+@lru_cache(maxsize=256)
+def compositions(n: int, k: int) -> np.ndarray:
+    """Every way to write n as an ordered sum of k non-negative integers, one per row.
+
+    >>> compositions(2, 2).tolist()
+    [[0, 2], [1, 1], [2, 0]]
+    """
+    if k == 1:
+        return np.array([[n]], dtype=np.int64)
+    parts = [
+        np.column_stack([np.full(len(rest), a), rest]) for a in range(n + 1) for rest in [compositions(n - a, k - 1)]
+    ]
+    return np.vstack(parts)
+
+
+def _front(cost: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    """Indices of the (cost, memory) Pareto front, cheapest first."""
+    order = np.lexsort((mem, cost))
+    best_mem = np.minimum.accumulate(mem[order])
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = mem[order][1:] < best_mem[:-1]
+    return order[keep]
+
+
+def solve_counts(p: ChainProblem) -> ChainSolution | None:
+    """Exact optimum when switches are free: only how many blocks of each group take each
+    degree matters. Enumerates splits per group, keeps Pareto fronts, merges them."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (t, m) in enumerate(zip(p.time_s, p.memory_bytes, strict=True)):
+        groups.setdefault((tuple(sorted(t.items())), tuple(sorted(m.items()))), []).append(i)
+    # front entries: (cost, memory, per-group choice index)
+    cost, mem, picks = np.zeros(1), np.zeros(1), np.zeros((1, 0), dtype=np.int64)
+    options = []
+    for (times, mems), members in groups.items():
+        comps = compositions(len(members), len(times))
+        c = comps @ np.array([v for _, v in times])
+        m = comps @ np.array([v for _, v in mems])
+        keep = _front(c, m)
+        options.append((comps[keep], [t for t, _ in times]))
+        c, m = c[keep], m[keep]
+        cost = (cost[:, None] + c[None, :]).ravel()
+        mem = (mem[:, None] + m[None, :]).ravel()
+        picks = np.column_stack([np.repeat(picks, len(keep), axis=0), np.tile(np.arange(len(keep)), len(picks))])
+        front = _front(cost, mem)
+        cost, mem, picks = cost[front], mem[front], picks[front]
+    fits = np.flatnonzero(mem <= p.budget_bytes * (1 + 1e-12))
+    if fits.size == 0:
+        return None
+    best = fits[np.argmin(cost[fits])]
+    degrees = [0] * len(p.time_s)
+    for (members, (comps, degs)), pick in zip(zip(groups.values(), options, strict=True), picks[best], strict=True):
+        it = iter(members)
+        for t, count in zip(degs, comps[pick], strict=True):
+            for _ in range(int(count)):
+                degrees[next(it)] = t
     return _solution(p, degrees)

@@ -78,3 +78,25 @@ def test_bad_problem_shapes():
     with pytest.raises(ValueError, match="same non-empty set of degrees"):
         ChainProblem(({1: 1.0},), ({2: 1.0},))
     assert math.isinf(ChainProblem(({1: 1.0},), ({1: 1.0},)).budget_bytes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains(free_switches=True), st.floats(0.2, 0.9), st.integers(1, 3))
+def test_count_enumeration_agrees_with_milp_and_brute_force(chain, squeeze, repeat):
+    from ntp_planner.layer_solver import solve_counts
+
+    time_s, memory, _ = chain
+    time_s, memory = time_s * repeat, memory * repeat  # repeated blocks form groups
+    lo = sum(min(m.values()) for m in memory)
+    hi = sum(max(m.values()) for m in memory)
+    p = ChainProblem(tuple(time_s), tuple(memory), budget_bytes=lo + squeeze * (hi - lo))
+    got, milp = solve_counts(p), solve_milp(p)
+    if len(time_s) <= 8:
+        expected = brute_force(p)
+        assert (got is None) == (expected is None)
+        if expected:
+            assert got.time_s == pytest.approx(expected[0], rel=1e-9)
+    assert (got is None) == (milp is None)
+    if got:
+        assert got.time_s == pytest.approx(milp.time_s, rel=1e-9)
+        assert got.memory_bytes <= p.budget_bytes * (1 + 1e-9)

@@ -1,0 +1,253 @@
+"""Per-layer TP planning: stage problems from the cost model, the pipeline partition, and the
+search over every candidate layout.
+
+A candidate fixes the stage width G (= layout.tp), pp, dp, cp, ep, micro-batch, interleaving and
+recompute; each block (embedding, every layer, LM head) then picks a degree t dividing G. For a
+candidate:
+
+1. Every block's cost at every allowed degree comes from cost_models (``CostEnv``): time per
+   micro-batch, bytes per GPU (state + activations held in flight), and the cost of switching
+   degree between consecutive blocks.
+2. ``StagePlanner.solve`` finds the best degrees for one stage under its memory budget: the
+   fastest degree per block when that fits (exact when switches are free or solved by the graph
+   solver), the MILP otherwise.
+3. ``partition`` chooses each stage's layer count by dynamic programming over stage boundaries,
+   keeping the Pareto front of (slowest stage, sum of stages) so the pipeline time
+   (m - 1/v) T_max + sum T / v is minimised exactly over counts within ``window`` layers of an
+   even split.
+
+``search_per_layer`` visits candidates in order of a lower bound (perfect balance, fastest
+degree everywhere, no memory limit) and stops once the bound reaches the best step time found,
+starting from the best uniform layout: the result is never worse than uniform.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cost_models.layout import ParallelLayout, block_degree_ok, sub_batch
+from cost_models.memory import in_flight_micro_batches
+from cost_models.model import ModelSpec
+from cost_models.step import EMBED, HEAD, RUNTIME_RESERVED_BYTES, Block, CostEnv, estimate_step
+from cost_models.training import TrainingSpec
+from ntp_planner.layer_solver import ChainProblem, ChainSolution, solve_counts, solve_graph, solve_milp
+from ntp_planner.search import Candidate, SearchSpace, divisors, enumerate_layouts
+from topologies.cluster import Cluster
+
+
+def allowed_degrees(model: ModelSpec, layout: ParallelLayout, seq_len: int) -> list[list[int]]:
+    """Degrees each block may take: divisors of the stage width that its heads, KV heads and
+    MLP width allow, and that split the micro-batch (or its sequences) evenly."""
+    out = []
+    for block in range(model.num_layers + 2):
+        ok = []
+        for t in divisors(layout.tp):
+            if block_degree_ok(model, block, t):
+                continue
+            try:
+                _, split = sub_batch(layout.micro_batch, t, layout.tp)
+            except ValueError:
+                continue
+            if split > 1 and seq_len % (2 * split * layout.cp):
+                continue
+            ok.append(t)
+        out.append(ok)
+    return out
+
+
+class StagePlanner:
+    """Builds and solves the per-stage degree problem of one candidate layout."""
+
+    def __init__(self, env: CostEnv, degrees: list[list[int]], headroom: float):
+        self.env, self.degrees = env, degrees
+        self.model, self.layout = env.model, env.layout
+        self.usable = env.cluster.gpu.hbm_bytes * (1 - headroom) - RUNTIME_RESERVED_BYTES
+        self._memo: dict[tuple, ChainSolution | None] = {}
+        self._rows: dict[tuple, tuple[dict[int, float], dict[int, float], float]] = {}
+
+    def blocks(self, stage: int, start: int, count: int) -> list[tuple[int, Block]]:
+        """(block index, block) of a stage: index 0 = embedding, i + 1 = layer i, L + 1 = head."""
+        m, L = self.model, self.model.num_layers
+        out: list[tuple[int, Block]] = [(0, EMBED)] if stage == 0 else []
+        out += [(i + 1, m.layer_kind(i)) for i in range(start, start + count)]
+        return out + ([(L + 1, HEAD)] if stage == self.layout.pp - 1 else [])
+
+    def problem(self, stage: int, start: int, count: int) -> ChainProblem:
+        env, lay = self.env, self.layout
+        held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
+        time_s, memory = [], []
+        working = 0.0
+        for index, block in self.blocks(stage, start, count):
+            key = (block, tuple(self.degrees[index]), held)
+            if key not in self._rows:
+                mem_row = {}
+                for t in self.degrees[index]:
+                    state, act = env.block_memory(block, t, held)
+                    mem_row[t] = state.total + act
+                work = max(env.full_recompute_working_bytes(block, t) for t in self.degrees[index])
+                self._rows[key] = ({t: env.block_pass(block, t).total for t in self.degrees[index]}, mem_row, work)
+            t_row, m_row, work = self._rows[key]
+            time_s.append(t_row)
+            memory.append(m_row)
+            working = max(working, work)
+        degrees = sorted({t for row in time_s for t in row})
+        switch = {(a, b): env.transition_time(a, b) for a in degrees for b in degrees if a != b}
+        # The full-recompute working set depends on the chosen degree; reserving the largest keeps
+        # every answer within memory (estimate_step then reports the exact, smaller figure).
+        return ChainProblem(tuple(time_s), tuple(memory), switch, budget_bytes=self.usable - working)
+
+    def solve(self, stage: int, start: int, count: int) -> ChainSolution | None:
+        lay = self.layout
+        held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
+        if lay.sequence_parallel:  # free switches: only how many layers of each kind matters
+            kinds = tuple(sorted(self.model.kind_counts(start, start + count).items()))
+        else:
+            kinds = tuple(self.model.layer_kind(i) for i in range(start, start + count))
+        key = (held, stage == 0, stage == lay.pp - 1, kinds)
+        if key not in self._memo:
+            p = self.problem(stage, start, count)
+            free = not any(p.switch_s.values())
+            if free:
+                fastest = tuple(
+                    min(row, key=lambda t, row=row, i=i: (row[t], p.memory_bytes[i][t]))
+                    for i, row in enumerate(p.time_s)
+                )
+                guess = ChainSolution(fastest, p.objective(fastest), p.memory(fastest))
+            else:
+                guess = solve_graph(p)
+            if guess.memory_bytes <= p.budget_bytes:
+                self._memo[key] = guess
+            else:
+                self._memo[key] = solve_counts(p) if free else solve_milp(p)
+        return self._memo[key]
+
+
+@dataclass(frozen=True)
+class Partition:
+    counts: tuple[int, ...]
+    solutions: tuple[ChainSolution, ...]
+    pipeline_s: float
+
+
+def partition(planner: StagePlanner, window: int = 2) -> Partition | None:
+    """Layers per stage (within ``window`` of an even split) and degrees per stage minimising
+    the pipeline time; None when no split fits memory."""
+    lay, L = planner.layout, planner.model.num_layers
+    pp, m = lay.pp, lay.num_micro_batches
+    v = lay.vpp if pp > 1 else 1
+    lo, hi = max(1, L // pp - window), -(-L // pp) + window
+    fronts: dict[int, list[tuple[float, float, tuple[int, ...], tuple[ChainSolution, ...]]]] = {0: [(0.0, 0.0, (), ())]}
+    for stage in range(pp):
+        left = pp - stage - 1
+        new: dict[int, list] = {}
+        for used, front in fronts.items():
+            for n in range(lo, hi + 1):
+                done = used + n
+                if not left * lo <= L - done <= left * hi or (left == 0 and done != L):
+                    continue
+                if n < lay.vpp:
+                    continue
+                sol = planner.solve(stage, used, n)
+                if sol is None:
+                    continue
+                for tmax, tsum, counts, sols in front:
+                    new.setdefault(done, []).append(
+                        (max(tmax, sol.time_s), tsum + sol.time_s, counts + (n,), sols + (sol,))
+                    )
+        fronts = {k: _pareto(entries) for k, entries in new.items()}
+        if not fronts:
+            return None
+    final = fronts.get(L)
+    if not final:
+        return None
+    tmax, tsum, counts, sols = min(final, key=lambda e: (m - 1 / v) * e[0] + e[1] / v)
+    return Partition(counts, sols, (m - 1 / v) * tmax + tsum / v)
+
+
+def _pareto(entries):
+    """Entries not dominated in (slowest stage, sum of stages)."""
+    entries.sort(key=lambda e: (e[0], e[1]))
+    kept, best_sum = [], math.inf
+    for e in entries:
+        if e[1] < best_sum:
+            kept.append(e)
+            best_sum = e[1]
+    return kept
+
+
+def assemble(planner: StagePlanner, part: Partition) -> ParallelLayout:
+    """The layout with per-block degrees and the chosen per-stage layer counts."""
+    degrees = [0] * (planner.model.num_layers + 2)
+    start = 0
+    for stage, (n, sol) in enumerate(zip(part.counts, part.solutions, strict=True)):
+        for (index, _), t in zip(planner.blocks(stage, start, n), sol.degrees, strict=True):
+            degrees[index] = t
+        start += n
+    even = planner.layout.stage_layers(planner.model.num_layers)
+    return planner.layout.model_copy(
+        update={"layer_tp": tuple(degrees), "pp_layers": None if part.counts == even else part.counts}
+    )
+
+
+def lower_bound(env: CostEnv, degrees: list[list[int]]) -> float:
+    """No layout of this candidate is faster: every block at its fastest degree, stages
+    perfectly balanced, no memory limit, no DP or optimizer time."""
+    lay, m = env.layout, env.model
+    L = m.num_layers
+    first_of_kind = {m.layer_kind(i): i for i in reversed(range(L))} if m.layer_overrides else None
+
+    def fastest(block: Block, index: int) -> float:
+        return min((env.block_pass(block, t).total for t in degrees[index]), default=math.inf)
+
+    total = fastest(EMBED, 0) + fastest(HEAD, L + 1)
+    for kind, n in m.kind_counts(0, L).items():
+        index = first_of_kind[kind] + 1 if first_of_kind else next(i for i in range(L) if m.layer_kind(i) == kind) + 1
+        total += n * fastest(kind, index)
+    v = lay.vpp if lay.pp > 1 else 1
+    return (lay.num_micro_batches - 1 / v) * total / lay.pp + total / v
+
+
+def search_per_layer(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: Cluster,
+    headroom: float,
+    space: SearchSpace,
+    best_uniform_s: float,
+    window: int = 2,
+) -> list[Candidate]:
+    """Per-layer layouts that beat ``best_uniform_s``, fastest first."""
+    pass_caches: dict[tuple, dict] = {}
+    degree_cache: dict[tuple, list[list[int]]] = {}
+    queue = []
+    for layout in enumerate_layouts(model, training, cluster, space):
+        if layout.tp == 1:
+            continue  # one GPU per stage replica: nothing to choose per layer
+        key = (layout.tp, layout.micro_batch, layout.cp, layout.ep, layout.recompute)
+        env = CostEnv(model, training, layout, cluster, pass_cache=pass_caches.setdefault(key, {}))
+        dkey = (layout.tp, layout.micro_batch, layout.cp)
+        if dkey not in degree_cache:
+            degree_cache[dkey] = allowed_degrees(model, layout, training.seq_len)
+        degrees = degree_cache[dkey]
+        if any(not d for d in degrees):
+            continue
+        queue.append((lower_bound(env, degrees), layout.describe(), env, degrees))
+    queue.sort(key=lambda q: (q[0], q[1]))
+    best, found = best_uniform_s, []
+    for bound, _, env, degrees in queue:
+        if bound >= best:
+            break
+        planner = StagePlanner(env, degrees, headroom)
+        part = partition(planner, window)
+        if part is None:
+            continue
+        layout = assemble(planner, part)
+        if not layout.is_per_layer:
+            continue  # the uniform search already has it
+        cost = estimate_step(model, training, layout, cluster)
+        if cost.fits(headroom):
+            found.append(Candidate(layout=layout, cost=cost))
+            best = min(best, cost.step_time_s)
+    found.sort(key=lambda c: (c.cost.step_time_s, c.layout.describe()))
+    return found
