@@ -156,6 +156,10 @@ def plan(
     distributed_optimizer: DistOptOpt = True,
     headroom: HeadroomOpt = 0.1,
     top: Annotated[int, typer.Option("--top", help="Layouts to keep: the best and top-1 runners-up.")] = 5,
+    per_layer: Annotated[
+        bool,
+        typer.Option("--per-layer/--uniform", help="Let each layer pick its TP degree (chosen only when it wins)."),
+    ] = True,
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -166,7 +170,7 @@ def plan(
     from ntp_planner.planner import make_plan
 
     inputs = _inputs(model, cluster, gpus, seq_len, global_batch, dtype, flash_attention, distributed_optimizer)
-    result = make_plan(*inputs, headroom=headroom, top=top)
+    result = make_plan(*inputs, headroom=headroom, top=top, per_layer=per_layer)
     if output:
         result.save(output)
     if json_out:

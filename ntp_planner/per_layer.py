@@ -251,3 +251,83 @@ def search_per_layer(
             best = min(best, cost.step_time_s)
     found.sort(key=lambda c: (c.cost.step_time_s, c.layout.describe()))
     return found
+
+
+@dataclass(frozen=True)
+class DegreeRun:
+    """Consecutive blocks of one stage at one degree, and why they deviate (if they do)."""
+
+    stage: int
+    first: int  # block index: 0 = embedding, i + 1 = layer i, L + 1 = LM head
+    last: int
+    degree: int
+    why: str | None
+
+
+def block_label(first: int, last: int, num_layers: int) -> str:
+    """'embedding', 'layers 3-9', 'layer 4', 'LM head' (block indices, inclusive)."""
+    names = []
+    if first == 0:
+        names.append("embedding")
+    lo, hi = max(first, 1) - 1, min(last, num_layers) - 1
+    if lo <= hi:
+        names.append(f"layer {lo}" if lo == hi else f"layers {lo}-{hi}")
+    if last == num_layers + 1:
+        names.append("LM head")
+    return " + ".join(names)
+
+
+def explain_degrees(
+    model: ModelSpec, training: TrainingSpec, layout: ParallelLayout, cluster: Cluster
+) -> tuple[int, list[DegreeRun]]:
+    """The majority degree of the layers and the runs of equal degree per stage; a run off the
+    majority says whether it is faster at its degree or trades speed for memory."""
+    L = model.num_layers
+    degrees = layout.block_tp(L)
+    layer_degrees = list(degrees[1:-1])
+    majority = max(sorted(set(layer_degrees)), key=layer_degrees.count)
+    env = CostEnv(model, training, layout, cluster)
+    counts = layout.stage_layers(L)
+    runs: list[DegreeRun] = []
+    start = 0
+    for stage, n in enumerate(counts):
+        blocks = (
+            ([0] if stage == 0 else [])
+            + list(range(start + 1, start + n + 1))
+            + ([L + 1] if stage == layout.pp - 1 else [])
+        )
+        held = in_flight_micro_batches(stage, layout.pp, layout.num_micro_batches, layout.vpp)
+        group: list[int] = []
+        for b in blocks + [None]:
+            if group and (b is None or degrees[b] != degrees[group[0]]):
+                runs.append(_run(env, stage, group, degrees[group[0]], majority, held))
+                group = []
+            if b is not None:
+                group.append(b)
+        start += n
+    return majority, runs
+
+
+def _run(env: CostEnv, stage: int, group: list[int], t: int, majority: int, held: float) -> DegreeRun:
+    m = env.model
+    first, last = group[0], group[-1]
+    if t == majority:
+        return DegreeRun(stage, first, last, t, None)
+    block: Block = EMBED if first == 0 else HEAD if first == m.num_layers + 1 else m.layer_kind(first - 1)
+    try:
+        here, there = env.block_pass(block, t).total, env.block_pass(block, majority).total
+        state_here, act_here = env.block_memory(block, t, held)
+        state, act = env.block_memory(block, majority, held)
+        saved = state.total + act - (state_here.total + act_here)
+    except ValueError:
+        return DegreeRun(stage, first, last, t, f"degree {majority} is not allowed here")
+    if here < there:
+        why = f"faster: {here * 1e3:.2f} ms vs {there * 1e3:.2f} ms per micro-batch at degree {majority}"
+        if block not in (EMBED, HEAD):
+            why += f"; memory admits no more layers at degree {t}"
+    else:
+        why = (
+            f"memory: saves {saved / 1e9:.2f} GB per block on stage {stage}, whose memory binds "
+            f"({(here - there) * 1e3:.2f} ms slower per micro-batch than degree {majority})"
+        )
+    return DegreeRun(stage, first, last, t, why)

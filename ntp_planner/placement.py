@@ -1,17 +1,28 @@
-"""Rank-to-GPU placement: ranks in the project's rank order, laid onto healthy GPUs so that
-every TP group sits inside one NVLink domain.
+"""Rank-to-GPU placement on the cluster graph.
 
-Ranks are numbered tp fastest, then cp, dp, pp (cost_models.layout). Domain by domain, the
-healthy GPUs are cut into runs of ``tp``; a domain's leftover GPUs (fewer than tp healthy ones
-after failures) stay idle. Consecutive TP groups then fill consecutive runs.
+Ranks are numbered tp fastest, then cp, dp, pp (cost_models.layout): rank = tp_i + tp * (cp_i +
+cp * (dp_i + dp * pp_i)). A "pipeline column" is one (cp_i, dp_i) coordinate: the pp TP groups
+that pass activations to one another. Rules:
 
-Worked example: dgx-h100 with 16 GPUs, tp=4, GPU 5 failed, 12 ranks wanted (tp4 dp3).
-Domain 0's healthy GPUs are 0-4, 6, 7: one run [0, 1, 2, 3], and [4, 6, 7] (3 < 4) stays idle.
-Domain 1 gives runs [8..11] and [12..15]. Ranks 0-3 -> GPUs 0-3, 4-7 -> 8-11, 8-11 -> 12-15.
+- every TP group fills one aligned slot of ``tp`` GPUs inside an NVLink domain
+  (GPUs [k tp, (k+1) tp) of the domain), all healthy; failed GPUs are never used;
+- the TP groups of a pipeline column take slots at the same offset within their hosts, so TP
+  rank i of every stage sits on the same rail and pipeline sends stay under one leaf switch;
+- data-parallel peers are distinct GPUs, each with its own NIC.
+
+On a healthy cluster this is the identity (rank r on GPU r), which satisfies the rules whenever
+tp divides the domain and tp * cp * dp is a multiple of the host size; the cost model assumes it.
+
+Worked example, dgx-h100 with 16 GPUs (two hosts = two domains of 8), tp=2, dp=4, pp=2:
+TP groups {0,1} {2,3} {4,5} {6,7} | {8,9} {10,11} {12,13} {14,15}; DP groups {0,2,4,6}
+{1,3,5,7} {8,10,12,14} {9,11,13,15}; pipelines (0,8) (1,9) ... (7,15): rank 3 (rail 3 of host
+0) sends to rank 11 (rail 3 of host 1). If GPU 2 fails, slot {2,3} is lost; with tp=2, dp=3,
+pp=2 the columns become: column 0 -> slots {0,1} and {8,9}; column 1 -> offset 2 has only
+{10,11} left, so it takes offset 4: {4,5} and {12,13}; column 2 -> {6,7} and {14,15}.
 
 >>> from topologies.clusters import CLUSTERS
->>> place_ranks(12, 4, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16, failed_gpus=frozenset({5})))
-[0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15]
+>>> place_ranks(12, 2, 2, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16, failed_gpus=frozenset({2})))
+[0, 1, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]
 """
 
 from __future__ import annotations
@@ -19,17 +30,45 @@ from __future__ import annotations
 from topologies.cluster import Cluster
 
 
-def place_ranks(world_size: int, tp: int, cluster: Cluster) -> list[int]:
-    """GPU id of each rank 0..world_size-1; raises ValueError if too few healthy GPUs."""
-    runs: list[list[int]] = []
-    size = cluster.spec.domain_size
+def place_ranks(world_size: int, tp: int, pp: int, cluster: Cluster) -> list[int]:
+    """GPU id of each rank 0..world_size-1; ValueError if the healthy GPUs cannot host them."""
+    if not cluster.failed_gpus and _identity_ok(world_size, tp, pp, cluster):
+        return list(range(world_size))
+    per_node = cluster.spec.gpus_per_node
+    slots: dict[int, list[int]] = {}  # offset within host -> free slot starts, ascending
     for d in range(cluster.num_domains):
-        healthy = [g for g in range(d * size, (d + 1) * size) if g not in cluster.failed_gpus]
-        runs += [healthy[i : i + tp] for i in range(0, len(healthy) - tp + 1, tp)]
-    need = world_size // tp
-    if len(runs) < need:
+        base = d * cluster.spec.domain_size
+        for start in range(base, base + cluster.spec.domain_size - tp + 1, tp):
+            if not any(g in cluster.failed_gpus for g in range(start, start + tp)):
+                slots.setdefault(start % per_node if tp < per_node else 0, []).append(start)
+    columns = world_size // (tp * pp)
+    need = columns * pp
+    have = sum(len(v) for v in slots.values())
+    if have < need:
         raise ValueError(
-            f"only {len(runs)} TP groups of {tp} healthy GPUs fit inside NVLink domains, "
-            f"but the layout needs {need}; lower tp or mark fewer GPUs failed"
+            f"only {have} TP groups of {tp} healthy GPUs fit inside NVLink domains, but the layout needs {need}; "
+            "lower tp or mark fewer GPUs failed"
         )
-    return [g for run in runs[:need] for g in run]
+    column_slots = []
+    for c in range(columns):
+        preferred = (c * tp) % per_node if tp < per_node else 0
+        offsets = [preferred] + sorted(slots, key=lambda o: -len(slots[o]))
+        offset = next((o for o in offsets if len(slots.get(o, [])) >= pp), None)
+        if offset is None:
+            raise ValueError(
+                f"no {pp} healthy TP slots at one host offset remain for pipeline column {c}; "
+                "lower pp or tp, or mark fewer GPUs failed"
+            )
+        column_slots.append(slots[offset][:pp])
+        slots[offset] = slots[offset][pp:]
+    gpus = [0] * world_size
+    for c, chain in enumerate(column_slots):
+        for stage, start in enumerate(chain):
+            for i in range(tp):
+                gpus[i + tp * (c + columns * stage)] = start + i
+    return gpus
+
+
+def _identity_ok(world_size: int, tp: int, pp: int, cluster: Cluster) -> bool:
+    stride = world_size // pp
+    return cluster.spec.domain_size % tp == 0 and (pp == 1 or stride % cluster.spec.gpus_per_node == 0)

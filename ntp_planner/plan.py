@@ -62,9 +62,20 @@ class Plan(BaseModel):
     headroom: float = Field(description="Fraction of HBM kept free when the plan was made.")
     layout: ParallelLayout
     placement: list[int] = Field(description="GPU id of each rank, in the project's rank order.")
+    per_layer_tp: list[int] = Field(description="TP degree of every block: embedding, each layer, LM head.")
     predicted: StepCost
     runners_up: list[RunnerUp] = Field(default_factory=list)
+    megatron: RunnerUp | None = Field(
+        default=None, description="Best layout Megatron-LM can run (one TP degree for all layers), when it differs."
+    )
     source: str = Field(description="'search' (ntp plan) or 'user' (ntp estimate -o).")
+
+    @property
+    def megatron_gap(self) -> float:
+        """Throughput of this plan over the Megatron-expressible one, minus 1 (0 if the same)."""
+        if self.megatron is None:
+            return 0.0
+        return self.megatron.step_time_s / self.predicted.step_time_s - 1
 
     def save(self, path: Path) -> None:
         """Write atomically: a temp file in the same folder, then rename over ``path``."""

@@ -35,13 +35,14 @@ def _plan(
 ) -> Plan:
     inputs = ClusterInputs(spec=cluster.spec, num_gpus=cluster.num_gpus, failed_gpus=sorted(cluster.failed_gpus))
     return Plan(
+        per_layer_tp=list(layout.block_tp(model.num_layers)),
         model=model,
         training=training,
         cluster=inputs,
         inputs_hash=inputs_hash(model, training, inputs),
         headroom=headroom,
         layout=layout,
-        placement=place_ranks(layout.world_size, layout.tp, cluster),
+        placement=place_ranks(layout.world_size, layout.tp, layout.pp, cluster),
         predicted=cost,
         runners_up=runners_up,
         source=source,
@@ -55,17 +56,30 @@ def make_plan(
     headroom: float = 0.1,
     top: int = 5,
     space: SearchSpace = SearchSpace(),
+    per_layer: bool = True,
 ) -> Plan:
-    """The fastest layout that fits, plus ``top - 1`` runners-up. ValueError if none fits."""
+    """The fastest layout that fits, plus ``top - 1`` runners-up. With ``per_layer`` the TP
+    degree may differ per layer (it is chosen only when it beats every uniform layout), and the
+    best uniform layout is kept as the Megatron-expressible projection. ValueError if none fits."""
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom {headroom} must lie in [0, 1): it is the fraction of HBM kept free")
     if top < 1:
         raise ValueError(f"--top {top} must be at least 1")
     result = search(model, training, cluster, headroom, space)
-    if not result.ranked:
+    ranked = list(result.ranked)
+    if per_layer:
+        from ntp_planner.per_layer import search_per_layer
+
+        best_uniform = ranked[0].cost.step_time_s if ranked else float("inf")
+        ranked += search_per_layer(model, training, cluster, headroom, space, best_uniform)
+        ranked.sort(key=lambda c: (c.cost.step_time_s, c.cost.memory_per_gpu_bytes, c.layout.describe()))
+    if not ranked:
         raise ValueError(no_fit_message(result, model, cluster, headroom))
-    best, *rest = result.ranked[:top]
-    return _plan(
+    best, *rest = ranked[:top]
+    megatron = None
+    if best.layout.is_per_layer and result.ranked:
+        megatron = _runner_up(result.ranked[0].layout, result.ranked[0].cost)
+    plan = _plan(
         model,
         training,
         cluster,
@@ -75,6 +89,7 @@ def make_plan(
         [_runner_up(c.layout, c.cost) for c in rest],
         "search",
     )
+    return plan.model_copy(update={"megatron": megatron})
 
 
 def plan_from_layout(

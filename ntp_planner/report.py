@@ -95,6 +95,32 @@ def _fullest(cost: StepCost) -> int:
     return max(range(len(cost.stage_memory_bytes)), key=cost.stage_memory_bytes.__getitem__)
 
 
+def degrees_table(plan: Plan) -> Table | Text:
+    """Per-layer degrees as ranges of blocks per stage, with the reason for each deviation."""
+    from ntp_planner.per_layer import block_label, explain_degrees
+
+    lay = plan.layout
+    if not lay.is_per_layer:
+        return Text(f"Every block (embedding, {plan.model.num_layers} layers, LM head) runs at tp={lay.tp}.")
+    majority, runs = explain_degrees(plan.model, plan.training, lay, plan.cluster.build())
+    t = Table(title=f"Per-layer TP degrees (stage width {lay.tp}, majority degree {majority})", box=box.SIMPLE_HEAD)
+    for col in ("stage", "blocks", "degree", "why it differs"):
+        t.add_column(col, justify="right" if col in ("stage", "degree") else "left")
+    for r in runs:
+        t.add_row(str(r.stage), block_label(r.first, r.last, plan.model.num_layers), str(r.degree), r.why or "")
+    return t
+
+
+def megatron_line(plan: Plan) -> Text:
+    if plan.megatron is None:
+        return Text("Megatron-LM can run this plan as it is (one TP degree for every layer).")
+    m = plan.megatron
+    return Text(
+        f"Megatron-expressible projection: {m.layout.describe()} at {m.step_time_s:.3f} s per step; "
+        f"the per-layer plan has {plan.megatron_gap:+.1%} throughput over it."
+    )
+
+
 def plan_view(plan: Plan) -> Group:
     c = plan.cluster
     title = Text(
@@ -103,6 +129,8 @@ def plan_view(plan: Plan) -> Group:
         style="bold",
     )
     parts = [title, Text(f"layout: {plan.layout.describe()}", style="bold green"), cost_tables(plan.predicted)]
+    if plan.layout.is_per_layer:
+        parts += [degrees_table(plan), megatron_line(plan)]
     if plan.runners_up:
         parts.append(runners_up_table(plan))
     return Group(*parts)
@@ -137,6 +165,8 @@ def explain_view(plan: Plan) -> Group:
     return Group(
         Text(f"{plan.model.name}: {plan.layout.describe()} ({plan.source})", style="bold"),
         cost_tables(plan.predicted),
+        degrees_table(plan),
+        megatron_line(plan),
         runners_up_table(plan) if plan.runners_up else Text("No runners-up stored (the layout was given by the user)."),
     )
 
@@ -149,6 +179,9 @@ def explain_json(plan: Plan) -> dict:
         "time_breakdown_s": cost.time_breakdown_s,
         "memory_per_gpu_bytes": cost.memory_per_gpu_bytes,
         "memory_breakdown_bytes": cost.memory_breakdown_bytes,
+        "per_layer_tp": plan.per_layer_tp,
+        "megatron_layout": plan.megatron.layout.model_dump(mode="json") if plan.megatron else None,
+        "megatron_gap": plan.megatron_gap,
         "runners_up": [
             {
                 "layout": r.layout.model_dump(mode="json"),

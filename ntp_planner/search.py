@@ -127,7 +127,9 @@ def search(
 
 
 def no_fit_message(result: SearchResult, model: ModelSpec, cluster: Cluster, headroom: float) -> str:
-    """One sentence: why nothing fits and by how much the leanest layout misses."""
+    """One sentence: why nothing fits, on which stage, and by how much the leanest layout misses.
+    (The leanest uniform layout is also the leanest per-layer one: a stage's memory is smallest
+    with every block at the widest degree.)"""
     if result.least_memory is None:
         return (
             f"no valid layout of {model.name} exists on {cluster.num_gpus} GPUs of {cluster.spec.name}: "
@@ -135,10 +137,12 @@ def no_fit_message(result: SearchResult, model: ModelSpec, cluster: Cluster, hea
         )
     c = result.least_memory
     usable = c.cost.hbm_bytes * (1 - headroom)
+    stage = max(range(len(c.cost.stage_memory_bytes)), key=c.cost.stage_memory_bytes.__getitem__)
     missing = c.cost.memory_per_gpu_bytes - usable
     return (
         f"{model.name} fits no layout on {cluster.num_gpus} x {cluster.gpu.name}: the leanest, "
-        f"{c.layout.describe()}, needs {c.cost.memory_per_gpu_bytes / 1e9:.1f} GB per GPU but "
-        f"{usable / 1e9:.1f} GB is usable ({c.cost.hbm_bytes / 1e9:.0f} GB x (1 - headroom {headroom:g})), "
-        f"{missing / 1e9:.1f} GB short; add GPUs, shorten the sequence or lower --headroom"
+        f"{c.layout.describe()}, needs {c.cost.memory_per_gpu_bytes / 1e9:.1f} GB per GPU on stage {stage} "
+        f"(its tightest) but {usable / 1e9:.1f} GB is usable ({c.cost.hbm_bytes / 1e9:.0f} GB x "
+        f"(1 - headroom {headroom:g})), {missing / 1e9:.1f} GB short ({missing:,.0f} bytes); "
+        "add GPUs, shorten the sequence or lower --headroom"
     )

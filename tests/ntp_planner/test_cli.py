@@ -38,6 +38,7 @@ def test_cli_surface_is_frozen():
                 "--flash-attention",
                 "--distributed-optimizer",
                 "--headroom",
+                "--per-layer",
                 "--top",
                 "--output",
                 "--json",

@@ -91,28 +91,47 @@ def test_atomic_write_keeps_the_old_file_on_failure(plan, tmp_path, monkeypatch)
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temp file left behind
 
 
-@pytest.mark.parametrize(
-    ("name", "gpus", "tp"), [("dgx-h100", 64, 8), ("gb200-nvl72", 144, 8), ("gb200-nvl72", 144, 36)]
-)
-def test_placement_keeps_tp_groups_in_domains_and_avoids_failures(name, gpus, tp):
-    failed = frozenset({1, 37, 60})
-    cluster = Cluster(spec=CLUSTERS[name], num_gpus=gpus, failed_gpus=failed)
-    size = cluster.spec.domain_size
-    groups = sum(
-        len([g for g in range(d * size, (d + 1) * size) if g not in failed]) // tp for d in range(cluster.num_domains)
-    )
-    world = groups * tp
-    ranks = place_ranks(world, tp, cluster)
-    assert len(set(ranks)) == len(ranks) == world
-    assert not failed & set(ranks)
-    for g in range(0, world, tp):
+def check_placement(ranks, world, tp, pp, cluster):
+    assert len(ranks) == world and len(set(ranks)) == world  # a bijection onto its image...
+    assert not set(ranks) & cluster.failed_gpus  # ...of healthy GPUs only
+    for g in range(0, world, tp):  # every TP group inside one NVLink domain
         assert len({cluster.domain_of(x) for x in ranks[g : g + tp]}) == 1
+    stride = world // pp
+    for r in range(world - stride):  # pipeline neighbours on the same rail
+        assert cluster.rail_of(ranks[r]) == cluster.rail_of(ranks[r + stride])
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "tp", "pp", "failed"),
+    [
+        ("dgx-h100", 64, 8, 2, {1, 37, 60}),
+        ("dgx-h100", 64, 2, 4, {3, 17, 18, 40}),
+        ("dgx-h100", 64, 4, 2, set()),
+        ("gb200-nvl72", 144, 8, 2, {1, 77, 100}),
+        ("gb200-nvl72", 144, 36, 2, set()),
+        ("gb200-nvl72", 288, 4, 4, {0, 5, 150, 151, 287}),
+    ],
+)
+def test_placement_rules(name, gpus, tp, pp, failed):
+    cluster = Cluster(spec=CLUSTERS[name], num_gpus=gpus, failed_gpus=frozenset(failed))
+    size = cluster.spec.domain_size
+    slots = sum(
+        all(g not in failed for g in range(s, s + tp))
+        for d in range(cluster.num_domains)
+        for s in range(d * size, (d + 1) * size - tp + 1, tp)
+    )
+    world = slots * tp // 2  # half the healthy slots leave room for the same-rail rule
+    world -= world % (tp * pp)
+    ranks = place_ranks(world, tp, pp, cluster)
+    check_placement(ranks, world, tp, pp, cluster)
+    if not failed:
+        assert ranks == list(range(world))
 
 
 def test_placement_reports_shortage():
     cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16, failed_gpus=frozenset({0, 8}))
     with pytest.raises(ValueError, match="only 0 TP groups of 8 healthy GPUs"):
-        place_ranks(16, 8, cluster)
+        place_ranks(16, 8, 1, cluster)
 
 
 def test_user_layout_plan():

@@ -1,0 +1,144 @@
+"""Per-layer planning: partition against brute force, never worse than uniform, explanations."""
+
+import itertools
+import json
+
+import pytest
+
+from cost_models import MODELS, ParallelLayout, TrainingSpec, estimate_step
+from cost_models.step import CostEnv
+from ntp_planner.per_layer import (
+    StagePlanner,
+    allowed_degrees,
+    block_label,
+    explain_degrees,
+    lower_bound,
+    partition,
+)
+from ntp_planner.planner import make_plan
+from topologies import CLUSTERS, Cluster
+
+
+def brute_stage(p):
+    best = None
+    for degrees in itertools.product(*[sorted(t) for t in p.time_s]):
+        if p.memory(degrees) <= p.budget_bytes and (best is None or p.objective(degrees) < best):
+            best = p.objective(degrees)
+    return best
+
+
+@pytest.mark.parametrize(("headroom", "sp"), [(0.1, True), (0.6, True), (0.6, False)])
+def test_partition_equals_brute_force(headroom, sp):
+    model = MODELS["llama3-8b"].model_copy(update={"num_layers": 7})
+    training = TrainingSpec(seq_len=4096, global_batch=32)
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=32)
+    layout = ParallelLayout(tp=4, pp=3, dp=2, micro_batch=2, global_batch=32, sequence_parallel=sp, vpp=1)
+    env = CostEnv(model, training, layout, cluster)
+    planner = StagePlanner(env, allowed_degrees(model, layout, training.seq_len), headroom)
+    got = partition(planner, window=2)
+    m = layout.num_micro_batches
+    best = None
+    for counts in itertools.product(range(1, 5), repeat=3):
+        if sum(counts) != 7:
+            continue
+        starts = [0, counts[0], counts[0] + counts[1]]
+        times = [brute_stage(planner.problem(i, starts[i], counts[i])) for i in range(3)]
+        if None in times:
+            continue
+        value = (m - 1) * max(times) + sum(times)
+        best = value if best is None else min(best, value)
+    if best is None:
+        assert got is None
+    else:
+        assert got.pipeline_s == pytest.approx(best, rel=1e-9)
+
+
+CASES = [
+    ("llama3-8b", "dgx-h100", 64, 8192, 256),
+    ("gpt3-175b", "dgx-a100", 1024, 2048, 1536),
+    ("mixtral-8x7b", "dgx-h100", 256, 4096, 512),
+    ("deepseek-moe-16b", "dgx-h100", 128, 4096, 512),
+]
+
+
+@pytest.fixture(scope="module")
+def plans():
+    out = {}
+    for name, cluster, gpus, seq, batch in CASES:
+        args = (
+            MODELS[name],
+            TrainingSpec(seq_len=seq, global_batch=batch),
+            Cluster(spec=CLUSTERS[cluster], num_gpus=gpus),
+        )
+        out[name] = (make_plan(*args, per_layer=False, top=1), make_plan(*args, per_layer=True, top=3))
+    return out
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_per_layer_is_never_worse_than_uniform(plans, name):
+    uniform, per_layer = plans[name]
+    assert per_layer.predicted.step_time_s <= uniform.predicted.step_time_s
+    assert len(per_layer.per_layer_tp) == MODELS[name].num_layers + 2
+
+
+def test_per_layer_is_strictly_better_on_llama3_8b(plans):
+    uniform, per_layer = plans["llama3-8b"]
+    assert per_layer.layout.is_per_layer
+    assert per_layer.predicted.step_time_s < uniform.predicted.step_time_s * 0.99
+    # The projection Megatron can run is the best uniform layout; the gap is the throughput ratio.
+    assert per_layer.megatron.layout == uniform.layout
+    assert per_layer.megatron_gap == pytest.approx(uniform.predicted.step_time_s / per_layer.predicted.step_time_s - 1)
+    # The saved plan re-costs to the same prediction.
+    again = estimate_step(per_layer.model, per_layer.training, per_layer.layout, per_layer.cluster.build())
+    assert again.step_time_s == per_layer.predicted.step_time_s
+
+
+def test_lower_bound_is_below_the_real_cost(plans):
+    _, per_layer = plans["llama3-8b"]
+    lay = per_layer.layout.model_copy(update={"layer_tp": None, "pp_layers": None})
+    env = CostEnv(per_layer.model, per_layer.training, lay, per_layer.cluster.build())
+    bound = lower_bound(env, allowed_degrees(per_layer.model, lay, per_layer.training.seq_len))
+    assert bound <= per_layer.predicted.step_time_s
+
+
+def test_explanations_cover_every_block_once(plans):
+    _, p = plans["llama3-8b"]
+    majority, runs = explain_degrees(p.model, p.training, p.layout, p.cluster.build())
+    covered = [b for r in runs for b in range(r.first, r.last + 1)]
+    assert covered == list(range(p.model.num_layers + 2))
+    assert all((r.degree == majority) == (r.why is None) for r in runs)
+    assert all(r.why.startswith(("faster", "memory")) for r in runs if r.why)
+
+
+def test_block_labels():
+    assert block_label(0, 0, 32) == "embedding"
+    assert block_label(0, 5, 32) == "embedding + layers 0-4"
+    assert block_label(4, 4, 32) == "layer 3"
+    assert block_label(30, 33, 32) == "layers 29-31 + LM head"
+
+
+def test_no_fit_names_the_tightest_stage():
+    with pytest.raises(ValueError, match=r"on stage 0 \(its tightest\).*GB short \([\d,]+ bytes\)"):
+        make_plan(
+            MODELS["llama3.1-405b"],
+            TrainingSpec(seq_len=8192, global_batch=8),
+            Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8),
+        )
+
+
+def test_cli_per_layer_flag_and_explain(tmp_path, plans):
+    from typer.testing import CliRunner
+
+    from ntp_planner.cli import app
+
+    out = tmp_path / "p.json"
+    args = ["plan", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "64", "--global-batch", "256", "-o", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Per-layer TP degrees" in result.stdout and "Megatron-expressible projection" in result.stdout
+    saved = json.loads(out.read_text())
+    assert saved["per_layer_tp"] == list(plans["llama3-8b"][1].per_layer_tp)
+    uniform = json.loads(CliRunner().invoke(app, [*args[:-2], "--uniform", "--json"]).stdout)
+    assert set(uniform["per_layer_tp"]) == {uniform["layout"]["tp"]} and uniform["megatron"] is None
+    explained = json.loads(CliRunner().invoke(app, ["explain", str(out), "--json"]).stdout)
+    assert explained["megatron_gap"] > 0.01
