@@ -56,6 +56,18 @@ def allowed_degrees(model: ModelSpec, layout: ParallelLayout, seq_len: int) -> l
     return out
 
 
+MAX_ENUMERATED_SPLITS = 20_000  # above this many count vectors per group, HiGHS is faster
+
+
+def _splits(p: ChainProblem) -> int:
+    """Largest number of ways one group of identical blocks can be split over its degrees."""
+    sizes: dict[tuple, int] = {}
+    for t in p.time_s:
+        key = tuple(sorted(t))
+        sizes[key] = sizes.get(key, 0) + 1
+    return max(math.comb(n + len(k) - 1, len(k) - 1) for k, n in sizes.items())
+
+
 class StagePlanner:
     """Builds and solves the per-stage degree problem of one candidate layout."""
 
@@ -118,8 +130,10 @@ class StagePlanner:
                 guess = solve_graph(p)
             if guess.memory_bytes <= p.budget_bytes:
                 self._memo[key] = guess
+            elif free and _splits(p) <= MAX_ENUMERATED_SPLITS:
+                self._memo[key] = solve_counts(p)
             else:
-                self._memo[key] = solve_counts(p) if free else solve_milp(p)
+                self._memo[key] = solve_milp(p)
         return self._memo[key]
 
 
