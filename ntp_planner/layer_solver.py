@@ -232,3 +232,30 @@ def solve_counts(p: ChainProblem) -> ChainSolution | None:
             for _ in range(int(count)):
                 degrees[next(it)] = t
     return _solution(p, degrees)
+
+
+def lagrangian_bound(p: ChainProblem, points: int = 49) -> float:
+    """A lower bound on the optimum with free switches, without a solver: for any lam >= 0,
+    sum_i min_t (time + lam * memory) - lam * budget is at most the optimum (Lagrangian
+    relaxation of the memory row). Takes the best of a geometric grid of lam; inf if even the
+    leanest degrees overflow the budget."""
+    rows: dict[tuple, int] = {}
+    for t, m in zip(p.time_s, p.memory_bytes, strict=True):
+        key = tuple((t[d], m[d]) for d in sorted(t))
+        rows[key] = rows.get(key, 0) + 1
+    counts = np.array(list(rows.values()), dtype=float)
+    width = max(len(k) for k in rows)
+    times = np.full((len(rows), width), np.inf)
+    mems = np.full((len(rows), width), np.inf)
+    for r, key in enumerate(rows):
+        times[r, : len(key)] = [c for c, _ in key]
+        mems[r, : len(key)] = [m for _, m in key]
+    if counts @ mems.min(axis=1) > p.budget_bytes:
+        return math.inf
+    free = counts @ times.min(axis=1)
+    if not math.isfinite(p.budget_bytes):
+        return free
+    scale = free / max(p.budget_bytes, 1.0)
+    lams = np.concatenate([[0.0], scale * np.logspace(-3, 3, points)])
+    values = (counts[None, :] * np.min(times[None] + lams[:, None, None] * mems[None], axis=2)).sum(axis=1)
+    return float(np.max(values - lams * p.budget_bytes))

@@ -31,7 +31,14 @@ from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
 from cost_models.step import EMBED, HEAD, RUNTIME_RESERVED_BYTES, Block, CostEnv, estimate_step
 from cost_models.training import TrainingSpec
-from ntp_planner.layer_solver import ChainProblem, ChainSolution, solve_counts, solve_graph, solve_milp
+from ntp_planner.layer_solver import (
+    ChainProblem,
+    ChainSolution,
+    lagrangian_bound,
+    solve_counts,
+    solve_graph,
+    solve_milp,
+)
 from ntp_planner.search import Candidate, SearchSpace, divisors, enumerate_layouts
 from topologies.cluster import Cluster
 
@@ -56,7 +63,7 @@ def allowed_degrees(model: ModelSpec, layout: ParallelLayout, seq_len: int) -> l
     return out
 
 
-MAX_ENUMERATED_SPLITS = 20_000  # above this many count vectors per group, HiGHS is faster
+MAX_ENUMERATED_SPLITS = 400_000  # above this many count vectors per group, HiGHS is faster
 
 
 def _splits(p: ChainProblem) -> int:
@@ -76,6 +83,7 @@ class StagePlanner:
         self.model, self.layout = env.model, env.layout
         self.usable = env.cluster.gpu.hbm_bytes * (1 - headroom) - RUNTIME_RESERVED_BYTES
         self._memo: dict[tuple, ChainSolution | None] = {}
+        self.single_kind = len(self.model.kinds) == 1
         self._rows: dict[tuple, tuple[dict[int, float], dict[int, float], float]] = {}
 
     def blocks(self, stage: int, start: int, count: int) -> list[tuple[int, Block]]:
@@ -112,7 +120,9 @@ class StagePlanner:
     def solve(self, stage: int, start: int, count: int) -> ChainSolution | None:
         lay = self.layout
         held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
-        if lay.sequence_parallel:  # free switches: only how many layers of each kind matters
+        if self.single_kind:  # every layer alike: the count says it all
+            kinds = (count,)
+        elif lay.sequence_parallel:  # free switches: only how many layers of each kind matters
             kinds = tuple(sorted(self.model.kind_counts(start, start + count).items()))
         else:
             kinds = tuple(self.model.layer_kind(i) for i in range(start, start + count))
@@ -222,6 +232,17 @@ def lower_bound(env: CostEnv, degrees: list[list[int]]) -> float:
     return (lay.num_micro_batches - 1 / v) * total / lay.pp + total / v
 
 
+def first_stage_bound(planner: StagePlanner, window: int) -> float:
+    """A lower bound that sees memory: the first stage holds the most micro-batches in flight,
+    and even with its fewest allowed layers it needs at least its constrained optimum (bounded
+    from below by Lagrangian relaxation, switches ignored); the pipeline can be no faster than
+    m - 1/v times that."""
+    lay, L = planner.layout, planner.model.num_layers
+    fewest = max(1, L // lay.pp - window, lay.vpp)
+    v = lay.vpp if lay.pp > 1 else 1
+    return (lay.num_micro_batches - 1 / v) * lagrangian_bound(planner.problem(0, 0, fewest))
+
+
 def search_per_layer(
     model: ModelSpec,
     training: TrainingSpec,
@@ -253,6 +274,8 @@ def search_per_layer(
         if bound >= best:
             break
         planner = StagePlanner(env, degrees, headroom)
+        if first_stage_bound(planner, window) >= best:
+            continue
         part = partition(planner, window)
         if part is None:
             continue
