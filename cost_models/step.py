@@ -333,20 +333,26 @@ def stage_runs(model: ModelSpec, layout: ParallelLayout, stage: int, start: int,
 class StageCost:
     pass_: Pass  # per micro-batch, transitions included in fwd/bwd
     params: float  # per GPU
-    memory: dict[str, float]
+    state: dict[str, float]  # weights, grads, optimizer bytes
+    act_per_micro_batch: float  # activation bytes one in-flight micro-batch leaves behind
+    act_fixed: float  # LM-head logits and the full-recompute working set
     dp_reduce_s: float  # gradient reduction (reduce-scatter or all-reduce)
     dp_gather_s: float  # parameter all-gather (distributed optimizer)
     optimizer_params: float  # parameters this GPU's optimizer updates
 
+    def memory(self, held: float) -> dict[str, float]:
+        """Bytes per GPU by part when ``held`` micro-batches are in flight."""
+        act = self.act_per_micro_batch * held + self.act_fixed
+        return {**self.state, "activations": act, "runtime_reserved": RUNTIME_RESERVED_BYTES}
 
-def stage_cost(env: CostEnv, stage: int, runs: list[Run], count: int) -> StageCost:
+
+def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
     """Time per micro-batch, memory and DP traffic of one stage made of ``runs``."""
     lay, training = env.layout, env.training
-    held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
     p = Pass()
     prev_t = None
-    params = opt_params = reduce_s = gather_s = full_working = 0.0
-    memory = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
+    params = opt_params = reduce_s = gather_s = full_working = act = head = 0.0
+    state = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0}
     grad_bytes = 2.0 if training.dtype == "fp16" else 4.0
     for block, t, n in runs:
         p.add(env.block_pass(block, t), n)
@@ -355,10 +361,13 @@ def stage_cost(env: CostEnv, stage: int, runs: list[Run], count: int) -> StageCo
             p.fwd += switch / 2
             p.bwd += switch / 2
         prev_t = t
-        state, act = env.block_memory(block, t, held)
-        for k in ("weights", "grads", "optimizer"):
-            memory[k] += n * getattr(state, k)
-        memory["activations"] += n * act
+        block_state, block_act = env.block_memory(block, t, 1.0)
+        for k in state:
+            state[k] += n * getattr(block_state, k)
+        if block == HEAD:  # the logits live once, not per micro-batch in flight
+            head = env.block_memory(block, t, 0.0)[1]
+            block_act -= head
+        act += n * block_act
         full_working = max(full_working, env.full_recompute_working_bytes(block, t))
         d = env.degree(t)
         dense, expert = env.block_params(block, t, last_stage_ties=lay.pp > 1)
@@ -372,9 +381,7 @@ def stage_cost(env: CostEnv, stage: int, runs: list[Run], count: int) -> StageCo
                 gather_s += coll.all_gather_time(nparams * ACT_BYTES, links, env.eff)
             else:
                 reduce_s += coll.all_reduce_time(nparams * grad_bytes, links, env.eff)
-    memory["activations"] += full_working
-    memory["runtime_reserved"] = RUNTIME_RESERVED_BYTES
-    return StageCost(p, params, memory, reduce_s, gather_s, opt_params)
+    return StageCost(p, params, state, act, head + full_working, reduce_s, gather_s, opt_params)
 
 
 def estimate_step(
@@ -398,16 +405,10 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
         memo: dict[tuple, StageCost] = {}
         stages = []
         for i, (start, count) in enumerate(zip(starts, counts, strict=True)):
-            runs = stage_runs(model, lay, i, start, count)
-            key = (
-                tuple(runs),
-                i == 0,
-                i == lay.pp - 1,
-                in_flight_micro_batches(i, lay.pp, lay.num_micro_batches, lay.vpp),
-            )
-            if key not in memo:
-                memo[key] = stage_cost(env, i, runs, count)
-            stages.append(memo[key])
+            runs = tuple(stage_runs(model, lay, i, start, count))
+            if runs not in memo:
+                memo[runs] = stage_cost(env, list(runs))
+            stages.append(memo[runs])
     # Pipeline sends: activation forward and its gradient backward, once per model chunk.
     p2p = 0.0
     if lay.pp > 1 and not lay.overlap_p2p:
@@ -432,7 +433,8 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
         "overhead": eff.step_overhead_s,
     }
     step_time = sum(breakdown.values())
-    totals = [sum(st.memory.values()) for st in stages]
+    memory = [st.memory(in_flight_micro_batches(i, lay.pp, m, lay.vpp)) for i, st in enumerate(stages)]
+    totals = [sum(parts.values()) for parts in memory]
     fullest = max(range(lay.pp), key=totals.__getitem__)
     model_flops = model_flops_per_step(model, training.seq_len, training.global_batch)
     n = env.cluster.num_gpus
@@ -441,7 +443,7 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
         step_time_s=step_time,
         time_breakdown_s=breakdown,
         memory_per_gpu_bytes=totals[fullest],
-        memory_breakdown_bytes=stages[fullest].memory,
+        memory_breakdown_bytes=memory[fullest],
         hbm_bytes=env.cluster.gpu.hbm_bytes,
         mfu=model_flops / (step_time * n * env.peak),
         tokens_per_s=training.tokens_per_step / step_time,
