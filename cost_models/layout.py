@@ -96,10 +96,19 @@ class ParallelLayout(BaseModel):
         return self.layer_tp is not None and any(t != self.tp for t in self.layer_tp)
 
     def describe(self) -> str:
-        """Compact one-line form, e.g. 'tp8 pp4 dp32 mb1 vpp2 sp full distopt'."""
+        """Compact one-line form, e.g. 'tp8 pp4 dp32 mb1 vpp2 sp rc-full distopt'; per-layer
+        degrees show as 'tp2-8/8' (degrees 2 to 8 in stages of 8), uneven splits as
+        'pp4(19/20/21/20)' (or 'pp16(uneven)' beyond 8 stages).
+
+        >>> ParallelLayout(pp=2, dp=4, global_batch=8, pp_layers=(3, 5)).describe()
+        'tp1 pp2(3/5) dp4 mb1'
+        """
+        pp = f"pp{self.pp}"
+        if self.pp_layers is not None and len(set(self.pp_layers)) > 1:
+            pp += f"({'/'.join(map(str, self.pp_layers))})" if self.pp <= 8 else "(uneven)"
         parts = [
             f"tp{self.tp}" if not self.is_per_layer else f"tp{_degree_summary(self.layer_tp)}/{self.tp}",
-            f"pp{self.pp}",
+            pp,
             f"dp{self.dp}",
         ]
         parts += [f"cp{self.cp}"] if self.cp > 1 else []

@@ -368,3 +368,24 @@ def _run(env: CostEnv, stage: int, group: list[int], t: int, majority: int, held
             f"({(here - there) * 1e3:.2f} ms slower per micro-batch than degree {majority})"
         )
     return DegreeRun(stage, first, last, t, why)
+
+
+def rebalance_uniform(
+    model: ModelSpec, training: TrainingSpec, cluster: Cluster, headroom: float, candidate: Candidate, window: int = 2
+) -> Candidate | None:
+    """The same uniform layout with the pipeline split chosen by ``partition`` (every block
+    pinned to tp): uneven first/last stages are something Megatron-LM can run. None when the
+    even split is already best or the rebalanced one does not fit."""
+    layout = candidate.layout
+    if layout.pp == 1:
+        return None
+    env = CostEnv(model, training, layout, cluster)
+    planner = StagePlanner(env, [[layout.tp]] * (model.num_layers + 2), headroom)
+    part = partition(planner, window)
+    if part is None or part.counts == layout.stage_layers(model.num_layers):
+        return None
+    rebalanced = layout.model_copy(update={"pp_layers": part.counts})
+    cost = estimate_step(model, training, rebalanced, cluster)
+    if not cost.fits(headroom) or cost.step_time_s >= candidate.cost.step_time_s:
+        return None
+    return Candidate(layout=rebalanced, cost=cost)

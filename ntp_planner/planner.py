@@ -49,6 +49,10 @@ def _plan(
     )
 
 
+def _rank(c):
+    return (c.cost.step_time_s, c.cost.memory_per_gpu_bytes, c.layout.describe())
+
+
 def make_plan(
     model: ModelSpec,
     training: TrainingSpec,
@@ -65,20 +69,22 @@ def make_plan(
         raise ValueError(f"headroom {headroom} must lie in [0, 1): it is the fraction of HBM kept free")
     if top < 1:
         raise ValueError(f"--top {top} must be at least 1")
-    result = search(model, training, cluster, headroom, space)
-    ranked = list(result.ranked)
-    if per_layer:
-        from ntp_planner.per_layer import search_per_layer
+    from ntp_planner.per_layer import rebalance_uniform, search_per_layer
 
-        best_uniform = ranked[0].cost.step_time_s if ranked else float("inf")
-        ranked += search_per_layer(model, training, cluster, headroom, space, best_uniform)
-        ranked.sort(key=lambda c: (c.cost.step_time_s, c.cost.memory_per_gpu_bytes, c.layout.describe()))
+    result = search(model, training, cluster, headroom, space)
+    # Uneven pipeline splits of the best uniform layouts (Megatron runs those too).
+    rebalanced = [rebalance_uniform(model, training, cluster, headroom, c) for c in result.ranked[:top]]
+    uniform = sorted([*result.ranked, *[c for c in rebalanced if c is not None]], key=_rank)
+    ranked = list(uniform)
+    if per_layer:
+        best_uniform = uniform[0].cost.step_time_s if uniform else float("inf")
+        ranked = sorted(ranked + search_per_layer(model, training, cluster, headroom, space, best_uniform), key=_rank)
     if not ranked:
         raise ValueError(no_fit_message(result, model, cluster, headroom))
     best, *rest = ranked[:top]
     megatron = None
-    if best.layout.is_per_layer and result.ranked:
-        megatron = _runner_up(result.ranked[0].layout, result.ranked[0].cost)
+    if best.layout.is_per_layer and uniform:
+        megatron = _runner_up(uniform[0].layout, uniform[0].cost)
     plan = _plan(
         model,
         training,

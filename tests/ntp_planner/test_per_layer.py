@@ -142,3 +142,18 @@ def test_cli_per_layer_flag_and_explain(tmp_path, plans):
     assert set(uniform["per_layer_tp"]) == {uniform["layout"]["tp"]} and uniform["megatron"] is None
     explained = json.loads(CliRunner().invoke(app, ["explain", str(out), "--json"]).stdout)
     assert explained["megatron_gap"] > 0.01
+
+
+def test_uneven_pipeline_split_relieves_the_lm_head_stage():
+    from ntp_planner.per_layer import rebalance_uniform
+    from ntp_planner.search import Candidate
+
+    model, training = MODELS["llama3-8b"], TrainingSpec(seq_len=8192, global_batch=64)
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+    even = ParallelLayout(tp=4, pp=4, dp=4, global_batch=64, sequence_parallel=True, distributed_optimizer=True)
+    cost = estimate_step(model, training, even, cluster)
+    better = rebalance_uniform(model, training, cluster, 0.1, Candidate(layout=even, cost=cost))
+    assert better is not None and better.layout.layer_tp is None  # still one degree: Megatron-expressible
+    counts = better.layout.pp_layers
+    assert sum(counts) == 32 and counts[-1] < max(counts)  # the 128K-vocabulary head's stage takes fewer layers
+    assert better.cost.step_time_s < cost.step_time_s
