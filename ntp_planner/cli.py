@@ -294,6 +294,152 @@ def explain(
         _print(explain_view(p))
 
 
+PlanArg = Annotated[Path, typer.Argument(help="A plan written by `ntp plan -o` or `ntp estimate -o`.")]
+PolicyOpt = Annotated[str, typer.Option("--policy", help="dp-drop, ntp, ntp-pw or spares.")]
+SparesOpt = Annotated[int, typer.Option("--spares", help="Idle spare NVLink domains (policy spares).")]
+FallbackOpt = Annotated[str, typer.Option("--fallback", help="What spares fall back to: dp-drop, ntp or ntp-pw.")]
+BatchModeOpt = Annotated[str, typer.Option("--batch", help="flexible (shrinks) or fixed (pauses when short).")]
+PowerOpt = Annotated[float, typer.Option("--max-power", help="Largest power multiplier per GPU (ntp-pw).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random failures.")]
+BlastOpt = Annotated[str, typer.Option("--blast", help="What one failure takes down: gpu, node or domain.")]
+
+
+def _check_choice(value: str, allowed: tuple[str, ...], option: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{option} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+@app.command()
+@user_errors
+def replan(
+    plan_file: PlanArg,
+    failed: Annotated[str | None, typer.Option("--failed", help="Failed GPU ids, e.g. 17,803,4410.")] = None,
+    failed_fraction: Annotated[
+        float | None, typer.Option("--failed-fraction", help="Fail this share of GPUs at random.")
+    ] = None,
+    seed: SeedOpt = 0,
+    blast: BlastOpt = "gpu",
+    policy: PolicyOpt = "ntp",
+    spares: SparesOpt = 0,
+    fallback: FallbackOpt = "dp-drop",
+    batch: BatchModeOpt = "flexible",
+    max_power: PowerOpt = 1.3,
+    json_out: JsonOpt = False,
+) -> None:
+    """Re-plan a job after GPU failures: drop replicas, or run them at reduced TP (NTP).
+
+    Example: ntp replan plan.json --failed-fraction 0.001 --seed 1 --policy ntp-pw
+    """
+    import numpy as np
+
+    from ntp_planner.plan import Plan
+    from ntp_planner.replan import POLICIES, Replanner
+    from topologies.failures import explicit_failures, random_failures
+
+    _check_choice(policy, POLICIES, "--policy")
+    _check_choice(batch, ("flexible", "fixed"), "--batch")
+    _check_choice(blast, ("gpu", "node", "domain"), "--blast")
+    if (failed is None) == (failed_fraction is None):
+        raise ValueError("give exactly one of --failed (GPU ids) or --failed-fraction (a share of GPUs)")
+    if max_power < 1:
+        raise ValueError(f"--max-power {max_power} must be at least 1 (1 = no boost)")
+    p = Plan.load(plan_file)
+    cluster = p.cluster.build()
+    if failed is not None:
+        ids = _parse_ints(failed, "--failed")
+        lost = explicit_failures(cluster, ids)
+    else:
+        lost = random_failures(cluster, failed_fraction, np.random.default_rng(seed), blast)
+    result = Replanner(p, max_power).replan(lost, policy, spares, fallback, batch)
+    if json_out:
+        sys.stdout.write(result.model_dump_json(indent=1) + "\n")
+    else:
+        from ntp_planner.report import replan_view
+
+        _print(replan_view(result))
+
+
+def _parse_ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option} {text!r} must be comma-separated whole numbers, e.g. 17,803,4410") from None
+
+
+@app.command()
+@user_errors
+def sweep(
+    plan_file: PlanArg,
+    fractions: Annotated[str, typer.Option("--fractions", help="Failed shares, e.g. 0.0005,0.001,0.002.")] = (
+        "0.0005,0.001,0.002,0.004"
+    ),
+    samples: Annotated[int, typer.Option("--samples", help="Random failure sets per fraction.")] = 200,
+    policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies.")] = "dp-drop,ntp,ntp-pw",
+    seed: SeedOpt = 0,
+    blast: BlastOpt = "gpu",
+    spares: SparesOpt = 0,
+    fallback: FallbackOpt = "dp-drop",
+    batch: BatchModeOpt = "flexible",
+    max_power: PowerOpt = 1.3,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of loss against failed share.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Throughput loss per policy over random failure placements (mean, p5, p95).
+
+    Example: ntp sweep plan.json --fractions 0.0005,0.001,0.002,0.004 --samples 200 --plot loss.png
+    """
+    import numpy as np
+
+    from ntp_planner.plan import Plan
+    from ntp_planner.sweep import plot_sweep
+    from ntp_planner.sweep import sweep as run_sweep
+
+    _check_choice(batch, ("flexible", "fixed"), "--batch")
+    _check_choice(blast, ("gpu", "node", "domain"), "--blast")
+    try:
+        shares = [float(x) for x in fractions.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--fractions {fractions!r} must be comma-separated numbers, e.g. 0.001,0.002") from None
+    bad = [f for f in shares if not 0 <= f < 1]
+    if bad or not shares:
+        raise ValueError(f"--fractions must be numbers in [0, 1); got {bad or fractions!r}")
+    names = [x.strip() for x in policies.split(",") if x.strip()]
+    p = Plan.load(plan_file)
+    if plot is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib; install the extra: pip install 'ntp-planner[plot]'")
+    from rich.progress import Progress
+
+    with Progress(transient=True, disable=json_out) as bar:
+        task = bar.add_task("failure samples", total=samples * len(shares))
+        rows = run_sweep(
+            p,
+            shares,
+            samples,
+            names,
+            np.random.default_rng(seed),
+            spares,
+            fallback,
+            batch,
+            blast,
+            max_power,
+            progress=lambda: bar.advance(task),
+        )
+    if plot is not None:
+        plot_sweep(rows, plot, f"{p.model.name} on {p.cluster.num_gpus} x {p.cluster.spec.gpu}")
+    if json_out:
+        _print_json([r.model_dump() for r in rows])
+    else:
+        from ntp_planner.report import sweep_table
+
+        _print(sweep_table(rows))
+        if plot is not None:
+            _print(f"plot written to {plot}")
+
+
 def main() -> None:
     app()
 

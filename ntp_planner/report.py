@@ -192,3 +192,60 @@ def explain_json(plan: Plan) -> dict:
             for r in plan.runners_up
         ],
     }
+
+
+def replan_view(r) -> Group:
+    """Summary, the replicas that are not healthy, the reshard traffic."""
+    head = Table(show_header=False, box=None)
+    head.add_row("policy", r.policy + (f" (then {r.fallback})" if r.fallback else ""))
+    head.add_row(
+        "failed GPUs",
+        f"{r.failed_gpus} in {r.degraded_groups} TP groups"
+        + (f"; {r.spares_used} spare domains used" if r.spares_used else ""),
+    )
+    head.add_row(
+        "throughput kept", f"{r.throughput_relative:.2%}" + ("  (PAUSED: batch below target)" if r.paused else "")
+    )
+    head.add_row("global batch", f"{r.global_batch_reached} of {r.global_batch_target} sequences ({r.batch})")
+    head.add_row("idle healthy GPUs", str(len(r.idle_gpus)))
+    healthy = sum(1 for x in r.replicas if x.status == "healthy")
+    t = Table(title=f"Replicas that changed ({healthy} of {len(r.replicas)} healthy)", box=box.SIMPLE_HEAD)
+    for col in ("replica", "status", "TP per stage", "local batch", "power", "GPUs used", "idle"):
+        t.add_column(col, justify="left" if col in ("status", "TP per stage", "power") else "right")
+    for x in r.replicas:
+        if x.status == "healthy":
+            continue
+        t.add_row(
+            str(x.replica),
+            x.status,
+            _compact(x.stage_tp),
+            str(x.local_batch),
+            _compact([round(p, 3) for p in x.power]),
+            str(x.gpus_used),
+            str(x.gpus_idle),
+        )
+    parts = [head, t]
+    if r.reshard is not None:
+        rs = r.reshard
+        parts.append(
+            Text(
+                f"NTP gradient reshard: {gb(rs.bytes_before_per_gpu)} per GPU before and after the DP all-reduce, "
+                f"{rs.time_s * 1e3:.1f} ms, {rs.overlap_s * 1e3:.1f} ms hidden behind the last backward pass, "
+                f"{rs.exposed_s * 1e3:.1f} ms exposed."
+            )
+        )
+    return Group(*parts)
+
+
+def _compact(values) -> str:
+    """'4x8' for [8, 8, 8, 8]; the list otherwise."""
+    return f"{len(values)}x{values[0]}" if len(set(values)) == 1 else ",".join(map(str, values))
+
+
+def sweep_table(rows) -> Table:
+    t = Table(title="Throughput loss over random failures (mean, p5, p95)")
+    for col in ("policy", "failed", "mean loss", "p5", "p95"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for r in rows:
+        t.add_row(r.policy, f"{r.fraction:.3%}", f"{r.mean_loss:.2%}", f"{r.p5_loss:.2%}", f"{r.p95_loss:.2%}")
+    return t

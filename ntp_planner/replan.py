@@ -1,0 +1,302 @@
+"""Re-planning after GPU failures: what each data-parallel replica does.
+
+A replica is pp x cp TP groups of ``tp`` GPUs (one group = one NVLink domain when tp equals the
+domain size). After failures the job restarts and ranks are reassigned: degraded groups are
+packed into as few replicas as possible, worst groups together (the NTP paper's packing; the
+drop baseline packs too). Policies (shared/reference/ntp.md):
+
+- ``dp-drop``: every replica holding a degraded group is dropped.
+- ``ntp``: a degraded replica runs all stages at TP = the survivors of its worst group (units
+  spread unevenly, the fullest GPU paces), with the most micro-batches whose step time stays
+  within the healthy one; replicas below the smallest degree that fits memory are dropped;
+  gradients are averaged weighted by samples.
+- ``ntp-pw``: only the stages that lost GPUs run reduced, the local batch is kept, and their
+  survivors are power-boosted just enough to keep pace (speed-vs-power curve); beyond the
+  maximum boost the replica falls back to fewer micro-batches at maximum power.
+- ``spares``: idle spare domains replace the worst degraded groups while they last; the rest is
+  handled by a fallback policy.
+
+Global batch ``flexible`` shrinks with lost samples; ``fixed`` pauses the job (throughput 0)
+when the replicas cannot reach the target batch within a healthy step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from cost_models.degraded import degraded_step_time, power_for_speed, speed_at_power, work_ratio
+from ntp_planner.plan import Plan
+
+Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
+POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "spares")
+BatchMode = Literal["flexible", "fixed"]
+
+
+class ReplicaState(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replica: int
+    status: Literal["healthy", "degraded", "dropped"]
+    stage_tp: list[int] = Field(description="TP degree each pipeline stage runs at.")
+    local_batch: int = Field(description="Sequences this replica processes per step.")
+    power: list[float] = Field(description="Power multiplier of each stage's GPUs.")
+    gpus_used: int
+    gpus_idle: int = Field(description="Healthy GPUs of this replica's groups left idle.")
+
+
+class Reshard(BaseModel):
+    """NTP's gradient reshard between replicas of different TP degree (per GPU, NVLink)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bytes_before_per_gpu: float = Field(description="Bytes the busiest GPU sends before the DP all-reduce.")
+    bytes_after_per_gpu: float = Field(description="Bytes it receives back after the all-reduce.")
+    time_s: float
+    overlap_s: float = Field(description="Part hidden behind the last micro-batch's backward pass.")
+    exposed_s: float
+
+
+class ReplanResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: str
+    fallback: str | None
+    batch: BatchMode
+    failed_gpus: int
+    degraded_groups: int = Field(description="TP groups with at least one failed GPU (before spares).")
+    spares_used: int
+    throughput_relative: float = Field(description="Samples per second relative to the healthy job.")
+    global_batch_target: int
+    global_batch_reached: int
+    paused: bool
+    healthy_step_time_s: float
+    replicas: list[ReplicaState]
+    reshard: Reshard | None
+    rank_to_gpu: list[int | None] = Field(description="GPU of every rank of the plan; None = inactive slot.")
+    idle_gpus: list[int] = Field(description="Healthy GPUs not used, free to lend to other work.")
+
+
+@dataclass
+class _Group:
+    gpus: list[int]  # physical GPUs of the slot, in TP-rank order
+    alive: list[int]  # the healthy ones
+
+
+@dataclass
+class _Outcome:
+    status: str
+    stage_tp: list[int]
+    micro_batches: int
+    power: list[float]
+
+
+class Replanner:
+    """Everything about a plan that does not depend on which GPUs failed, computed once."""
+
+    def __init__(self, plan: Plan, max_power: float = 1.3):
+        lay = plan.layout
+        self.plan, self.lay, self.max_power = plan, lay, max_power
+        self.n = lay.tp
+        self.slots_per_replica = lay.pp * lay.cp
+        # placement[rank], rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i)) -> [pp, dp, cp, tp]
+        self.grid = np.asarray(plan.placement, dtype=np.int64).reshape(lay.pp, lay.dp, lay.cp, lay.tp)
+        self.m = lay.num_micro_batches
+        cost = plan.predicted
+        self.healthy_s = cost.step_time_s
+        usable = cost.hbm_bytes * (1 - plan.headroom)
+        parts = cost.memory_breakdown_bytes
+        scaled = sum(v for k, v in parts.items() if k != "runtime_reserved")
+        seq = plan.training.seq_len
+        self.work = {k: work_ratio(plan.model, self.n, k, seq) for k in range(1, self.n + 1)}
+        fits = [k for k in range(1, self.n + 1) if scaled * self.work[k] + parts["runtime_reserved"] <= usable]
+        self.min_degree = min(fits) if fits else self.n
+        self._micro: dict[tuple[int, float], int] = {}
+
+    # ---- per-replica decisions -------------------------------------------------------------
+    def micro_batches_at(self, degree: int, speed: float = 1.0) -> int:
+        """Most micro-batches a replica at ``degree`` runs within the healthy step time."""
+        key = (degree, speed)
+        if key not in self._micro:
+            br, m = self.plan.predicted.time_breakdown_s, self.m
+            best = 0
+            for mm in range(m, 0, -1):
+                if degraded_step_time(br, m, mm, self.n, degree, self.work[degree], speed) <= self.healthy_s * (
+                    1 + 1e-12
+                ):
+                    best = mm
+                    break
+            self._micro[key] = best
+        return self._micro[key]
+
+    def decide(self, policy: str, stage_survivors: list[int]) -> _Outcome:
+        """What one replica does, given the fewest survivors among its groups at each stage."""
+        pp, n = self.lay.pp, self.n
+        worst = min(stage_survivors)
+        if worst == n:
+            return _Outcome("healthy", [n] * pp, self.m, [1.0] * pp)
+        if policy == "dp-drop" or worst < self.min_degree:
+            return _Outcome("dropped", [0] * pp, 0, [0.0] * pp)
+        if policy == "ntp":
+            mm = self.micro_batches_at(worst)
+            return (
+                _Outcome("degraded", [worst] * pp, mm, [1.0] * pp)
+                if mm
+                else _Outcome("dropped", [0] * pp, 0, [0.0] * pp)
+            )
+        # ntp-pw: reduced stages keep pace by power, up to the maximum
+        powers = [power_for_speed(self.work[s], self.max_power) if s < n else 1.0 for s in stage_survivors]
+        if all(math.isfinite(p) for p in powers):
+            return _Outcome("degraded", list(stage_survivors), self.m, powers)
+        mm = self.micro_batches_at(worst, speed_at_power(self.max_power))
+        if not mm:
+            return _Outcome("dropped", [0] * pp, 0, [0.0] * pp)
+        capped = [self.max_power if s < n else 1.0 for s in stage_survivors]
+        return _Outcome("degraded", list(stage_survivors), mm, capped)
+
+    # ---- the whole job -----------------------------------------------------------------------
+    def replan(
+        self,
+        failed: frozenset[int],
+        policy: str = "ntp",
+        spares: int = 0,
+        fallback: str = "dp-drop",
+        batch: BatchMode = "flexible",
+        detail: bool = True,
+    ) -> ReplanResult | float:
+        """Re-plan for ``failed`` GPUs. With ``detail=False`` return only throughput_relative."""
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if fallback not in ("dp-drop", "ntp", "ntp-pw"):
+            raise ValueError(f"unknown fallback {fallback!r}; choose dp-drop, ntp or ntp-pw")
+        if spares < 0:
+            raise ValueError(f"--spares {spares} must be zero or more")
+        lay, n, R = self.lay, self.n, self.slots_per_replica
+        ids = np.fromiter(failed, dtype=np.int64, count=len(failed))
+        fails = (
+            np.isin(self.grid, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.pp * lay.dp * lay.cp, np.int64)
+        )
+        # slot order inside a replica is (stage, cp); group index = (s * dp + r) * cp + c
+        degraded = np.flatnonzero(fails)
+        degraded = degraded[np.argsort(-fails[degraded], kind="stable")]  # worst first
+        n_degraded = int(degraded.size)
+        used_spares = 0
+        decider = policy
+        if policy == "spares":
+            per_domain = max(1, self.plan.cluster.spec.domain_size // n)
+            replace = min(n_degraded, spares * per_domain)
+            degraded = degraded[replace:]
+            used_spares = -(-replace // per_domain)
+            decider = fallback
+        survivors = n - fails
+        healthy_groups = np.flatnonzero(fails == 0)
+        spare_groups = np.full(n_degraded - degraded.size, -1, dtype=np.int64)  # -1: a spare slot
+        order = np.concatenate([healthy_groups, spare_groups, degraded])[: lay.dp * R]
+        slot_survivors = np.where(order >= 0, survivors[np.maximum(order, 0)], n).reshape(lay.dp, lay.pp, lay.cp)
+        stage_min = slot_survivors.min(axis=2)  # [replica, stage]
+        outcomes = {}
+        micro = np.empty(lay.dp, dtype=np.int64)
+        for r in range(lay.dp):
+            key = tuple(int(x) for x in stage_min[r])
+            if key not in outcomes:
+                outcomes[key] = self.decide(decider, list(key))
+            micro[r] = outcomes[key].micro_batches
+        reached = int(micro.sum()) * lay.micro_batch
+        target = lay.global_batch
+        paused = batch == "fixed" and reached < target
+        throughput = 0.0 if paused else reached / target
+        if not detail:
+            return throughput
+        outs = [outcomes[tuple(int(x) for x in stage_min[r])] for r in range(lay.dp)]
+        return self._result(
+            policy,
+            decider if policy == "spares" else None,
+            batch,
+            failed,
+            n_degraded,
+            used_spares,
+            throughput,
+            reached,
+            paused,
+            order,
+            outs,
+        )
+
+    def _result(
+        self, policy, fallback, batch, failed, n_degraded, used_spares, throughput, reached, paused, order, outs
+    ) -> ReplanResult:
+        lay, n, R = self.lay, self.n, self.slots_per_replica
+        groups = self.grid.reshape(lay.pp * lay.dp * lay.cp, n)  # physical groups, index (s * dp + r) * cp + c
+        rank_to_gpu: list[int | None] = [None] * (lay.tp * lay.cp * lay.dp * lay.pp)
+        replicas, used = [], set()
+        for r, out in enumerate(outs):
+            gpus_used = idle = 0
+            for j in range(R):
+                s, c = divmod(j, lay.cp)
+                g = int(order[r * R + j])
+                alive = [] if g < 0 else [int(x) for x in groups[g] if int(x) not in failed]
+                degree = out.stage_tp[s] if g >= 0 else 0
+                for i, gpu in enumerate(alive[:degree]):
+                    rank_to_gpu[i + n * (c + lay.cp * (r + lay.dp * s))] = gpu
+                    used.add(gpu)
+                gpus_used += min(degree, len(alive))
+                idle += len(alive) - min(degree, len(alive))
+            replicas.append(
+                ReplicaState.model_construct(
+                    replica=r,
+                    status=out.status,
+                    stage_tp=out.stage_tp,
+                    local_batch=out.micro_batches * lay.micro_batch,
+                    power=out.power,
+                    gpus_used=gpus_used,
+                    gpus_idle=idle,
+                )
+            )
+        healthy = set(range(self.plan.cluster.num_gpus)) - set(failed)
+        return ReplanResult.model_construct(
+            policy=policy,
+            fallback=fallback,
+            batch=batch,
+            failed_gpus=len(failed),
+            degraded_groups=n_degraded,
+            spares_used=used_spares,
+            throughput_relative=throughput,
+            global_batch_target=lay.global_batch,
+            global_batch_reached=reached,
+            paused=paused,
+            healthy_step_time_s=self.healthy_s,
+            replicas=replicas,
+            reshard=self._reshard(outs),
+            rank_to_gpu=rank_to_gpu,
+            idle_gpus=sorted(healthy - used),
+        )
+
+    def _reshard(self, outs) -> Reshard | None:
+        """Healthy replicas reshard their gradients from n to the degraded degree inside their
+        NVLink domain before the DP all-reduce (extra ranks send their slices to core ranks) and
+        back after it. The busiest GPU moves its whole gradient shard each way."""
+        n = self.n
+        reduced = [min(t for t in o.stage_tp if t) for o in outs if o.status == "degraded"]
+        if not reduced or all(o.status != "healthy" for o in outs) or min(reduced) == n:
+            return None
+        k = min(reduced)
+        cost = self.plan.predicted
+        params_per_gpu = cost.memory_breakdown_bytes["weights"] / 2
+        grad_bytes = 2.0 if self.plan.training.dtype == "fp16" else 4.0
+        shard = params_per_gpu * grad_bytes
+        busiest = max(shard, shard * (n - k) / k)  # an extra rank sends all; a core rank receives (n-k)/k shares
+        bw = self.plan.cluster.spec.nvlink_bw_bytes_per_s
+        before = busiest / bw
+        last_backward = cost.time_breakdown_s["compute"] * 2 / 3 / self.m
+        overlap = min(before, last_backward)
+        return Reshard(
+            bytes_before_per_gpu=busiest,
+            bytes_after_per_gpu=busiest,
+            time_s=2 * before,
+            overlap_s=overlap,
+            exposed_s=2 * before - overlap,
+        )
