@@ -72,10 +72,41 @@ def test_cli_surface_is_frozen():
             ]
         ),
         "explain": ["--json", "plan_file"],
+        "replan": sorted(
+            [
+                "plan_file",
+                "--failed",
+                "--failed-fraction",
+                "--seed",
+                "--blast",
+                "--policy",
+                "--spares",
+                "--fallback",
+                "--batch",
+                "--max-power",
+                "--json",
+            ]
+        ),
+        "sweep": sorted(
+            [
+                "plan_file",
+                "--fractions",
+                "--samples",
+                "--policies",
+                "--seed",
+                "--blast",
+                "--spares",
+                "--fallback",
+                "--batch",
+                "--max-power",
+                "--plot",
+                "--json",
+            ]
+        ),
     }
 
 
-@pytest.mark.parametrize("command", ["models", "clusters", "plan", "estimate", "explain"])
+@pytest.mark.parametrize("command", ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep"])
 def test_every_command_has_help_with_an_example(command):
     result = run(command, "--help")
     assert result.exit_code == 0

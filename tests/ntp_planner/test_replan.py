@@ -1,0 +1,265 @@
+"""Re-planning after failures: hand-computed cases, closed forms, packing, uneven shards, CLI."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cost_models import MODELS, ParallelLayout, TrainingSpec
+from cost_models.degraded import (
+    degraded_step_time,
+    power_for_speed,
+    slowest_share_ratio,
+    speed_at_power,
+    uneven_shares,
+    work_ratio,
+)
+from ntp_planner.cli import app
+from ntp_planner.planner import plan_from_layout
+from ntp_planner.replan import Replanner
+from topologies import CLUSTERS, Cluster
+from topologies.failures import explicit_failures, random_failures
+
+# A model whose heads (56) and FFN columns (28,672) split evenly over 8 and over 7 GPUs, so one
+# failure in a TP8 group means exactly 8/7 more work per surviving GPU.
+SEVEN = MODELS["llama3-8b"].model_copy(
+    update={
+        "name": "seven",
+        "hidden_size": 7168,
+        "num_heads": 56,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "ffn_hidden_size": 28672,
+        "num_layers": 8,
+        "vocab_size": 57344,
+    }
+)
+
+
+def two_replicas(model=SEVEN, pp=1, dp=2, gpus=16, batch=16):
+    layout = ParallelLayout(tp=8, pp=pp, dp=dp, global_batch=batch, sequence_parallel=True, distributed_optimizer=True)
+    training = TrainingSpec(seq_len=4096, global_batch=batch)
+    return plan_from_layout(model, training, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=gpus), layout)
+
+
+def test_dp_drop_keeps_half_of_two_replicas():
+    r = Replanner(two_replicas()).replan(frozenset({3}), "dp-drop")
+    assert r.throughput_relative == 0.5
+    assert [x.status for x in r.replicas] == ["healthy", "dropped"]
+    assert r.rank_to_gpu[8:] == [None] * 8 and sorted(r.idle_gpus) == [g for g in range(8) if g != 3]
+
+
+def test_ntp_runs_tp7_with_the_largest_batch_within_the_healthy_step():
+    plan = two_replicas()
+    r = Replanner(plan).replan(frozenset({3}), "ntp")
+    degraded = r.replicas[1]
+    assert degraded.stage_tp == [7] and degraded.status == "degraded"
+    assert work_ratio(SEVEN, 8, 7, 4096) == pytest.approx(8 / 7)
+    m = plan.layout.num_micro_batches
+    br, healthy = plan.predicted.time_breakdown_s, plan.predicted.step_time_s
+    local = degraded.local_batch  # micro-batch size 1
+    assert 1 <= local < m
+    assert degraded_step_time(br, m, local, 8, 7, 8 / 7) <= healthy
+    assert degraded_step_time(br, m, local + 1, 8, 7, 8 / 7) > healthy
+    assert r.throughput_relative == pytest.approx((m + local) / (2 * m))
+    # the 7 survivors hold TP ranks 0-6 of the degraded replica, rank 7 is an inactive slot
+    assert r.rank_to_gpu[8:16] == [0, 1, 2, 4, 5, 6, 7, None]
+    assert r.reshard is not None and r.reshard.exposed_s <= r.reshard.time_s
+
+
+def test_ntp_pw_boost_is_the_inverse_of_the_power_curve():
+    r = Replanner(two_replicas()).replan(frozenset({3}), "ntp-pw")
+    degraded = r.replicas[1]
+    assert degraded.local_batch == r.replicas[0].local_batch  # batch kept
+    assert degraded.power == [pytest.approx(power_for_speed(8 / 7))]
+    assert speed_at_power(degraded.power[0]) == pytest.approx(8 / 7)
+    assert r.throughput_relative == 1.0
+    # with the boost capped below what 8/7 needs, the replica falls back to fewer micro-batches
+    capped = Replanner(two_replicas(), max_power=1.1).replan(frozenset({3}), "ntp-pw")
+    assert capped.replicas[1].local_batch < degraded.local_batch and capped.replicas[1].power == [1.1]
+
+
+def test_power_curve_matches_the_paper():
+    # perf/W -2.8% at 1.1x and -6.5% at 1.2x power (NTP paper): speed = power x (1 - loss)
+    assert speed_at_power(1.1) == pytest.approx(1.1 * 0.972)
+    assert speed_at_power(1.2) == pytest.approx(1.2 * 0.935)
+    assert math.isinf(power_for_speed(1.5, max_power=1.3))
+
+
+def test_uneven_sharding_charges_the_fullest_gpu():
+    shares = uneven_shares(32, 30)
+    assert sorted(shares, reverse=True)[:2] == [2, 2] and shares.count(1) == 28 and sum(shares) == 32
+    assert slowest_share_ratio(32, 32, 30) == 2.0  # 2 heads instead of 1 on the slowest GPU
+    model = MODELS["llama3-8b"]  # 32 heads, FFN 14,336
+    ratio = work_ratio(model, 32, 30, 4096)
+    ffn_ratio = math.ceil(14336 / 30) / (14336 / 32)
+    assert ffn_ratio < ratio < 2.0  # between the MLP's mild and the attention's harsh penalty
+    assert ratio > 32 / 30  # worse than an even split would be
+
+
+def test_dp_drop_matches_the_hypergeometric_closed_form():
+    plan = two_replicas(dp=128, gpus=1024, batch=128)  # one TP8 group per replica
+    replanner, cluster = Replanner(plan), plan.cluster.build()
+    rng, failures, samples = np.random.default_rng(7), 10, 400
+    kept = [
+        replanner.replan(random_failures(cluster, failures / 1024, rng), "dp-drop", detail=False)
+        for _ in range(samples)
+    ]
+    # expected fraction of untouched groups: C(N - g, F) / C(N, F)
+    exact = math.comb(1024 - 8, failures) / math.comb(1024, failures)
+    assert abs(np.mean(kept) - exact) < 4 * np.std(kept) / math.sqrt(samples)
+    assert exact == pytest.approx((1 - failures / 1024) ** 8, abs=0.01)
+
+
+@pytest.mark.parametrize("domains_failed", [1, 3, 4, 5, 8])
+def test_packing_drops_ceil_d_over_r_replicas(domains_failed):
+    plan = two_replicas(pp=4, dp=8, gpus=256, batch=64)  # R = 4 domains per replica
+    # one GPU in each of D domains, spread over different replicas before packing
+    failed = frozenset(8 * (4 * d + 1) % 256 + 3 for d in range(domains_failed))
+    r = Replanner(plan).replan(failed, "dp-drop")
+    dropped = sum(x.status == "dropped" for x in r.replicas)
+    assert r.degraded_groups == domains_failed and dropped == math.ceil(domains_failed / 4)
+
+
+def test_spares_replace_degraded_domains_then_fall_back():
+    plan = two_replicas(pp=4, dp=8, gpus=256, batch=64)
+    failed = frozenset({3, 40, 77, 150, 201})  # 5 domains
+    assert Replanner(plan).replan(failed, "spares", spares=5).throughput_relative == 1.0
+    part = Replanner(plan).replan(failed, "spares", spares=3, fallback="dp-drop")
+    assert part.spares_used == 3 and part.throughput_relative == 7 / 8
+
+
+def test_fixed_batch_pauses_when_short():
+    plan = two_replicas()
+    assert Replanner(plan).replan(frozenset({3}), "ntp", batch="fixed").paused
+    assert not Replanner(plan).replan(frozenset({3}), "ntp-pw", batch="fixed").paused
+
+
+def test_rank_map_uses_each_healthy_gpu_once():
+    plan = two_replicas(pp=4, dp=8, gpus=256, batch=64)
+    failed = frozenset({3, 4, 40, 77})
+    r = Replanner(plan).replan(failed, "ntp")
+    used = [g for g in r.rank_to_gpu if g is not None]
+    assert len(used) == len(set(used)) and not set(used) & failed
+    assert set(used) | set(r.idle_gpus) | failed == set(range(256))
+
+
+def test_failure_inputs_are_validated():
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    with pytest.raises(ValueError, match="outside 0..15"):
+        explicit_failures(cluster, [3, 16])
+    with pytest.raises(ValueError, match="listed more than once"):
+        explicit_failures(cluster, [3, 3])
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\)"):
+        random_failures(cluster, 1.0, np.random.default_rng(0))
+    node = random_failures(Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=144), 0.5, np.random.default_rng(0), "node")
+    assert len(node) == 72  # 18 of 36 four-GPU hosts
+    assert all({g // 4 * 4 + i for i in range(4)} <= node for g in node)  # whole hosts fail together
+
+
+@pytest.fixture()
+def plan_file(tmp_path):
+    path = tmp_path / "plan.json"
+    two_replicas(pp=4, dp=8, gpus=256, batch=64).save(path)
+    return path
+
+
+def test_cli_replan_and_sweep(plan_file, tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["replan", str(plan_file), "--failed", "3,40", "--policy", "ntp", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert data["degraded_groups"] == 2 and 0 < data["throughput_relative"] < 1
+    same = runner.invoke(app, ["replan", str(plan_file), "--failed-fraction", "0.01", "--seed", "3", "--json"])
+    again = runner.invoke(app, ["replan", str(plan_file), "--failed-fraction", "0.01", "--seed", "3", "--json"])
+    assert same.stdout == again.stdout  # seeded
+    png = tmp_path / "loss.png"
+    rows = runner.invoke(
+        app,
+        [
+            "sweep",
+            str(plan_file),
+            "--fractions",
+            "0.005,0.01",
+            "--samples",
+            "20",
+            "--policies",
+            "dp-drop,ntp",
+            "--plot",
+            str(png),
+            "--json",
+        ],
+    )
+    assert rows.exit_code == 0, rows.output
+    table = json.loads(rows.stdout)
+    assert [(r["policy"], r["fraction"]) for r in table] == [
+        ("dp-drop", 0.005),
+        ("ntp", 0.005),
+        ("dp-drop", 0.01),
+        ("ntp", 0.01),
+    ]
+    assert all(r["p5_loss"] <= r["mean_loss"] <= r["p95_loss"] for r in table)
+    assert all(b["mean_loss"] <= a["mean_loss"] for a, b in zip(table[::2], table[1::2], strict=True))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--failed", "3,999"], "outside 0..255"),
+        (["--failed", "3,3"], "listed more than once"),
+        (["--failed-fraction", "1.5"], "must lie in [0, 1)"),
+        (["--failed", "x"], "must be comma-separated whole numbers"),
+        ([], "give exactly one of --failed"),
+        (["--failed", "3", "--policy", "magic"], "--policy 'magic' is not one of"),
+    ],
+)
+def test_cli_replan_bad_input(plan_file, args, message):
+    result = CliRunner().invoke(app, ["replan", str(plan_file), *args])
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+
+
+def test_cli_rejects_other_schema_versions(plan_file):
+    data = json.loads(plan_file.read_text())
+    plan_file.write_text(json.dumps({**data, "schema_version": 2}))
+    for cmd in (["replan", str(plan_file), "--failed", "3"], ["sweep", str(plan_file), "--samples", "2"]):
+        result = CliRunner().invoke(app, cmd)
+        assert result.exit_code == 2 and "schema version 2" in result.stderr
+
+
+def test_the_ntp_study_setup_through_ntp_plan(tmp_path):
+    """b200-nvl32 + ntp-480b: a plan from `ntp plan` re-plans and sweeps (the estimate -o path
+    is covered by the tests above and benchmarks/replan.py)."""
+    runner = CliRunner()
+    path = tmp_path / "study.json"
+    made = runner.invoke(
+        app,
+        [
+            "plan",
+            "-m",
+            "ntp-480b",
+            "-c",
+            "b200-nvl32",
+            "-n",
+            "32768",
+            "--seq-len",
+            "16384",
+            "--global-batch",
+            "1024",
+            "--uniform",
+            "-o",
+            str(path),
+            "--json",
+        ],
+    )
+    assert made.exit_code == 0, made.output
+    replanned = runner.invoke(app, ["replan", str(path), "--failed-fraction", "0.001", "--seed", "1", "--json"])
+    assert replanned.exit_code == 0, replanned.output
+    result = json.loads(replanned.stdout)
+    assert result["failed_gpus"] == 33 and 0.9 < result["throughput_relative"] < 1.0
+    swept = runner.invoke(app, ["sweep", str(path), "--fractions", "0.001", "--samples", "5", "--json"])
+    assert swept.exit_code == 0, swept.output
+    losses = {r["policy"]: r["mean_loss"] for r in json.loads(swept.stdout)}
+    assert losses["ntp-pw"] <= losses["ntp"] <= losses["dp-drop"]
