@@ -271,23 +271,13 @@ class CostEnv:
 
     def full_recompute_working_bytes(self, block: Block, t: int) -> float:
         """Under full recompute, one layer's complete activations live while it is recomputed."""
-        if self.layout.recompute != "full" or block in (EMBED, HEAD):
+        if self.layout.recompute != "full":
             return 0.0
-        d, lay = self.degree(t), self.layout
-        return activation_bytes_per_layer(
-            self.model,
-            block,
-            self.training.seq_len,
-            d.seqs,
-            t,
-            lay.sequence_parallel,
-            "none",
-            self.training.flash_attention,
-            d.cp,
-        )
+        return self.block_activation_bytes(block, t, recompute="none")
 
-    def block_activation_bytes(self, block: Block, t: int) -> float:
-        """Bytes one micro-batch leaves on a GPU for the backward pass of this block."""
+    def block_activation_bytes(self, block: Block, t: int, recompute: str | None = None) -> float:
+        """Bytes one micro-batch leaves on a GPU for the backward pass of this block (under the
+        layout's recompute mode unless ``recompute`` says otherwise)."""
         if block in (EMBED, HEAD):
             return 0.0
         d, lay = self.degree(t), self.layout
@@ -298,7 +288,7 @@ class CostEnv:
             d.seqs,
             t,
             lay.sequence_parallel,
-            lay.recompute,
+            recompute or lay.recompute,
             self.training.flash_attention,
             d.cp,
         )
