@@ -440,6 +440,129 @@ def sweep(
             _print(f"plot written to {plot}")
 
 
+def _hours_range(text: str, option: str, scale: float) -> tuple[float, float]:
+    """'3-5' -> (3, 5) and '3' -> (3, 3), times ``scale`` (days -> hours)."""
+    try:
+        parts = [float(x) for x in text.split("-")] if not text.startswith("-") else [float(text)]
+    except ValueError:
+        raise ValueError(f"{option} {text!r} must be a number or a range like 3-5") from None
+    lo, hi = parts[0], parts[-1]
+    if lo < 0 or hi < 0 or len(parts) > 2:
+        raise ValueError(f"{option} {text!r} must be non-negative, a number or a range like 3-5")
+    if hi < lo:
+        raise ValueError(f"{option} {text!r} is reversed; write the smaller bound first")
+    return lo * scale, hi * scale
+
+
+@app.command()
+@user_errors
+def simulate(
+    plan_file: PlanArg,
+    days: Annotated[float, typer.Option("--days", help="Length of the run in days.")] = 30,
+    trials: Annotated[int, typer.Option("--trials", help="Monte-Carlo trials.")] = 1000,
+    strategies: Annotated[str, typer.Option("--strategies", help="restart, dp-drop, spares, ntp, ntp-pw.")] = (
+        "restart,dp-drop,spares,ntp,ntp-pw"
+    ),
+    failure_rate: Annotated[
+        float | None, typer.Option("--failure-rate", help="Failures per GPU-hour (default: Llama 3's 1.97e-5).")
+    ] = None,
+    hw_repair_days: Annotated[str, typer.Option("--hw-repair-days", help="Hardware repair, days: 3-5.")] = "3-5",
+    sw_repair_hours: Annotated[str, typer.Option("--sw-repair-hours", help="Software repair, hours: 3.")] = "3",
+    hw_share: Annotated[float, typer.Option("--hw-share", help="Share of failures that are hardware.")] = 0.78,
+    checkpoint_interval: Annotated[
+        str, typer.Option("--checkpoint-interval", help="auto (Daly's optimum) or minutes.")
+    ] = "auto",
+    checkpoint_write_s: Annotated[float, typer.Option("--checkpoint-write-s", help="Checkpoint write, s.")] = 300,
+    restart_s: Annotated[float, typer.Option("--restart-s", help="Restart overhead, s.")] = 600,
+    spares: SparesOpt = 0,
+    batch: BatchModeOpt = "flexible",
+    lemon_fraction: Annotated[float, typer.Option("--lemon-fraction", help="Share of lemon hosts.")] = 0.0,
+    lemon_factor: Annotated[float, typer.Option("--lemon-factor", help="How much more often lemons fail.")] = 1.0,
+    seed: SeedOpt = 0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Folder for PNG plots.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Goodput of the run under failures, per fault-handling strategy (Monte Carlo).
+
+    Example: ntp simulate plan.json --days 30 --trials 1000 --strategies restart,ntp,ntp-pw --plot out/
+    """
+    import numpy as np
+
+    from ntp_planner.plan import Plan
+    from ntp_planner.simulator import LLAMA3_RATE_PER_GPU_HOUR, FailureClass, SimConfig, plot_simulation
+    from ntp_planner.simulator import simulate as run_simulation
+
+    _check_choice(batch, ("flexible", "fixed"), "--batch")
+    names = [x.strip() for x in strategies.split(",") if x.strip()]
+    rate = LLAMA3_RATE_PER_GPU_HOUR if failure_rate is None else failure_rate
+    if rate < 0:
+        raise ValueError(f"--failure-rate {rate} must be zero or more failures per GPU-hour")
+    if days <= 0:
+        raise ValueError(f"--days {days} must be more than zero")
+    if not 0 < hw_share <= 1:
+        raise ValueError(f"--hw-share {hw_share} must lie in (0, 1]")
+    hw = _hours_range(hw_repair_days, "--hw-repair-days", 24)
+    sw = _hours_range(sw_repair_hours, "--sw-repair-hours", 1)
+    classes = [FailureClass(name="hardware", share=hw_share, repair_min_h=hw[0], repair_max_h=hw[1])]
+    if hw_share < 1:
+        classes.append(FailureClass(name="software", share=1 - hw_share, repair_min_h=sw[0], repair_max_h=sw[1]))
+    if checkpoint_interval == "auto":
+        interval = None
+    else:
+        try:
+            interval = float(checkpoint_interval) * 60
+        except ValueError:
+            raise ValueError(f"--checkpoint-interval {checkpoint_interval!r} must be auto or minutes") from None
+        if interval <= 0:
+            raise ValueError(f"--checkpoint-interval {checkpoint_interval} must be more than zero minutes")
+    if plot is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib; install the extra: pip install 'ntp-planner[plot]'")
+    cfg = SimConfig(
+        days=days,
+        trials=trials,
+        failure_rate_per_gpu_hour=rate,
+        classes=tuple(classes),
+        checkpoint_interval_s=interval,
+        checkpoint_write_s=checkpoint_write_s,
+        restart_s=restart_s,
+        spares=spares,
+        batch=batch,
+        lemon_host_fraction=lemon_fraction,
+        lemon_factor=lemon_factor,
+    )
+    p = Plan.load(plan_file)
+    from rich.progress import Progress
+
+    with Progress(transient=True, disable=json_out) as bar:
+        task = bar.add_task("trials", total=trials)
+        results, trace = run_simulation(
+            p, cfg, names, np.random.default_rng(seed), progress=lambda k: bar.advance(task, k)
+        )
+    if plot is not None:
+        plot_simulation(trace, results, plot, f"{p.model.name} on {p.cluster.num_gpus} GPUs")
+    if json_out:
+        _print_json(
+            {
+                s: {
+                    **r.mean.model_dump(),
+                    "p5": r.p5.model_dump(),
+                    "p95": r.p95.model_dump(),
+                    "checkpoint_interval_s": r.checkpoint_interval_s,
+                }
+                for s, r in results.items()
+            }
+        )
+    else:
+        from ntp_planner.report import simulation_table
+
+        _print(simulation_table(results, cfg))
+        if plot is not None:
+            _print(f"plots written to {plot}/")
+
+
 def main() -> None:
     app()
 

@@ -116,6 +116,7 @@ class Replanner:
         fits = [k for k in range(1, self.n + 1) if scaled * self.work[k] + parts["runtime_reserved"] <= usable]
         self.min_degree = min(fits) if fits else self.n
         self._micro: dict[tuple[int, float], int] = {}
+        self.last_idle = 0  # idle healthy GPUs of the last detail=False re-plan
 
     # ---- per-replica decisions -------------------------------------------------------------
     def micro_batches_at(self, degree: int, speed: float = 1.0) -> int:
@@ -168,7 +169,8 @@ class Replanner:
         batch: BatchMode = "flexible",
         detail: bool = True,
     ) -> ReplanResult | float:
-        """Re-plan for ``failed`` GPUs. With ``detail=False`` return only throughput_relative."""
+        """Re-plan for ``failed`` GPUs. With ``detail=False`` return only throughput_relative
+        (``idle_count`` gives the idle healthy GPUs of the same state, for the simulator)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if fallback not in ("dp-drop", "ntp", "ntp-pw"):
@@ -209,9 +211,11 @@ class Replanner:
         target = lay.global_batch
         paused = batch == "fixed" and reached < target
         throughput = 0.0 if paused else reached / target
-        if not detail:
-            return throughput
         outs = [outcomes[tuple(int(x) for x in stage_min[r])] for r in range(lay.dp)]
+        if not detail:
+            degree = np.array([o.stage_tp for o in outs])[:, :, None]  # [replica, stage, 1]
+            self.last_idle = int(np.clip(slot_survivors - degree, 0, None).sum())
+            return throughput
         return self._result(
             policy,
             decider if policy == "spares" else None,

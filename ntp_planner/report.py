@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -249,3 +250,39 @@ def sweep_table(rows) -> Table:
     for r in rows:
         t.add_row(r.policy, f"{r.fraction:.3%}", f"{r.mean_loss:.2%}", f"{r.p5_loss:.2%}", f"{r.p95_loss:.2%}")
     return t
+
+
+def simulation_table(results, cfg) -> Group:
+    t = Table(title=escape(f"Goodput over {cfg.days:g} days, {cfg.trials} trials (mean [p5-p95])"))
+    for col in (
+        "strategy",
+        "goodput",
+        "capacity goodput",
+        "throughput loss",
+        "hours paused",
+        "interruptions",
+        "spares needed",
+        "idle GPU-h",
+    ):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for name, r in results.items():
+        m, lo, hi = r.mean, r.p5, r.p95
+        t.add_row(
+            name,
+            f"{m.goodput:.1%}",
+            escape(f"{m.capacity_goodput:.1%} [{lo.capacity_goodput:.1%}-{hi.capacity_goodput:.1%}]"),
+            f"{m.throughput_loss:.1%}",
+            f"{m.hours_paused:.1f}",
+            f"{m.interruptions:.0f}",
+            f"{m.spares_needed:.0f}",
+            f"{m.idle_gpu_hours:,.0f}",
+        )
+    interval = next(iter(results.values())).checkpoint_interval_s
+    return Group(
+        t,
+        Text(
+            f"checkpoint every {interval / 60:.1f} min ({'Daly' if cfg.checkpoint_interval_s is None else 'fixed'}), "
+            f"write {cfg.checkpoint_write_s:g} s, restart {cfg.restart_s:g} s, "
+            f"failures {cfg.failure_rate_per_gpu_hour:.3g} per GPU-hour"
+        ),
+    )

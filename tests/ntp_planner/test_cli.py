@@ -106,7 +106,7 @@ def test_cli_surface_is_frozen():
     }
 
 
-@pytest.mark.parametrize("command", ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep"])
+@pytest.mark.parametrize("command", ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate"])
 def test_every_command_has_help_with_an_example(command):
     result = run(command, "--help")
     assert result.exit_code == 0
