@@ -103,10 +103,34 @@ def test_cli_surface_is_frozen():
                 "--json",
             ]
         ),
+        "simulate": sorted(
+            [
+                "plan_file",
+                "--days",
+                "--trials",
+                "--strategies",
+                "--failure-rate",
+                "--hw-repair-days",
+                "--sw-repair-hours",
+                "--hw-share",
+                "--checkpoint-interval",
+                "--checkpoint-write-s",
+                "--restart-s",
+                "--spares",
+                "--batch",
+                "--lemon-fraction",
+                "--lemon-factor",
+                "--seed",
+                "--plot",
+                "--json",
+            ]
+        ),
     }
 
 
-@pytest.mark.parametrize("command", ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate"])
+@pytest.mark.parametrize(
+    "command", ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate"]
+)
 def test_every_command_has_help_with_an_example(command):
     result = run(command, "--help")
     assert result.exit_code == 0
