@@ -263,3 +263,23 @@ def test_the_ntp_study_setup_through_ntp_plan(tmp_path):
     assert swept.exit_code == 0, swept.output
     losses = {r["policy"]: r["mean_loss"] for r in json.loads(swept.stdout)}
     assert losses["ntp-pw"] <= losses["ntp"] <= losses["dp-drop"]
+
+
+def test_ntp_drops_replicas_below_the_smallest_degree_that_fits_memory():
+    """405B at 65 of 72 usable GB: TP7 would need 8/7 of it, so NTP must drop, not shrink."""
+    layout = ParallelLayout(
+        tp=8, pp=16, dp=64, cp=2, vpp=4, global_batch=2048, sequence_parallel=True, distributed_optimizer=True
+    )
+    plan = plan_from_layout(
+        MODELS["llama3.1-405b"],
+        TrainingSpec(seq_len=8192, global_batch=2048),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16384),
+        layout,
+    )
+    replanner = Replanner(plan)
+    usable = plan.predicted.hbm_bytes * (1 - plan.headroom)
+    scaled = plan.predicted.memory_per_gpu_bytes - plan.predicted.memory_breakdown_bytes["runtime_reserved"]
+    assert scaled * replanner.work[7] + 2e9 > usable >= plan.predicted.memory_per_gpu_bytes
+    assert replanner.min_degree == 8
+    r = replanner.replan(frozenset({5}), "ntp")
+    assert [x.status for x in r.replicas].count("dropped") == 1

@@ -1,0 +1,174 @@
+"""The goodput simulator against closed forms: M/G/inf, Meta's ETTR, Daly, Poisson counts."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cost_models import MODELS, ParallelLayout, TrainingSpec
+from ntp_planner.checkpoint import daly_interval_s, meta_ettr
+from ntp_planner.cli import app
+from ntp_planner.planner import plan_from_layout
+from ntp_planner.simulator import (
+    LLAMA3_RATE_PER_GPU_HOUR,
+    SimConfig,
+    draw_events,
+    failed_counts,
+    simulate,
+)
+from topologies import CLUSTERS, Cluster
+
+
+@pytest.fixture(scope="module")
+def plan_16k():
+    # full recompute leaves memory for reduced TP (down to TP3); the fastest layout, at 65 of 72
+    # usable GB, could not run a replica at TP7 and NTP would fall back to dropping it
+    layout = ParallelLayout(
+        tp=8,
+        pp=16,
+        dp=64,
+        cp=2,
+        vpp=2,
+        global_batch=2048,
+        sequence_parallel=True,
+        distributed_optimizer=True,
+        recompute="full",
+    )
+    return plan_from_layout(
+        MODELS["llama3.1-405b"],
+        TrainingSpec(seq_len=8192, global_batch=2048),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16384),
+        layout,
+    )
+
+
+def test_mean_failed_share_is_rate_times_mean_repair():
+    cfg = SimConfig(days=30, trials=300, failure_rate_per_gpu_hour=1e-4)
+    n = 4096
+    ev = draw_events(cfg, n, 8, np.random.default_rng(3))
+    down = failed_counts(ev, cfg.trials, 4320, 30 * 24 / 4320)
+    per_trial = down.mean(axis=1) / n
+    expected = cfg.failure_rate_per_gpu_hour * cfg.mean_repair_h  # M/G/inf: arrival rate x mean service
+    assert cfg.mean_repair_h == pytest.approx(0.78 * 96 + 0.22 * 3)
+    assert abs(per_trial.mean() - expected) < 4 * per_trial.std() / math.sqrt(cfg.trials)
+
+
+def test_restart_ettr_matches_metas_closed_form(plan_16k):
+    cfg = SimConfig(days=30, trials=300, checkpoint_write_s=30, restart_s=600, detection_s=0)
+    results, _ = simulate(plan_16k, cfg, ["restart"], np.random.default_rng(11))
+    r = results["restart"]
+    job_rate_per_s = LLAMA3_RATE_PER_GPU_HOUR * 16384 / 3600
+    closed = meta_ettr(job_rate_per_s, 600, r.checkpoint_interval_s, 30)
+    assert r.mean.ettr == pytest.approx(closed, rel=0.02)
+
+
+def test_auto_interval_is_dalys(plan_16k):
+    cfg = SimConfig(days=2, trials=2)
+    results, _ = simulate(plan_16k, cfg, ["restart", "ntp"], np.random.default_rng(0))
+    mtbf_s = 3600 / (LLAMA3_RATE_PER_GPU_HOUR * 16384)
+    for r in results.values():
+        assert r.checkpoint_interval_s == pytest.approx(daly_interval_s(300, mtbf_s), rel=0.01)
+
+
+def test_llama3_interruption_count_is_poisson(plan_16k):
+    cfg = SimConfig(days=54, trials=100)
+    results, _ = simulate(plan_16k, cfg, ["restart"], np.random.default_rng(5))
+    mean = LLAMA3_RATE_PER_GPU_HOUR * 16384 * 54 * 24
+    assert mean == pytest.approx(419)
+    single, _ = simulate(plan_16k, cfg.model_copy(update={"trials": 1}), ["restart"], np.random.default_rng(5))
+    assert abs(single["restart"].mean.interruptions - mean) <= 2 * math.sqrt(mean)
+    assert abs(results["restart"].mean.interruptions - mean) <= 2 * math.sqrt(mean / 100)
+
+
+def test_same_seed_same_result_bit_for_bit(plan_16k):
+    cfg = SimConfig(days=10, trials=150)
+    a, _ = simulate(plan_16k, cfg, ["restart", "ntp", "ntp-pw"], np.random.default_rng(42))
+    b, _ = simulate(plan_16k, cfg, ["restart", "ntp", "ntp-pw"], np.random.default_rng(42))
+    assert {k: v.model_dump() for k, v in a.items()} == {k: v.model_dump() for k, v in b.items()}
+    c, _ = simulate(plan_16k, cfg, ["ntp"], np.random.default_rng(43))
+    assert c["ntp"].mean != a["ntp"].mean
+
+
+def test_strategies_rank_as_the_ntp_study_finds(plan_16k):
+    results, _ = simulate(
+        plan_16k, SimConfig(days=30, trials=100), ["restart", "dp-drop", "ntp", "ntp-pw"], np.random.default_rng(1)
+    )
+    cap = {k: v.mean.capacity_goodput for k, v in results.items()}
+    assert cap["ntp-pw"] >= cap["ntp"] > cap["dp-drop"] > cap["restart"]
+    assert results["dp-drop"].mean.idle_gpu_hours > results["ntp"].mean.idle_gpu_hours
+
+
+def test_fixed_batch_pauses_and_spares_unpause(plan_16k):
+    cfg = SimConfig(days=10, trials=50, batch="fixed")
+    results, _ = simulate(plan_16k, cfg, ["dp-drop", "ntp-pw"], np.random.default_rng(2))
+    assert results["dp-drop"].mean.hours_paused > 100  # some GPU is nearly always down at 16K GPUs
+    assert results["ntp-pw"].mean.hours_paused == 0 and results["ntp-pw"].mean.spares_needed == 0
+    need = int(results["dp-drop"].p95.spares_needed)
+    spared, _ = simulate(plan_16k, cfg.model_copy(update={"spares": need + 10}), ["spares"], np.random.default_rng(2))
+    assert spared["spares"].mean.hours_paused < results["dp-drop"].mean.hours_paused / 10
+
+
+@pytest.fixture()
+def plan_file(tmp_path, plan_16k):
+    path = tmp_path / "plan.json"
+    plan_16k.save(path)
+    return path
+
+
+def test_cli_simulate_json_and_plots(plan_file, tmp_path):
+    out = tmp_path / "plots"
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            str(plan_file),
+            "--days",
+            "5",
+            "--trials",
+            "20",
+            "--strategies",
+            "restart,ntp",
+            "--plot",
+            str(out),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for name in ("restart", "ntp"):
+        assert {"goodput", "capacity_goodput", "ettr", "throughput_loss", "hours_paused", "spares_needed"} <= set(
+            data[name]
+        )
+    pngs = sorted(p.name for p in out.iterdir())
+    assert pngs == ["failed_fraction.png", "goodput_distribution.png", "throughput_over_time.png"]
+    for p in out.iterdir():
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_cli_plot_without_matplotlib(plan_file, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    result = CliRunner().invoke(app, ["simulate", str(plan_file), "--trials", "2", "--plot", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "pip install 'ntp-planner[plot]'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--failure-rate", "-1"], "--failure-rate -1.0 must be zero or more"),
+        (["--days", "0"], "--days 0.0 must be more than zero"),
+        (["--strategies", "restart,magic"], "unknown strategies ['magic']"),
+        (["--hw-repair-days", "-3"], "must be non-negative"),
+        (["--hw-repair-days", "5-3"], "is reversed"),
+        (["--checkpoint-interval", "soon"], "must be auto or minutes"),
+        (["--trials", "0"], "trials"),
+    ],
+)
+def test_cli_simulate_bad_input(plan_file, args, message):
+    result = CliRunner().invoke(app, ["simulate", str(plan_file), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
