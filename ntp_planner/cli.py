@@ -160,6 +160,10 @@ def plan(
         bool,
         typer.Option("--per-layer/--uniform", help="Let each layer pick its TP degree (chosen only when it wins)."),
     ] = True,
+    objective: Annotated[
+        str, typer.Option("--objective", help="step-time, or goodput (throughput under failures).")
+    ] = "step-time",
+    strategy: Annotated[str, typer.Option("--strategy", help="Failure strategy for --objective goodput.")] = "ntp",
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -170,7 +174,7 @@ def plan(
     from ntp_planner.planner import make_plan
 
     inputs = _inputs(model, cluster, gpus, seq_len, global_batch, dtype, flash_attention, distributed_optimizer)
-    result = make_plan(*inputs, headroom=headroom, top=top, per_layer=per_layer)
+    result = make_plan(*inputs, headroom=headroom, top=top, per_layer=per_layer, objective=objective, strategy=strategy)
     if output:
         result.save(output)
     if json_out:

@@ -49,6 +49,17 @@ class RunnerUp(BaseModel):
     time_breakdown_s: dict[str, float]
 
 
+class GoodputEntry(BaseModel):
+    """A candidate layout ranked by throughput under failures."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layout: ParallelLayout
+    tokens_per_s: float = Field(description="Failure-free throughput.")
+    capacity_goodput: float = Field(description="Expected useful share under failures (short simulation).")
+    effective_tokens_per_s: float = Field(description="tokens_per_s x capacity_goodput.")
+
+
 class Plan(BaseModel):
     """A layout for one model on one cluster, with its predicted cost."""
 
@@ -69,6 +80,11 @@ class Plan(BaseModel):
         default=None, description="Best layout Megatron-LM can run (one TP degree for all layers), when it differs."
     )
     source: str = Field(description="'search' (ntp plan) or 'user' (ntp estimate -o).")
+    objective: str = Field(default="step-time", description="What the search maximised: step-time or goodput.")
+    goodput_strategy: str | None = Field(default=None, description="Failure strategy the goodput ranking assumed.")
+    goodput_ranking: list[GoodputEntry] = Field(
+        default_factory=list, description="Candidates by effective tokens/s under failures (objective goodput)."
+    )
 
     @property
     def megatron_gap(self) -> float:

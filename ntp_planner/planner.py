@@ -61,6 +61,9 @@ def make_plan(
     top: int = 5,
     space: SearchSpace = SearchSpace(),
     per_layer: bool = True,
+    objective: str = "step-time",
+    strategy: str = "ntp",
+    candidates: int = 8,
 ) -> Plan:
     """The fastest layout that fits, plus ``top - 1`` runners-up. With ``per_layer`` the TP
     degree may differ per layer (it is chosen only when it beats every uniform layout), and the
@@ -81,6 +84,13 @@ def make_plan(
         ranked = sorted(ranked + search_per_layer(model, training, cluster, headroom, space, best_uniform), key=_rank)
     if not ranked:
         raise ValueError(no_fit_message(result, model, cluster, headroom))
+    if objective not in ("step-time", "goodput"):
+        raise ValueError(f"--objective {objective!r} is not one of step-time, goodput")
+    ranking = []
+    if objective == "goodput":
+        ranking = goodput_ranking(model, training, cluster, headroom, ranked[:candidates], strategy)
+        chosen = {r.layout for r in ranking[:1]}
+        ranked = sorted(ranked, key=lambda c: (c.layout not in chosen, _rank(c)))
     best, *rest = ranked[:top]
     megatron = None
     if best.layout.is_per_layer and uniform:
@@ -95,7 +105,45 @@ def make_plan(
         [_runner_up(c.layout, c.cost) for c in rest],
         "search",
     )
-    return plan.model_copy(update={"megatron": megatron})
+    return plan.model_copy(
+        update={
+            "megatron": megatron,
+            "objective": objective,
+            "goodput_strategy": strategy if ranking else None,
+            "goodput_ranking": ranking,
+        }
+    )
+
+
+GOODPUT_SIM = dict(days=7, trials=20)  # short and seeded: enough to rank layouts, not to report goodput
+
+
+def goodput_ranking(
+    model: ModelSpec, training: TrainingSpec, cluster: Cluster, headroom: float, candidates, strategy: str
+) -> list:
+    """Rank ``candidates`` by tokens/s x expected capacity goodput under ``strategy`` (a short
+    seeded simulation at the default failure rates; the same seed for every candidate)."""
+    import numpy as np
+
+    from ntp_planner.plan import GoodputEntry
+    from ntp_planner.simulator import STRATEGIES, SimConfig, simulate
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    entries = []
+    for c in candidates:
+        plan = _plan(model, training, cluster, c.layout, c.cost, headroom, [], "search")
+        results, _ = simulate(plan, SimConfig(**GOODPUT_SIM), [strategy], np.random.default_rng(0))
+        good = results[strategy].mean.capacity_goodput
+        entries.append(
+            GoodputEntry(
+                layout=c.layout,
+                tokens_per_s=c.cost.tokens_per_s,
+                capacity_goodput=good,
+                effective_tokens_per_s=c.cost.tokens_per_s * good,
+            )
+        )
+    return sorted(entries, key=lambda e: -e.effective_tokens_per_s)
 
 
 def plan_from_layout(

@@ -134,6 +134,8 @@ def plan_view(plan: Plan) -> Group:
         parts += [degrees_table(plan), megatron_line(plan)]
     if plan.runners_up:
         parts.append(runners_up_table(plan))
+    if plan.goodput_ranking:
+        parts.append(goodput_table(plan))
     return Group(*parts)
 
 
@@ -162,8 +164,24 @@ def why_lost(best: StepCost, r: RunnerUp, parts: int = 2) -> str:
     return f"+{delta:.3f} s ({delta / best.step_time_s:+.1%}): " + ", ".join(worse or ["ties on time"])
 
 
+def goodput_table(plan: Plan) -> Table:
+    t = Table(title=f"Ranked by throughput under failures (strategy {plan.goodput_strategy})")
+    for col in ("layout", "tokens/s", "expected goodput", "effective tokens/s"):
+        t.add_column(col, justify="left" if col == "layout" else "right")
+    for e in plan.goodput_ranking:
+        t.add_row(
+            e.layout.describe(),
+            f"{e.tokens_per_s:,.0f}",
+            f"{e.capacity_goodput:.1%}",
+            f"{e.effective_tokens_per_s:,.0f}",
+        )
+    return t
+
+
 def explain_view(plan: Plan) -> Group:
+    extra = [goodput_table(plan)] if plan.goodput_ranking else []
     return Group(
+        *extra,
         Text(f"{plan.model.name}: {plan.layout.describe()} ({plan.source})", style="bold"),
         cost_tables(plan.predicted),
         degrees_table(plan),
@@ -181,6 +199,8 @@ def explain_json(plan: Plan) -> dict:
         "memory_per_gpu_bytes": cost.memory_per_gpu_bytes,
         "memory_breakdown_bytes": cost.memory_breakdown_bytes,
         "per_layer_tp": plan.per_layer_tp,
+        "objective": plan.objective,
+        "goodput_ranking": [e.model_dump(mode="json") for e in plan.goodput_ranking],
         "megatron_layout": plan.megatron.layout.model_dump(mode="json") if plan.megatron else None,
         "megatron_gap": plan.megatron_gap,
         "runners_up": [

@@ -39,6 +39,8 @@ def test_cli_surface_is_frozen():
                 "--distributed-optimizer",
                 "--headroom",
                 "--per-layer",
+                "--objective",
+                "--strategy",
                 "--top",
                 "--output",
                 "--json",

@@ -172,3 +172,33 @@ def test_cli_simulate_bad_input(plan_file, args, message):
     result = CliRunner().invoke(app, ["simulate", str(plan_file), *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_goodput_objective_ranks_by_effective_throughput(tmp_path):
+    from ntp_planner.planner import make_plan
+
+    args = (
+        MODELS["llama3-70b"],
+        TrainingSpec(seq_len=8192, global_batch=512),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=512),
+    )
+    plan = make_plan(*args, per_layer=False, objective="goodput", strategy="dp-drop", candidates=4)
+    ranking = plan.goodput_ranking
+    assert len(ranking) == 4 and plan.goodput_strategy == "dp-drop"
+    assert [e.effective_tokens_per_s for e in ranking] == sorted(
+        (e.effective_tokens_per_s for e in ranking), reverse=True
+    )
+    assert all(e.effective_tokens_per_s == pytest.approx(e.tokens_per_s * e.capacity_goodput) for e in ranking)
+    assert plan.layout == ranking[0].layout  # the plan is the goodput winner
+    again = make_plan(*args, per_layer=False, objective="goodput", strategy="dp-drop", candidates=4)
+    assert again.goodput_ranking == ranking  # seeded
+    path = tmp_path / "g.json"
+    plan.save(path)
+    explained = json.loads(CliRunner().invoke(app, ["explain", str(path), "--json"]).stdout)
+    assert explained["objective"] == "goodput" and len(explained["goodput_ranking"]) == 4
+    text = CliRunner().invoke(app, ["explain", str(path)]).stdout
+    assert "Ranked by throughput under failures" in text and "Runners-up" in text
+    with pytest.raises(ValueError, match="--strategy 'magic'"):
+        make_plan(*args, per_layer=False, objective="goodput", strategy="magic")
+    with pytest.raises(ValueError, match="--objective 'speed'"):
+        make_plan(*args, per_layer=False, objective="speed")
