@@ -480,6 +480,23 @@ def simulate(
     restart_s: Annotated[float, typer.Option("--restart-s", help="Restart overhead, s.")] = 600,
     spares: SparesOpt = 0,
     batch: BatchModeOpt = "flexible",
+    failure_dist: Annotated[str, typer.Option("--failure-dist", help="poisson, or weibull (job renewal).")] = (
+        "poisson"
+    ),
+    weibull_shape: Annotated[float, typer.Option("--weibull-shape", help="Weibull shape; < 1 is bursty.")] = 0.7,
+    hw_blast: Annotated[str, typer.Option("--hw-blast", help="Hardware failure takes down: gpu, node, domain.")] = (
+        "gpu"
+    ),
+    sw_blast: Annotated[str, typer.Option("--sw-blast", help="Software failure takes down: gpu, node, domain.")] = (
+        "gpu"
+    ),
+    straggler_rate: Annotated[
+        float, typer.Option("--straggler-rate", help="Straggler episodes per GPU-hour (0 = none).")
+    ] = 0.0,
+    straggler_hours: Annotated[float, typer.Option("--straggler-hours", help="Episode length, hours.")] = 0.4,
+    straggler_slowdown: Annotated[
+        float, typer.Option("--straggler-slowdown", help="Job slowdown during an episode.")
+    ] = 1.3,
     lemon_fraction: Annotated[float, typer.Option("--lemon-fraction", help="Share of lemon hosts.")] = 0.0,
     lemon_factor: Annotated[float, typer.Option("--lemon-factor", help="How much more often lemons fail.")] = 1.0,
     seed: SeedOpt = 0,
@@ -507,9 +524,16 @@ def simulate(
         raise ValueError(f"--hw-share {hw_share} must lie in (0, 1]")
     hw = _hours_range(hw_repair_days, "--hw-repair-days", 24)
     sw = _hours_range(sw_repair_hours, "--sw-repair-hours", 1)
-    classes = [FailureClass(name="hardware", share=hw_share, repair_min_h=hw[0], repair_max_h=hw[1])]
+    _check_choice(failure_dist, ("poisson", "weibull"), "--failure-dist")
+    _check_choice(hw_blast, ("gpu", "node", "domain"), "--hw-blast")
+    _check_choice(sw_blast, ("gpu", "node", "domain"), "--sw-blast")
+    if straggler_rate < 0 or straggler_hours < 0 or straggler_slowdown < 1:
+        raise ValueError("--straggler-rate and --straggler-hours must be >= 0 and --straggler-slowdown >= 1")
+    classes = [FailureClass(name="hardware", share=hw_share, repair_min_h=hw[0], repair_max_h=hw[1], blast=hw_blast)]
     if hw_share < 1:
-        classes.append(FailureClass(name="software", share=1 - hw_share, repair_min_h=sw[0], repair_max_h=sw[1]))
+        classes.append(
+            FailureClass(name="software", share=1 - hw_share, repair_min_h=sw[0], repair_max_h=sw[1], blast=sw_blast)
+        )
     if checkpoint_interval == "auto":
         interval = None
     else:

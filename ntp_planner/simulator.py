@@ -2,14 +2,16 @@
 trials.
 
 Failures arrive per GPU as a Poisson process (default rate from Llama 3: 419 unexpected
-interruptions / (16,384 GPUs x 54 days) = 1.97e-5 per GPU-hour). Each belongs to a class with
-its share, a uniform repair time and a blast radius (default: 78% hardware repaired in 3-5 days,
-22% software repaired in 3 hours, one GPU each). A share of hosts may be lemons that fail k
-times more often. The run starts in steady state (failures from before time 0 that are still
-in repair count as down). Time is cut into bins; the number of failed GPUs in each bin sets the
-throughput through the NTP re-planning code (``Replanner``), computed once per count and cached.
-The state assumes failed GPUs sit in distinct NVLink domains (collisions are rare at the
-fractions that matter).
+interruptions / (16,384 GPUs x 54 days) = 1.97e-5 per GPU-hour), or as a Weibull renewal process
+of the whole job with the same mean rate. Each belongs to a class with its share, a uniform
+repair time and a blast radius (default: 78% hardware repaired in 3-5 days, 22% software
+repaired in 3 hours, one GPU each). A share of hosts may be lemons that fail k times more often.
+Straggler episodes (a slow GPU or link) slow the synchronous job by a factor while they last.
+The run starts in steady state (failures from before time 0 still in repair count as down).
+Time is cut into bins; the failed units per blast type in each bin form the failure state, whose
+throughput comes from the NTP re-planning code (``Replanner``), computed once per distinct state
+and cached. The state places failed units in distinct NVLink domains (collisions are rare at
+the fractions that matter).
 
 Strategies:
 - ``restart``: synchronous checkpoint-restart; every failure costs detection + restart + the
@@ -42,6 +44,7 @@ class FailureClass(BaseModel):
     share: float = Field(gt=0, le=1, description="Share of failures in this class.")
     repair_min_h: float = Field(ge=0, description="Shortest repair, hours.")
     repair_max_h: float = Field(ge=0, description="Longest repair, hours (uniform in between).")
+    blast: str = Field(default="gpu", pattern="^(gpu|node|domain)$", description="What one failure takes down.")
 
     @model_validator(mode="after")
     def _check(self) -> FailureClass:
@@ -68,6 +71,15 @@ class SimConfig(BaseModel):
     days: float = Field(default=30, gt=0, description="Length of the run.")
     trials: int = Field(default=1000, ge=1, description="Independent runs simulated.")
     failure_rate_per_gpu_hour: float = Field(default=LLAMA3_RATE_PER_GPU_HOUR, ge=0)
+    distribution: str = Field(
+        default="poisson",
+        pattern="^(poisson|weibull)$",
+        description="Failure arrivals: Poisson, or a Weibull renewal process of the job.",
+    )
+    weibull_shape: float = Field(default=0.7, gt=0, description="Weibull shape (< 1: bursty, > 1: regular).")
+    straggler_rate_per_gpu_hour: float = Field(default=0.0, ge=0, description="Slow-GPU or slow-link episodes.")
+    straggler_hours: float = Field(default=0.4, ge=0, description="Episode length (ByteDance study: ~24 min).")
+    straggler_slowdown: float = Field(default=1.3, ge=1, description="Job slowdown while an episode lasts.")
     classes: tuple[FailureClass, ...] = DEFAULT_CLASSES
     lemon_host_fraction: float = Field(default=0.0, ge=0, lt=1, description="Share of hosts that are lemons.")
     lemon_factor: float = Field(default=1.0, ge=1, description="How much more often a lemon host fails.")
@@ -126,16 +138,39 @@ class Events:
     start_h: np.ndarray  # failure time (hours; negative = before the run)
     end_h: np.ndarray  # repair time
     gpu: np.ndarray
+    blast: np.ndarray  # 0 = one GPU, 1 = a host, 2 = an NVLink domain
+
+    def take(self, mask: np.ndarray) -> Events:
+        return Events(self.trial[mask], self.start_h[mask], self.end_h[mask], self.gpu[mask], self.blast[mask])
+
+
+BLASTS = ("gpu", "node", "domain")
+
+
+def _arrivals(cfg: SimConfig, rate_per_h: float, span: float, warm: float, rng: np.random.Generator):
+    """(trial, time) of every arrival over [-warm, span - warm) for every trial."""
+    if cfg.distribution == "poisson" or rate_per_h == 0:
+        counts = rng.poisson(rate_per_h * span, size=cfg.trials)
+        return np.repeat(np.arange(cfg.trials), counts), rng.uniform(-warm, span - warm, size=int(counts.sum()))
+    from math import gamma
+
+    k = cfg.weibull_shape
+    scale = 1 / rate_per_h / gamma(1 + 1 / k)  # mean inter-arrival = 1 / rate
+    draws = int(rate_per_h * span * 1.5 + 10 * (rate_per_h * span) ** 0.5 + 20)
+    times = np.cumsum(scale * rng.weibull(k, size=(cfg.trials, draws)), axis=1)
+    while (times[:, -1] < span).any():  # rare: extend the short rows
+        more = times[:, -1:] + np.cumsum(scale * rng.weibull(k, size=(cfg.trials, draws)), axis=1)
+        times = np.concatenate([times, more], axis=1)
+    trial, col = np.nonzero(times < span)
+    return trial, times[trial, col] - warm
 
 
 def draw_events(cfg: SimConfig, num_gpus: int, gpus_per_host: int, rng: np.random.Generator) -> Events:
     """Poisson failures over [-longest repair, run length) for every trial."""
     warm = max(c.repair_max_h for c in cfg.classes)
     span = cfg.days * 24 + warm
-    counts = rng.poisson(cfg.failure_rate_per_gpu_hour * num_gpus * span, size=cfg.trials)
-    n = int(counts.sum())
-    trial = np.repeat(np.arange(cfg.trials), counts)
-    start = rng.uniform(-warm, cfg.days * 24, size=n)
+    trial, start = _arrivals(cfg, cfg.failure_rate_per_gpu_hour * num_gpus, span, warm, rng)
+    n = trial.size
     cls = rng.choice(len(cfg.classes), size=n, p=[c.share for c in cfg.classes])
     lo = np.array([c.repair_min_h for c in cfg.classes])[cls]
     hi = np.array([c.repair_max_h for c in cfg.classes])[cls]
@@ -148,8 +183,20 @@ def draw_events(cfg: SimConfig, num_gpus: int, gpus_per_host: int, rng: np.rando
         gpu = host * gpus_per_host + rng.integers(0, gpus_per_host, size=n)
     else:
         gpu = rng.integers(0, num_gpus, size=n)
+    blast = np.array([BLASTS.index(c.blast) for c in cfg.classes])[cls]
     keep = end > 0  # repaired before the run began: irrelevant
-    return Events(trial[keep], start[keep], end[keep], gpu[keep])
+    return Events(trial[keep], start[keep], end[keep], gpu[keep], blast[keep])
+
+
+def straggler_share(cfg: SimConfig, num_gpus: int, bins: int, bin_h: float, rng: np.random.Generator) -> np.ndarray:
+    """[trial, bin] 1 while at least one straggler episode is under way, else 0."""
+    if cfg.straggler_rate_per_gpu_hour == 0 or cfg.straggler_hours == 0:
+        return np.zeros((cfg.trials, bins))
+    counts = rng.poisson(cfg.straggler_rate_per_gpu_hour * num_gpus * cfg.days * 24, size=cfg.trials)
+    trial = np.repeat(np.arange(cfg.trials), counts)
+    start = rng.uniform(0, cfg.days * 24, size=trial.size)
+    ev = Events(trial, start, start + cfg.straggler_hours, np.zeros_like(trial), np.zeros_like(trial))
+    return (failed_counts(ev, cfg.trials, bins, bin_h) > 0).astype(float)
 
 
 def failed_counts(events: Events, trials: int, bins: int, bin_h: float) -> np.ndarray:
@@ -206,19 +253,27 @@ class _Tables:
     def __init__(self, plan: Plan, cfg: SimConfig):
         self.replanner = Replanner(plan)
         self.cfg, self.domain = cfg, plan.cluster.spec.domain_size
+        self.node = min(plan.cluster.spec.gpus_per_node, self.domain)
         self.num_domains = plan.cluster.num_gpus // self.domain
         self.cache: dict[tuple[str, str, int], tuple[float, int]] = {}
 
-    def get(self, strategy: str, batch: str, k: int) -> tuple[float, int]:
-        key = (strategy, batch, k)
+    def get(self, strategy: str, batch: str, state: tuple[int, int, int]) -> tuple[float, int]:
+        """State = failed units per blast type, each unit in its own NVLink domain."""
+        key = (strategy, batch, state)
         if key not in self.cache:
-            failed = frozenset(d * self.domain for d in range(min(k, self.num_domains)))
-            tp = self.replanner.replan(failed, strategy, self.cfg.spares, "dp-drop", batch, detail=False)
+            failed, d = set(), 0
+            for count, width in zip(state, (1, self.node, self.domain), strict=True):
+                for _ in range(count):
+                    if d < self.num_domains:
+                        failed.update(range(d * self.domain, d * self.domain + width))
+                    d += 1
+            tp = self.replanner.replan(frozenset(failed), strategy, self.cfg.spares, "dp-drop", batch, detail=False)
             self.cache[key] = (tp, self.replanner.last_idle)
         return self.cache[key]
 
-    def arrays(self, strategy: str, batch: str, kmax: int) -> tuple[np.ndarray, np.ndarray]:
-        pairs = [self.get(strategy, batch, k) for k in range(kmax + 1)]
+    def arrays(self, strategy: str, batch: str, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Throughput and idle GPUs for each row of ``states`` ([n, 3] unit counts)."""
+        pairs = [self.get(strategy, batch, tuple(int(x) for x in row)) for row in states]
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs], dtype=float)
 
 
@@ -239,18 +294,27 @@ def simulate(
     per_domain = max(1, plan.cluster.spec.domain_size // plan.layout.tp)
     stats: dict[str, list[dict[str, np.ndarray]]] = {s: [] for s in strategies}
     trace = Trace(bin_h, np.zeros(0), {}, {})
+    node = min(plan.cluster.spec.gpus_per_node, plan.cluster.spec.domain_size)
     for first in range(0, cfg.trials, CHUNK):
         size = min(CHUNK, cfg.trials - first)
-        ev = draw_events(cfg.model_copy(update={"trials": size}), n, plan.cluster.spec.gpus_per_node, rng)
-        down = failed_counts(ev, size, bins, bin_h)
-        kmax = int(down.max(initial=0))
+        part = cfg.model_copy(update={"trials": size})
+        ev = draw_events(part, n, plan.cluster.spec.gpus_per_node, rng)
+        units = [failed_counts(ev.take(ev.blast == b), size, bins, bin_h) for b in range(len(BLASTS))]
+        gpus_down = units[0] + units[1] * node + units[2] * plan.cluster.spec.domain_size
+        domains_down = units[0] + units[1] + units[2]
+        # one integer per failure state; each distinct state is re-planned once
+        m0, m1 = int(units[0].max(initial=0)) + 1, int(units[1].max(initial=0)) + 1
+        codes, inverse = np.unique((units[0] + m0 * (units[1] + m1 * units[2])).ravel(), return_inverse=True)
+        inverse = inverse.reshape(size, bins)
+        states = np.stack([codes % m0, (codes // m0) % m1, codes // (m0 * m1)], axis=1)
+        slow = 1 - straggler_share(part, n, bins, bin_h, rng) * (1 - 1 / cfg.straggler_slowdown)
         in_run = ev.start_h >= 0
         failures = np.bincount(ev.trial[in_run], minlength=size).astype(float)
         repairs = np.bincount(ev.trial[(ev.end_h >= 0) & (ev.end_h < cfg.days * 24)], minlength=size).astype(float)
-        over = (down / n > cfg.down_threshold).mean(axis=1)
-        worst = down.max(axis=1)
+        over = (gpus_down / n > cfg.down_threshold).mean(axis=1)
+        worst = domains_down.max(axis=1)
         if first == 0:
-            trace.failed_fraction = down[0] / n
+            trace.failed_fraction = gpus_down[0] / n
         for s in strategies:
             if s == "restart":
                 phase = np.mod(ev.start_h[in_run] * 3600, interval + cfg.checkpoint_write_s)
@@ -258,7 +322,7 @@ def simulate(
                 good = np.clip(run_s - lost, 0, None) * productive / run_s
                 row = dict(
                     goodput=good,
-                    capacity_goodput=good,
+                    capacity_goodput=good * slow.mean(axis=1),
                     ettr=good,
                     hours_paused=np.zeros(size),
                     interruptions=failures,
@@ -267,18 +331,18 @@ def simulate(
                     spares_needed=np.ceil(worst / per_domain),
                     idle_gpu_hours=np.zeros(size),
                 )
-                series = _restart_series(ev, in_run, cfg.detection_s + cfg.restart_s + phase, bins, bin_h)
+                series = _restart_series(ev, in_run, cfg.detection_s + cfg.restart_s + phase, bins, bin_h) * slow[0]
             else:
-                tp, idle = tables.arrays(s, cfg.batch, kmax)
-                tput = tp[down]
-                paused = (tput == 0) if cfg.batch == "fixed" else np.zeros_like(tput, dtype=bool)
+                tp, idle = tables.arrays(s, cfg.batch, states)
+                tput = tp[inverse] * slow
+                paused = (tp[inverse] == 0) if cfg.batch == "fixed" else np.zeros((size, bins), dtype=bool)
                 paused_s = paused.sum(axis=1) * bin_h * 3600
                 stall = failures * (cfg.detection_s + cfg.reconfigure_s) + repairs * cfg.reconfigure_s
                 good = np.clip(run_s - stall - paused_s, 0, None) * productive / run_s
                 cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
-                fixed_tp, _ = tables.arrays(s, "fixed", kmax)
-                free = int(np.argmax(fixed_tp == 0)) - 1 if (fixed_tp == 0).any() else kmax
-                needed = np.ceil(np.clip(worst - free, 0, None) / per_domain)
+                fixed_tp, _ = tables.arrays(s, "fixed", states)
+                pausing = fixed_tp[inverse] == 0  # with a fixed batch, these states stop the job
+                needed = np.ceil(np.where(pausing, domains_down, 0).max(axis=1) / per_domain)
                 row = dict(
                     goodput=good,
                     capacity_goodput=cap,
@@ -288,7 +352,7 @@ def simulate(
                     restarts=np.zeros(size),
                     reconfigurations=failures + repairs,
                     spares_needed=needed,
-                    idle_gpu_hours=idle[down].sum(axis=1) * bin_h,
+                    idle_gpu_hours=idle[inverse].sum(axis=1) * bin_h,
                 )
                 series = tput[0]
             row["throughput_loss"] = 1 - row["capacity_goodput"]

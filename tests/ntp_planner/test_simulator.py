@@ -202,3 +202,31 @@ def test_goodput_objective_ranks_by_effective_throughput(tmp_path):
         make_plan(*args, per_layer=False, objective="goodput", strategy="magic")
     with pytest.raises(ValueError, match="--objective 'speed'"):
         make_plan(*args, per_layer=False, objective="speed")
+
+
+def test_weibull_arrivals_keep_the_mean_rate_and_are_burstier(plan_16k):
+    cfg = SimConfig(days=30, trials=300, distribution="weibull", weibull_shape=0.5)
+    ev = draw_events(cfg, 16384, 8, np.random.default_rng(4))
+    counts = np.bincount(ev.trial[ev.start_h >= 0], minlength=cfg.trials)
+    mean = LLAMA3_RATE_PER_GPU_HOUR * 16384 * 30 * 24
+    assert counts.mean() == pytest.approx(mean, rel=0.05)
+    assert counts.var() > 1.5 * counts.mean()  # a Poisson count has variance = mean
+
+
+def test_blast_radius_and_stragglers_cost_throughput(plan_16k):
+    base = SimConfig(days=10, trials=60)
+    gpu, _ = simulate(plan_16k, base, ["ntp"], np.random.default_rng(8))
+    hw_domain = (base.classes[0].model_copy(update={"blast": "domain"}), base.classes[1])
+    domain, _ = simulate(plan_16k, base.model_copy(update={"classes": hw_domain}), ["ntp"], np.random.default_rng(8))
+    # a lost DGX is a lost TP group: NTP cannot shrink it, so whole replicas (1/64 each) drop
+    assert domain["ntp"].mean.capacity_goodput < gpu["ntp"].mean.capacity_goodput - 0.005
+    assert domain["ntp"].mean.idle_gpu_hours > 5 * gpu["ntp"].mean.idle_gpu_hours
+    assert domain["ntp"].mean.time_over_threshold >= gpu["ntp"].mean.time_over_threshold
+    slow_cfg = base.model_copy(
+        update={"straggler_rate_per_gpu_hour": 2e-5, "straggler_hours": 0.4, "straggler_slowdown": 2.0}
+    )
+    slow, _ = simulate(plan_16k, slow_cfg, ["ntp"], np.random.default_rng(8))
+    # episodes arrive ~0.33 per hour and last 0.4 h: busy ~1 - exp(-0.13) of the time, at half speed
+    busy = 1 - math.exp(-2e-5 * 16384 * 0.4)
+    drop = gpu["ntp"].mean.capacity_goodput - slow["ntp"].mean.capacity_goodput
+    assert drop == pytest.approx(gpu["ntp"].mean.capacity_goodput * busy * 0.5, rel=0.25)
