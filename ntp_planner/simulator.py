@@ -200,10 +200,11 @@ def straggler_share(cfg: SimConfig, num_gpus: int, bins: int, bin_h: float, rng:
 
 
 def failed_counts(events: Events, trials: int, bins: int, bin_h: float) -> np.ndarray:
-    """[trial, bin] number of GPUs down, by adding +1 at each failure and -1 at each repair."""
+    """[trial, bin] number of units down, by adding +1 at each failure and -1 at each repair.
+    Both ends round to the nearest bin boundary, so durations are right on average."""
     diff = np.zeros((trials, bins + 1), dtype=np.int32)
-    b0 = np.clip(np.floor(events.start_h / bin_h), 0, bins).astype(np.int64)
-    b1 = np.clip(np.ceil(events.end_h / bin_h), 0, bins).astype(np.int64)
+    b0 = np.clip(np.rint(events.start_h / bin_h), 0, bins).astype(np.int64)
+    b1 = np.clip(np.rint(events.end_h / bin_h), 0, bins).astype(np.int64)
     np.add.at(diff, (events.trial, b0), 1)
     np.add.at(diff, (events.trial, b1), -1)
     return np.cumsum(diff, axis=1)[:, :bins]
