@@ -329,6 +329,7 @@ def replan(
     fallback: FallbackOpt = "dp-drop",
     batch: BatchModeOpt = "flexible",
     max_power: PowerOpt = 1.3,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Save the re-plan as JSON.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Re-plan a job after GPU failures: drop replicas, or run them at reduced TP (NTP).
@@ -356,6 +357,10 @@ def replan(
     else:
         lost = random_failures(cluster, failed_fraction, np.random.default_rng(seed), blast)
     result = Replanner(p, max_power).replan(lost, policy, spares, fallback, batch)
+    if output:
+        from ntp_planner.plan import write_atomic
+
+        write_atomic(output, result.model_dump_json(indent=1))
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=1) + "\n")
     else:
@@ -589,6 +594,59 @@ def simulate(
         _print(simulation_table(results, cfg))
         if plot is not None:
             _print(f"plots written to {plot}/")
+
+
+@app.command(name="export")
+@user_errors
+def export_cmd(
+    plan_file: PlanArg,
+    fmt: Annotated[str, typer.Option("--format", help="megatron, nemo, nemo2, bridge or json.")] = "megatron",
+    out_dir: Annotated[Path, typer.Option("--output", "-o", help="Folder to write into.")] = Path("."),
+    replan_file: Annotated[
+        Path | None, typer.Option("--replan", help="A re-plan from `ntp replan -o` (NTP settings).")
+    ] = None,
+    data_path: Annotated[str | None, typer.Option("--data-path", help="Training data (default: mock data).")] = None,
+    save_dir: Annotated[str | None, typer.Option("--save-dir", help="Checkpoint folder.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write launch files for Megatron-LM, NeMo 1.x, NeMo 2.0 or Megatron-Bridge.
+
+    Example: ntp export plan.json --format megatron -o launch/
+    """
+    from ntp_planner.emitters import export
+    from ntp_planner.plan import Plan, write_atomic
+
+    p = Plan.load(plan_file)
+    replan_result = None
+    if replan_file is not None:
+        from pydantic import ValidationError
+
+        from ntp_planner.replan import ReplanResult
+
+        try:
+            replan_result = ReplanResult.model_validate_json(Path(replan_file).read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read re-plan {replan_file}: {exc.strerror}") from None
+        except ValidationError:
+            raise ValueError(f"{replan_file} is not a re-plan written by `ntp replan -o`") from None
+        if len(replan_result.rank_to_gpu) != p.layout.world_size:
+            raise ValueError(
+                f"re-plan {replan_file} has {len(replan_result.rank_to_gpu)} ranks but the plan "
+                f"has {p.layout.world_size}; export the plan it was made from"
+            )
+    result = export(p, fmt, replan_result, data_path, save_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in result.files.items():
+        write_atomic(out_dir / name, text)
+        if name.endswith(".sh"):
+            (out_dir / name).chmod(0o755)
+    for w in result.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    if json_out:
+        _print_json({"files": [str(out_dir / n) for n in result.files], "warnings": result.warnings})
+    else:
+        for name in result.files:
+            _print(f"wrote {out_dir / name}")
 
 
 def main() -> None:

@@ -86,6 +86,7 @@ def test_cli_surface_is_frozen():
                 "--fallback",
                 "--batch",
                 "--max-power",
+                "--output",
                 "--json",
             ]
         ),
@@ -105,6 +106,7 @@ def test_cli_surface_is_frozen():
                 "--json",
             ]
         ),
+        "export": sorted(["plan_file", "--format", "--output", "--replan", "--data-path", "--save-dir", "--json"]),
         "simulate": sorted(
             [
                 "plan_file",
@@ -138,7 +140,7 @@ def test_cli_surface_is_frozen():
 
 
 @pytest.mark.parametrize(
-    "command", ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate"]
+    "command", ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate", "export"]
 )
 def test_every_command_has_help_with_an_example(command):
     result = run(command, "--help")

@@ -1,0 +1,301 @@
+"""Megatron-LM: a torchrun launch script for pretrain_gpt.py, the same arguments as JSON, and,
+for a re-planned NTP state, the settings of Megatron's nonuniform-TP implementation.
+
+Flag names follow megatron/training/arguments.py (shared/reference/formats.md). This module is
+the only place in ntp-planner that spells them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from cost_models.layout import ParallelLayout
+from ntp_planner.emitters.common import Export, comment_safe, expressible_layout, launch_geometry
+from ntp_planner.plan import Plan
+
+PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format", "hybrid"]}
+
+
+def pipeline_split_args(layout: ParallelLayout, num_layers: int) -> list[str]:
+    """Uneven pipelines. With 3+ stages whose middle ones are equal: first/last-stage layer
+    counts. Otherwise a layout string, one '|'-separated segment per model chunk in model order
+    ('E' embedding, one 't' per layer, 'L' loss); with interleaving chunk j runs on pipeline rank
+    j % pp, so rank r's layers are cut into vpp chunks.
+
+    >>> pipeline_split_args(ParallelLayout(pp=2, dp=1, global_batch=1, pp_layers=(3, 5)), 8)
+    ['--pipeline-model-parallel-layout', 'Ettt|tttttL']
+    """
+    counts = layout.stage_layers(num_layers)
+    if layout.pp == 1 or len(set(counts)) == 1:
+        return []
+    middle = counts[1:-1]
+    if len(middle) >= 1 and len(set(middle)) == 1 and layout.vpp == 1:
+        args = []
+        if counts[0] != middle[0]:
+            args += ["--decoder-first-pipeline-num-layers", str(counts[0])]
+        if counts[-1] != middle[0]:
+            args += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
+        return args
+    chunks = [[n // layout.vpp + (1 if k < n % layout.vpp else 0) for k in range(layout.vpp)] for n in counts]
+    segments = ["t" * chunks[j % layout.pp][j // layout.pp] for j in range(layout.pp * layout.vpp)]
+    segments[0], segments[-1] = "E" + segments[0], segments[-1] + "L"
+    return ["--pipeline-model-parallel-layout", "|".join(segments)]
+
+
+def megatron_args(
+    plan: Plan, layout: ParallelLayout, data_path: str | None = None, save_dir: str | None = None
+) -> list[str]:
+    """pretrain_gpt.py arguments for ``layout`` (a table walk: our vocabulary -> Megatron's)."""
+    m, t = plan.model, plan.training
+    args = [
+        "--tensor-model-parallel-size",
+        str(layout.tp),
+        "--pipeline-model-parallel-size",
+        str(layout.pp),
+        "--context-parallel-size",
+        str(layout.cp),
+        "--micro-batch-size",
+        str(layout.micro_batch),
+        "--global-batch-size",
+        str(layout.global_batch),
+        "--num-layers",
+        str(m.num_layers),
+        "--hidden-size",
+        str(m.hidden_size),
+        "--ffn-hidden-size",
+        str(m.ffn_hidden_size),
+        "--num-attention-heads",
+        str(m.num_heads),
+        "--kv-channels",
+        str(m.head_dim),
+        "--seq-length",
+        str(t.seq_len),
+        "--max-position-embeddings",
+        str(max(m.max_position_embeddings, t.seq_len) if m.position == "rope" else m.max_position_embeddings),
+        "--position-embedding-type",
+        "rope" if m.position == "rope" else "learned_absolute",
+        "--normalization",
+        "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+        "--attention-dropout",
+        str(m.dropout),
+        "--hidden-dropout",
+        str(m.dropout),
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        str(m.vocab_size),
+    ]
+    switches = [
+        ("--group-query-attention", m.num_kv_heads < m.num_heads),
+        ("--swiglu", m.gated_mlp),
+        ("--disable-bias-linear", not m.bias),
+        ("--untie-embeddings-and-output-weights", not m.tie_embeddings),
+        ("--sequence-parallel", layout.sequence_parallel),
+        ("--use-distributed-optimizer", layout.distributed_optimizer),
+        ("--overlap-grad-reduce", layout.overlap_grad_reduce and layout.distributed_optimizer),
+        ("--overlap-param-gather", layout.overlap_grad_reduce and layout.distributed_optimizer),
+        ("--tp-comm-overlap", layout.tp_comm_overlap),
+    ]
+    args += [flag for flag, on in switches if on]
+    if m.num_kv_heads < m.num_heads:
+        args += ["--num-query-groups", str(m.num_kv_heads)]
+    args += PRECISION[t.dtype]
+    split = pipeline_split_args(layout, m.num_layers)
+    if layout.vpp > 1 and not split:  # a layout string already fixes the virtual stages
+        args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
+    if layout.vpp > 1 and layout.overlap_p2p:
+        args += ["--overlap-p2p-communication"]
+    args += split
+    if layout.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif layout.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if m.is_moe:
+        pattern = [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
+        args += [
+            "--num-experts",
+            str(m.num_experts),
+            "--moe-router-topk",
+            str(m.moe_top_k),
+            "--moe-ffn-hidden-size",
+            str(m.moe_ffn_hidden_size),
+            "--moe-grouped-gemm",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+            "--expert-model-parallel-size",
+            str(layout.ep),
+            "--moe-layer-freq",
+            str(m.moe_layer_freq) if all(pattern) else str(pattern).replace(" ", ""),
+        ]
+        if m.moe_shared_ffn_hidden_size:
+            args += ["--moe-shared-expert-intermediate-size", str(m.moe_shared_ffn_hidden_size)]
+    args += ["--data-path", data_path] if data_path else ["--mock-data"]
+    args += [
+        "--save",
+        save_dir or f"checkpoints/{m.name}",
+        "--load",
+        save_dir or f"checkpoints/{m.name}",
+        "--train-iters",
+        "100000",
+        "--lr",
+        "3.0e-4",
+        "--min-lr",
+        "3.0e-5",
+        "--lr-decay-style",
+        "cosine",
+        "--lr-warmup-iters",
+        "2000",
+        "--clip-grad",
+        "1.0",
+        "--weight-decay",
+        "0.1",
+        "--log-interval",
+        "10",
+        "--save-interval",
+        "1000",
+    ]
+    return args
+
+
+def launch_script(plan: Plan, args: list[str]) -> str:
+    """torchrun on every host; every value is shell-quoted."""
+    hosts, per_host = launch_geometry(plan)
+    header = (
+        f"# ntp-planner plan {plan.inputs_hash[:12]}: {plan.model.name} on {plan.cluster.num_gpus} x "
+        f"{plan.cluster.spec.gpu} ({plan.cluster.spec.name})"
+    )
+    lines = [
+        "#!/usr/bin/env bash",
+        comment_safe(header),
+        "# Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.",
+        "set -euo pipefail",
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        f"NNODES=${{NNODES:-{hosts}}}",
+        "NODE_RANK=${NODE_RANK:-0}",
+        "MASTER_ADDR=${MASTER_ADDR:-localhost}",
+        "MASTER_PORT=${MASTER_PORT:-29500}",
+        "MEGATRON_LM=${MEGATRON_LM:-.}",
+        f'torchrun --nproc_per_node {per_host} --nnodes "$NNODES" --node_rank "$NODE_RANK" \\',
+        '    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$MEGATRON_LM/pretrain_gpt.py" \\',
+    ]
+    body = []
+    i = 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            body.append(f"    {args[i]} {shlex.quote(args[i + 1])}")
+            i += 2
+        else:
+            body.append(f"    {args[i]}")
+            i += 1
+    return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
+
+
+def nonuniform_tp_settings(plan: Plan, replan) -> tuple[dict, list[str]]:
+    """Settings of Megatron's nonuniform-TP config for a re-planned state: reduced replicas come
+    first in Megatron's rank order, so replicas are renumbered degraded-first."""
+    lay = plan.layout
+    degraded = [r for r in replan.replicas if r.status == "degraded"]
+    warnings = []
+    if not degraded:
+        return {"tp_base": lay.tp, "tp_spares": 0, "num_reduced_tp_dp_ranks": 0, "non_active_ranks_per_dp": {}}, []
+    reduced = min(min(r.stage_tp) for r in degraded)
+    if len({t for r in degraded for t in r.stage_tp}) > 1:
+        warnings.append(
+            f"degraded replicas run different TP degrees; Megatron's nonuniform TP takes one, so all "
+            f"reduced replicas are exported at TP{reduced}"
+        )
+    order = [r.replica for r in degraded] + [r.replica for r in replan.replicas if r.status != "degraded"]
+    inactive = {}
+    for new_dp, old_dp in enumerate(order[: len(degraded)]):
+        for s in range(lay.pp):
+            for c in range(lay.cp):
+                base = lay.tp * (c + lay.cp * (old_dp + lay.dp * s))
+                slots = [i for i in range(lay.tp) if replan.rank_to_gpu[base + i] is None]
+                inactive[f"{new_dp},{c},{s}"] = slots[: lay.tp - reduced] if slots else list(range(reduced, lay.tp))
+    dropped = [r.replica for r in replan.replicas if r.status == "dropped"]
+    if dropped:
+        warnings.append(f"{len(dropped)} replicas are dropped; relaunch with dp reduced by {len(dropped)}")
+    settings = {
+        "tp_base": lay.tp,
+        "tp_spares": lay.tp - reduced,
+        "num_reduced_tp_dp_ranks": len(degraded),
+        "non_active_ranks_per_dp": inactive,
+        "key_order": "dp,cp,pp (Megatron's (dp, cp, pp) tuple, written as a string for JSON)",
+    }
+    return settings, warnings
+
+
+def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
+    layout, warnings = expressible_layout(plan, "Megatron-LM")
+    args = megatron_args(plan, layout, data_path, save_dir)
+    out = Export(warnings=warnings)
+    out.files["launch_megatron.sh"] = launch_script(plan, args)
+    out.files["megatron_args.json"] = json.dumps(args, indent=1) + "\n"
+    if replan is not None:
+        settings, more = nonuniform_tp_settings(plan, replan)
+        out.files["nonuniform_tp.json"] = json.dumps(settings, indent=1) + "\n"
+        out.warnings += more
+    return out
+
+
+# ---- the real-library check: Megatron's own argument -> TransformerConfig mapping ------------------
+def transformer_config_kwargs(args: list[str]) -> dict:
+    """TransformerConfig fields for emitted arguments, as Megatron-LM's
+    core_transformer_config_from_args sets them (tests build megatron-core's config from this)."""
+    values: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            values[args[i]] = args[i + 1]
+            i += 2
+        else:
+            values[args[i]] = True
+            i += 1
+    num = lambda k, d=None: int(values[k]) if k in values else d  # noqa: E731
+    kw = dict(
+        num_layers=num("--num-layers"),
+        hidden_size=num("--hidden-size"),
+        ffn_hidden_size=num("--ffn-hidden-size"),
+        num_attention_heads=num("--num-attention-heads"),
+        kv_channels=num("--kv-channels"),
+        num_query_groups=num("--num-query-groups"),
+        tensor_model_parallel_size=num("--tensor-model-parallel-size"),
+        pipeline_model_parallel_size=num("--pipeline-model-parallel-size"),
+        context_parallel_size=num("--context-parallel-size", 1),
+        expert_model_parallel_size=num("--expert-model-parallel-size", 1),
+        sequence_parallel="--sequence-parallel" in values,
+        bf16="--bf16" in values,
+        fp16="--fp16" in values,
+        add_bias_linear="--disable-bias-linear" not in values,
+        gated_linear_unit="--swiglu" in values,
+        normalization=values["--normalization"],
+        attention_dropout=float(values["--attention-dropout"]),
+        hidden_dropout=float(values["--hidden-dropout"]),
+    )
+    if "--num-virtual-stages-per-pipeline-rank" in values:
+        kw["virtual_pipeline_model_parallel_size"] = num("--num-virtual-stages-per-pipeline-rank")
+    if "--decoder-first-pipeline-num-layers" in values:
+        kw["num_layers_in_first_pipeline_stage"] = num("--decoder-first-pipeline-num-layers")
+    if "--decoder-last-pipeline-num-layers" in values:
+        kw["num_layers_in_last_pipeline_stage"] = num("--decoder-last-pipeline-num-layers")
+    if "--pipeline-model-parallel-layout" in values:
+        kw["pipeline_model_parallel_layout"] = values["--pipeline-model-parallel-layout"]
+    if "--recompute-granularity" in values:
+        kw["recompute_granularity"] = values["--recompute-granularity"]
+        if values["--recompute-granularity"] == "full":
+            kw["recompute_method"] = values["--recompute-method"]
+            kw["recompute_num_layers"] = num("--recompute-num-layers")
+    if "--num-experts" in values:
+        freq = values["--moe-layer-freq"]
+        kw.update(
+            num_moe_experts=num("--num-experts"),
+            moe_router_topk=num("--moe-router-topk"),
+            moe_ffn_hidden_size=num("--moe-ffn-hidden-size"),
+            moe_grouped_gemm=True,
+            moe_token_dispatcher_type=values["--moe-token-dispatcher-type"],
+            moe_layer_freq=json.loads(freq) if str(freq).startswith("[") else int(freq),
+        )
+        if "--moe-shared-expert-intermediate-size" in values:
+            kw["moe_shared_expert_intermediate_size"] = num("--moe-shared-expert-intermediate-size")
+    return {k: v for k, v in kw.items() if v is not None}

@@ -1,0 +1,68 @@
+"""NeMo 2.0: a Python recipe that sets MegatronStrategy and the data module's batch sizes."""
+
+from __future__ import annotations
+
+from ntp_planner.emitters.common import Export, comment_safe, expressible_layout, launch_geometry, mcore_fields
+from ntp_planner.plan import Plan
+
+# NeMo 2.0 recipe modules for catalogue models (llm.<module>.pretrain_recipe)
+RECIPES = {
+    "llama3-8b": "llama3_8b",
+    "llama3-70b": "llama3_70b",
+    "llama3.1-405b": "llama31_405b",
+    "mixtral-8x7b": "mixtral_8x7b",
+    "gpt3-175b": "gpt3_175b",
+}
+STRATEGY_FIELDS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "sequence_parallel",
+    "expert_model_parallel_size",
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+)
+
+
+def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
+    layout, warnings = expressible_layout(plan, "NeMo 2.0")
+    hosts, per_host = launch_geometry(plan)
+    fields = mcore_fields(plan, layout)
+    strategy = "\n".join(f"    strategy.{k} = {fields[k]!r}" for k in STRATEGY_FIELDS if k in fields)
+    recipe = RECIPES.get(plan.model.name)
+    dtype = "torch.float16" if plan.training.dtype == "fp16" else "torch.bfloat16"
+    make = (
+        f"llm.{recipe}.pretrain_recipe(num_nodes={hosts}, num_gpus_per_node={per_host})"
+        if recipe
+        else f"None  # no NeMo recipe is known for {plan.model.name!r}: pass yours to configure()"
+    )
+    title = comment_safe(f"{plan.model.name}, {layout.describe()}").replace("\\", "/").replace('"', "'")
+    text = f'''"""NeMo 2.0 recipe settings from ntp-planner plan {plan.inputs_hash[:12]}: {title}."""
+
+import torch
+from nemo.collections import llm
+
+
+def configure(recipe):
+    """Apply the plan's parallelism and batch sizes to a NeMo 2.0 pretraining recipe."""
+    recipe.trainer.num_nodes = {hosts}
+    recipe.trainer.devices = {per_host}
+    strategy = recipe.trainer.strategy
+{strategy}
+    strategy.pipeline_dtype = {dtype}
+    strategy.ddp.use_distributed_optimizer = {layout.distributed_optimizer!r}
+    strategy.ddp.overlap_grad_reduce = {layout.overlap_grad_reduce and layout.distributed_optimizer!r}
+    strategy.ddp.overlap_param_gather = {layout.overlap_grad_reduce and layout.distributed_optimizer!r}
+    recipe.data.micro_batch_size = {layout.micro_batch}
+    recipe.data.global_batch_size = {layout.global_batch}
+    recipe.data.seq_length = {plan.training.seq_len}
+    return recipe
+
+
+if __name__ == "__main__":
+    recipe = {make}
+    if recipe is not None:
+        configure(recipe)
+'''
+    return Export(files={"nemo2_recipe.py": text}, warnings=warnings)

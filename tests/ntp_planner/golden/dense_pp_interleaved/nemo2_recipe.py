@@ -1,0 +1,33 @@
+"""NeMo 2.0 recipe settings from ntp-planner plan 7f2e99b2bf5d: llama3-8b, tp4 pp4(7/9/9/7) dp4 mb1 vpp2 sp rc-selective distopt."""
+
+import torch
+from nemo.collections import llm
+
+
+def configure(recipe):
+    """Apply the plan's parallelism and batch sizes to a NeMo 2.0 pretraining recipe."""
+    recipe.trainer.num_nodes = 8
+    recipe.trainer.devices = 8
+    strategy = recipe.trainer.strategy
+    strategy.tensor_model_parallel_size = 4
+    strategy.pipeline_model_parallel_size = 4
+    strategy.virtual_pipeline_model_parallel_size = 2
+    strategy.context_parallel_size = 1
+    strategy.sequence_parallel = True
+    strategy.expert_model_parallel_size = 1
+    strategy.num_layers_in_first_pipeline_stage = 7
+    strategy.num_layers_in_last_pipeline_stage = 7
+    strategy.pipeline_dtype = torch.bfloat16
+    strategy.ddp.use_distributed_optimizer = True
+    strategy.ddp.overlap_grad_reduce = True
+    strategy.ddp.overlap_param_gather = True
+    recipe.data.micro_batch_size = 1
+    recipe.data.global_batch_size = 64
+    recipe.data.seq_length = 4096
+    return recipe
+
+
+if __name__ == "__main__":
+    recipe = llm.llama3_8b.pretrain_recipe(num_nodes=8, num_gpus_per_node=8)
+    if recipe is not None:
+        configure(recipe)

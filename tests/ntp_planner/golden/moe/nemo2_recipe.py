@@ -1,0 +1,31 @@
+"""NeMo 2.0 recipe settings from ntp-planner plan aff642488cbf: mixtral-8x7b, tp2 pp2 dp16 ep8 mb1 sp distopt."""
+
+import torch
+from nemo.collections import llm
+
+
+def configure(recipe):
+    """Apply the plan's parallelism and batch sizes to a NeMo 2.0 pretraining recipe."""
+    recipe.trainer.num_nodes = 8
+    recipe.trainer.devices = 8
+    strategy = recipe.trainer.strategy
+    strategy.tensor_model_parallel_size = 2
+    strategy.pipeline_model_parallel_size = 2
+    strategy.virtual_pipeline_model_parallel_size = None
+    strategy.context_parallel_size = 1
+    strategy.sequence_parallel = True
+    strategy.expert_model_parallel_size = 8
+    strategy.pipeline_dtype = torch.bfloat16
+    strategy.ddp.use_distributed_optimizer = True
+    strategy.ddp.overlap_grad_reduce = True
+    strategy.ddp.overlap_param_gather = True
+    recipe.data.micro_batch_size = 1
+    recipe.data.global_batch_size = 128
+    recipe.data.seq_length = 4096
+    return recipe
+
+
+if __name__ == "__main__":
+    recipe = llm.mixtral_8x7b.pretrain_recipe(num_nodes=8, num_gpus_per_node=8)
+    if recipe is not None:
+        configure(recipe)

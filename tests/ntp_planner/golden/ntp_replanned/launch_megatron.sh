@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# ntp-planner plan 2249c3721b10: llama3-8b on 64 x H100-SXM (dgx-h100)
+# Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.
+set -euo pipefail
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+NNODES=${NNODES:-8}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-localhost}
+MASTER_PORT=${MASTER_PORT:-29500}
+MEGATRON_LM=${MEGATRON_LM:-.}
+torchrun --nproc_per_node 8 --nnodes "$NNODES" --node_rank "$NODE_RANK" \
+    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$MEGATRON_LM/pretrain_gpt.py" \
+    --tensor-model-parallel-size 8 \
+    --pipeline-model-parallel-size 2 \
+    --context-parallel-size 1 \
+    --micro-batch-size 1 \
+    --global-batch-size 32 \
+    --num-layers 32 \
+    --hidden-size 4096 \
+    --ffn-hidden-size 14336 \
+    --num-attention-heads 32 \
+    --kv-channels 128 \
+    --seq-length 4096 \
+    --max-position-embeddings 8192 \
+    --position-embedding-type rope \
+    --normalization RMSNorm \
+    --attention-dropout 0.0 \
+    --hidden-dropout 0.0 \
+    --tokenizer-type NullTokenizer \
+    --vocab-size 128256 \
+    --group-query-attention \
+    --swiglu \
+    --disable-bias-linear \
+    --untie-embeddings-and-output-weights \
+    --sequence-parallel \
+    --use-distributed-optimizer \
+    --overlap-grad-reduce \
+    --overlap-param-gather \
+    --num-query-groups 8 \
+    --bf16 \
+    --mock-data \
+    --save checkpoints/llama3-8b \
+    --load checkpoints/llama3-8b \
+    --train-iters 100000 \
+    --lr 3.0e-4 \
+    --min-lr 3.0e-5 \
+    --lr-decay-style cosine \
+    --lr-warmup-iters 2000 \
+    --clip-grad 1.0 \
+    --weight-decay 0.1 \
+    --log-interval 10 \
+    --save-interval 1000

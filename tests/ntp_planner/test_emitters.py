@@ -1,0 +1,258 @@
+"""Exports: golden files for three plans, megatron-core and OmegaConf reading them, shell safety."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cost_models import MODELS, ParallelLayout, TrainingSpec
+from ntp_planner.cli import app
+from ntp_planner.emitters import FORMATS, export
+from ntp_planner.emitters.megatron import megatron_args, transformer_config_kwargs
+from ntp_planner.planner import plan_from_layout
+from ntp_planner.replan import Replanner
+from topologies import CLUSTERS, Cluster
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("NTP_UPDATE_GOLDEN") == "1"
+
+
+def make(model, gpus, seq=4096, **layout):
+    lay = ParallelLayout(**layout)
+    return plan_from_layout(
+        MODELS[model] if isinstance(model, str) else model,
+        TrainingSpec(seq_len=seq, global_batch=lay.global_batch),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=gpus),
+        lay,
+    )
+
+
+CASES = {
+    "dense_pp_interleaved": lambda: (
+        make(
+            "llama3-8b",
+            64,
+            tp=4,
+            pp=4,
+            dp=4,
+            vpp=2,
+            global_batch=64,
+            sequence_parallel=True,
+            distributed_optimizer=True,
+            recompute="selective",
+            pp_layers=(7, 9, 9, 7),
+        ),
+        None,
+    ),
+    "moe": lambda: (
+        make(
+            "mixtral-8x7b",
+            64,
+            tp=2,
+            pp=2,
+            dp=16,
+            ep=8,
+            global_batch=128,
+            sequence_parallel=True,
+            distributed_optimizer=True,
+        ),
+        None,
+    ),
+    "ntp_replanned": lambda: _ntp_case(),
+}
+
+
+def _ntp_case():
+    plan = make("llama3-8b", 64, tp=8, pp=2, dp=4, global_batch=32, sequence_parallel=True, distributed_optimizer=True)
+    return plan, Replanner(plan).replan(frozenset({3, 12}), "ntp")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_golden_files(case, fmt):
+    plan, replan = CASES[case]()
+    out = export(plan, fmt, replan=replan)
+    for name, text in out.files.items():
+        golden = GOLDEN / case / name
+        if UPDATE:
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(text)
+        assert golden.exists(), f"missing golden file {golden}; run with NTP_UPDATE_GOLDEN=1 once and review it"
+        assert text == golden.read_text(), f"{case}/{name} differs from its golden file"
+
+
+def test_ntp_settings_follow_megatrons_config():
+    plan, replan = _ntp_case()
+    settings = json.loads(export(plan, "megatron", replan=replan).files["nonuniform_tp.json"])
+    # GPU 3 (stage 0) and GPU 12 (stage 0, next domain) fail: two degraded TP8 groups packed in one replica
+    assert (settings["tp_base"], settings["tp_spares"], settings["num_reduced_tp_dp_ranks"]) == (8, 1, 1)
+    # the reduced replica comes first in Megatron's rank order; one inactive slot per stage
+    assert sorted(settings["non_active_ranks_per_dp"]) == ["0,0,0", "0,0,1"]
+    assert all(len(v) == 1 for v in settings["non_active_ranks_per_dp"].values())
+
+
+def _catalogue_plan(name):
+    m = MODELS[name]
+    widths = [m.ffn_hidden_size] + ([m.moe_ffn_hidden_size] if m.is_moe else [])
+    tp = next(
+        t
+        for t in (8, 4, 2, 1)
+        if m.num_heads % t == 0
+        and all(w % t == 0 for w in widths)
+        and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)
+    )
+    dp = max(2, 8 // (2 * tp))
+    return make(
+        name,
+        2 * tp * dp,
+        seq=2048,
+        tp=tp,
+        pp=2,
+        dp=dp,
+        ep=2 if m.is_moe else 1,
+        global_batch=8,
+        sequence_parallel=tp > 1,
+        distributed_optimizer=True,
+    )
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_megatron_core_accepts_every_catalogue_plan(name):
+    transformer = pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    import torch
+
+    plan = _catalogue_plan(name)
+    kwargs = transformer_config_kwargs(megatron_args(plan, plan.layout))
+    if kwargs["pipeline_model_parallel_size"] > 1:
+        kwargs["pipeline_dtype"] = torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformer.TransformerConfig(**kwargs)
+    assert config.num_layers == plan.model.num_layers
+    assert config.tensor_model_parallel_size == plan.layout.tp
+
+
+def test_megatron_core_rejects_a_broken_export():
+    transformer = pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    plan = _catalogue_plan("llama3-8b")
+    kwargs = transformer_config_kwargs(megatron_args(plan, plan.layout))
+    kwargs["num_attention_heads"] = 31  # not divisible by tp: the check must be able to fail
+    with pytest.raises(ValueError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformer.TransformerConfig(**kwargs)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_nemo_and_bridge_yaml_load_with_omegaconf(case):
+    omegaconf = pytest.importorskip("omegaconf", reason="omegaconf is not installed")
+    plan, _ = CASES[case]()
+    nemo = omegaconf.OmegaConf.create(export(plan, "nemo").files["nemo_config.yaml"])
+    assert nemo.trainer.devices == 8 and nemo.trainer.num_nodes == plan.cluster.num_gpus // 8
+    assert nemo.model.tensor_model_parallel_size == plan.layout.tp
+    assert nemo.model.global_batch_size == plan.layout.global_batch
+    bridge = omegaconf.OmegaConf.create(export(plan, "bridge").files["bridge_override.yaml"])
+    assert bridge.train.micro_batch_size == plan.layout.micro_batch and bridge.dataset.seq_length == 4096
+    assert bridge.ddp.use_distributed_optimizer is True
+    assert bridge.model.pipeline_model_parallel_size == plan.layout.pp
+    compile(export(plan, "nemo2").files["nemo2_recipe.py"], "nemo2_recipe.py", "exec")
+
+
+def test_per_layer_plans_export_their_projection_with_a_warning():
+    from ntp_planner.planner import make_plan
+
+    plan = make_plan(
+        MODELS["llama3-8b"],
+        TrainingSpec(seq_len=8192, global_batch=256),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64),
+        top=1,
+    )
+    assert plan.layout.is_per_layer
+    out = export(plan, "megatron")
+    args = json.loads(out.files["megatron_args.json"])
+    assert args[args.index("--tensor-model-parallel-size") + 1] == str(plan.megatron.layout.tp)
+    assert len(out.warnings) == 1 and "lower throughput" in out.warnings[0]
+
+
+def test_script_is_shell_safe(tmp_path):
+    odd = tmp_path / """it's "my model" v2"""
+    odd.mkdir()
+    (odd / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 16,
+                "vocab_size": 32000,
+            }
+        )
+    )
+    plan_path, out = tmp_path / "plan.json", tmp_path / "launch dir"
+    runner = CliRunner()
+    made = runner.invoke(
+        app,
+        [
+            "estimate",
+            "-m",
+            str(odd / "config.json"),
+            "-c",
+            "dgx-h100",
+            "-n",
+            "8",
+            "--tp",
+            "2",
+            "--seq-len",
+            "1024",
+            "--global-batch",
+            "8",
+            "-o",
+            str(plan_path),
+        ],
+    )
+    assert made.exit_code == 0, made.output
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            str(plan_path),
+            "--format",
+            "megatron",
+            "-o",
+            str(out),
+            "--data-path",
+            "/data/my corpus; rm -rf $HOME `x`",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    script = out / "launch_megatron.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    # run it with a stub torchrun that records the arguments it receives
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "torchrun").write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    (stub / "torchrun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "MEGATRON_LM": "/opt/megatron"}
+    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    received = json.loads(ran.stdout)
+    expected = json.loads((out / "megatron_args.json").read_text())
+    assert received[received.index("/opt/megatron/pretrain_gpt.py") + 1 :] == expected
+    assert """checkpoints/it's "my model" v2""" in expected
+
+
+def test_export_bad_input(tmp_path):
+    plan, replan = _ntp_case()
+    path = tmp_path / "p.json"
+    plan.save(path)
+    runner = CliRunner()
+    bad = runner.invoke(app, ["export", str(path), "--format", "deepspeed"])
+    assert bad.exit_code == 2 and "--format 'deepspeed' is not one of" in bad.stderr
+    wrong = tmp_path / "r.json"
+    wrong.write_text("{}")
+    bad = runner.invoke(app, ["export", str(path), "--replan", str(wrong)])
+    assert bad.exit_code == 2 and "is not a re-plan" in bad.stderr
