@@ -75,8 +75,8 @@ def make_plan(
     from ntp_planner.per_layer import rebalance_uniform, search_per_layer
 
     result = search(model, training, cluster, headroom, space)
-    # Uneven pipeline splits of the best uniform layouts (Megatron runs those too).
-    rebalanced = [rebalance_uniform(model, training, cluster, headroom, c) for c in result.ranked[:top]]
+    # Uneven pipeline splits of the two best uniform layouts (Megatron runs those too).
+    rebalanced = [rebalance_uniform(model, training, cluster, headroom, c) for c in result.ranked[:2]]
     uniform = sorted([*result.ranked, *[c for c in rebalanced if c is not None]], key=_rank)
     ranked = list(uniform)
     if per_layer:
