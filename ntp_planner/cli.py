@@ -502,6 +502,9 @@ def simulate(
     straggler_slowdown: Annotated[
         float, typer.Option("--straggler-slowdown", help="Job slowdown during an episode.")
     ] = 1.3,
+    down_threshold: Annotated[
+        float, typer.Option("--down-threshold", help="Report the time more than this share of GPUs is down.")
+    ] = 0.001,
     lemon_fraction: Annotated[float, typer.Option("--lemon-fraction", help="Share of lemon hosts.")] = 0.0,
     lemon_factor: Annotated[float, typer.Option("--lemon-factor", help="How much more often lemons fail.")] = 1.0,
     seed: SeedOpt = 0,

@@ -129,6 +129,7 @@ def test_cli_surface_is_frozen():
                 "--straggler-rate",
                 "--straggler-hours",
                 "--straggler-slowdown",
+                "--down-threshold",
                 "--lemon-fraction",
                 "--lemon-factor",
                 "--seed",

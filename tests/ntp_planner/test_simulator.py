@@ -230,3 +230,44 @@ def test_blast_radius_and_stragglers_cost_throughput(plan_16k):
     busy = 1 - math.exp(-2e-5 * 16384 * 0.4)
     drop = gpu["ntp"].mean.capacity_goodput - slow["ntp"].mean.capacity_goodput
     assert drop == pytest.approx(gpu["ntp"].mean.capacity_goodput * busy * 0.5, rel=0.25)
+
+
+def test_down_threshold_is_the_users(plan_file):
+    runner = CliRunner()
+    loose = json.loads(
+        runner.invoke(
+            app,
+            [
+                "simulate",
+                str(plan_file),
+                "--days",
+                "3",
+                "--trials",
+                "10",
+                "--strategies",
+                "ntp",
+                "--down-threshold",
+                "0.5",
+                "--json",
+            ],
+        ).stdout
+    )
+    tight = json.loads(
+        runner.invoke(
+            app,
+            [
+                "simulate",
+                str(plan_file),
+                "--days",
+                "3",
+                "--trials",
+                "10",
+                "--strategies",
+                "ntp",
+                "--down-threshold",
+                "0",
+                "--json",
+            ],
+        ).stdout
+    )
+    assert loose["ntp"]["time_over_threshold"] == 0.0 and tight["ntp"]["time_over_threshold"] > 0.9
