@@ -568,6 +568,12 @@ def simulate(
         batch=batch,
         lemon_host_fraction=lemon_fraction,
         lemon_factor=lemon_factor,
+        distribution=failure_dist,
+        weibull_shape=weibull_shape,
+        straggler_rate_per_gpu_hour=straggler_rate,
+        straggler_hours=straggler_hours,
+        straggler_slowdown=straggler_slowdown,
+        down_threshold=down_threshold,
     )
     p = Plan.load(plan_file)
     from rich.progress import Progress

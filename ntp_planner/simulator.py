@@ -188,6 +188,21 @@ def draw_events(cfg: SimConfig, num_gpus: int, gpus_per_host: int, rng: np.rando
     return Events(trial[keep], start[keep], end[keep], gpu[keep], blast[keep])
 
 
+def pair_overlaps(ev: Events, domain_size: int) -> Events:
+    """Intervals during which two single-GPU failures share an NVLink domain (consecutive
+    failures of one domain that overlap in time; rarer triple overlaps count as pairs)."""
+    single = ev.take(ev.blast == 0)
+    if single.trial.size < 2:
+        return single.take(np.zeros(single.trial.size, dtype=bool))
+    domain = single.gpu // domain_size
+    order = np.lexsort((single.start_h, domain, single.trial))
+    t, d, a, b = single.trial[order], domain[order], single.start_h[order], single.end_h[order]
+    same = (t[1:] == t[:-1]) & (d[1:] == d[:-1]) & (a[1:] < b[:-1])
+    start, end = a[1:][same], np.minimum(b[:-1], b[1:])[same]
+    zeros = np.zeros(start.size, dtype=np.int64)
+    return Events(t[1:][same], start, end, zeros, zeros)
+
+
 def straggler_share(cfg: SimConfig, num_gpus: int, bins: int, bin_h: float, rng: np.random.Generator) -> np.ndarray:
     """[trial, bin] 1 while at least one straggler episode is under way, else 0."""
     if cfg.straggler_rate_per_gpu_hour == 0 or cfg.straggler_hours == 0:
@@ -239,6 +254,19 @@ def _restart_series(ev: Events, in_run: np.ndarray, lost_s: np.ndarray, bins: in
     return series
 
 
+def _spares_per_state(tables: _Tables, strategy: str, states: np.ndarray) -> np.ndarray:
+    """Spare domains each state needs to run without pausing under a fixed batch. Spares replace
+    the worst domains first: if the single-GPU failures alone would not pause the job, only the
+    severe units (hosts, whole domains, doubly failed domains) need spares; else every one."""
+    fixed, _ = tables.arrays(strategy, "fixed", states)
+    singles_only = states.copy()
+    singles_only[:, 1:] = 0
+    singles_fixed, _ = tables.arrays(strategy, "fixed", singles_only)
+    severe = states[:, 1:].sum(axis=1)
+    every = states.sum(axis=1)
+    return np.where(fixed > 0, 0, np.where(singles_fixed > 0, severe, every)).astype(float)
+
+
 def checkpoint_interval_s(cfg: SimConfig, num_gpus: int) -> float:
     """The configured interval, or Daly's optimum for the job's MTBF."""
     if cfg.checkpoint_interval_s is not None:
@@ -258,12 +286,13 @@ class _Tables:
         self.num_domains = plan.cluster.num_gpus // self.domain
         self.cache: dict[tuple[str, str, int], tuple[float, int]] = {}
 
-    def get(self, strategy: str, batch: str, state: tuple[int, int, int]) -> tuple[float, int]:
-        """State = failed units per blast type, each unit in its own NVLink domain."""
+    def get(self, strategy: str, batch: str, state: tuple[int, ...]) -> tuple[float, int]:
+        """State = failed units (one GPU, a host, a domain, two GPUs of a domain), each unit in its
+        own NVLink domain."""
         key = (strategy, batch, state)
         if key not in self.cache:
             failed, d = set(), 0
-            for count, width in zip(state, (1, self.node, self.domain), strict=True):
+            for count, width in zip(state, (1, self.node, self.domain, 2), strict=True):
                 for _ in range(count):
                     if d < self.num_domains:
                         failed.update(range(d * self.domain, d * self.domain + width))
@@ -273,7 +302,7 @@ class _Tables:
         return self.cache[key]
 
     def arrays(self, strategy: str, batch: str, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Throughput and idle GPUs for each row of ``states`` ([n, 3] unit counts)."""
+        """Throughput and idle GPUs for each row of ``states`` ([n, 4] unit counts)."""
         pairs = [self.get(strategy, batch, tuple(int(x) for x in row)) for row in states]
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs], dtype=float)
 
@@ -302,12 +331,23 @@ def simulate(
         ev = draw_events(part, n, plan.cluster.spec.gpus_per_node, rng)
         units = [failed_counts(ev.take(ev.blast == b), size, bins, bin_h) for b in range(len(BLASTS))]
         gpus_down = units[0] + units[1] * node + units[2] * plan.cluster.spec.domain_size
-        domains_down = units[0] + units[1] + units[2]
+        # two single-GPU failures in one domain form one doubly degraded domain
+        pairs = failed_counts(pair_overlaps(ev, plan.cluster.spec.domain_size), size, bins, bin_h)
+        singles = units[0] - 2 * pairs
+        domains_down = singles + pairs + units[1] + units[2]
         # one integer per failure state; each distinct state is re-planned once
-        m0, m1 = int(units[0].max(initial=0)) + 1, int(units[1].max(initial=0)) + 1
-        codes, inverse = np.unique((units[0] + m0 * (units[1] + m1 * units[2])).ravel(), return_inverse=True)
+        parts = [singles, units[1], units[2], pairs]
+        radix = [int(x.max(initial=0)) + 1 for x in parts]
+        code = np.zeros_like(singles)
+        for x, r in zip(reversed(parts), reversed(radix), strict=True):
+            code = code * r + x
+        codes, inverse = np.unique(code.ravel(), return_inverse=True)
         inverse = inverse.reshape(size, bins)
-        states = np.stack([codes % m0, (codes // m0) % m1, codes // (m0 * m1)], axis=1)
+        columns, rest = [], codes
+        for r in radix:
+            columns.append(rest % r)
+            rest = rest // r
+        states = np.stack(columns, axis=1)
         slow = 1 - straggler_share(part, n, bins, bin_h, rng) * (1 - 1 / cfg.straggler_slowdown)
         in_run = ev.start_h >= 0
         failures = np.bincount(ev.trial[in_run], minlength=size).astype(float)
@@ -341,9 +381,7 @@ def simulate(
                 stall = failures * (cfg.detection_s + cfg.reconfigure_s) + repairs * cfg.reconfigure_s
                 good = np.clip(run_s - stall - paused_s, 0, None) * productive / run_s
                 cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
-                fixed_tp, _ = tables.arrays(s, "fixed", states)
-                pausing = fixed_tp[inverse] == 0  # with a fixed batch, these states stop the job
-                needed = np.ceil(np.where(pausing, domains_down, 0).max(axis=1) / per_domain)
+                needed = np.ceil(_spares_per_state(tables, s, states)[inverse].max(axis=1) / per_domain)
                 row = dict(
                     goodput=good,
                     capacity_goodput=cap,

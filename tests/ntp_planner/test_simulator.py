@@ -104,7 +104,10 @@ def test_fixed_batch_pauses_and_spares_unpause(plan_16k):
     cfg = SimConfig(days=10, trials=50, batch="fixed")
     results, _ = simulate(plan_16k, cfg, ["dp-drop", "ntp-pw"], np.random.default_rng(2))
     assert results["dp-drop"].mean.hours_paused > 100  # some GPU is nearly always down at 16K GPUs
-    assert results["ntp-pw"].mean.hours_paused == 0 and results["ntp-pw"].mean.spares_needed == 0
+    # ntp-pw pauses only when two failures hit one DGX: TP6 holds 22 of 128 heads instead of 16
+    # (1.375x the work), more than a 1.3x power cap buys (1.16x speed)
+    pw, drop = results["ntp-pw"].mean, results["dp-drop"].mean
+    assert pw.hours_paused < drop.hours_paused / 5 and pw.spares_needed < drop.spares_needed / 5
     need = int(results["dp-drop"].p95.spares_needed)
     spared, _ = simulate(plan_16k, cfg.model_copy(update={"spares": need + 10}), ["spares"], np.random.default_rng(2))
     assert spared["spares"].mean.hours_paused < results["dp-drop"].mean.hours_paused / 10
@@ -271,3 +274,21 @@ def test_down_threshold_is_the_users(plan_file):
         ).stdout
     )
     assert loose["ntp"]["time_over_threshold"] == 0.0 and tight["ntp"]["time_over_threshold"] > 0.9
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--failure-dist", "weibull", "--weibull-shape", "0.4"],
+        ["--straggler-rate", "1e-4", "--straggler-slowdown", "2"],
+        ["--hw-blast", "domain"],
+        ["--lemon-fraction", "0.1", "--lemon-factor", "20"],
+    ],
+)
+def test_every_failure_option_reaches_the_simulation(plan_file, option):
+    runner = CliRunner()
+    base = ["simulate", str(plan_file), "--days", "5", "--trials", "30", "--strategies", "ntp", "--json"]
+    plain = json.loads(runner.invoke(app, base).stdout)["ntp"]
+    changed = runner.invoke(app, [*base, *option])
+    assert changed.exit_code == 0, changed.output
+    assert json.loads(changed.stdout)["ntp"] != plain
