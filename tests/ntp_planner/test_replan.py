@@ -283,3 +283,24 @@ def test_ntp_drops_replicas_below_the_smallest_degree_that_fits_memory():
     assert replanner.min_degree == 8
     r = replanner.replan(frozenset({5}), "ntp")
     assert [x.status for x in r.replicas].count("dropped") == 1
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (["replan", "--failed", "3,40", "--policy", "ntp-pw"], ["--max-power", "1.05"]),
+        (["replan", "--failed", "3,40,77,150,201", "--policy", "spares"], ["--spares", "2"]),
+        (["replan", "--failed", "3,40", "--policy", "ntp"], ["--batch", "fixed"]),
+        (["replan", "--failed-fraction", "0.01", "--seed", "2"], ["--blast", "domain"]),
+        (["sweep", "--fractions", "0.01", "--samples", "5", "--policies", "ntp-pw"], ["--max-power", "1.02"]),
+        (["sweep", "--fractions", "0.01", "--samples", "5", "--policies", "ntp"], ["--blast", "node"]),
+        (["sweep", "--fractions", "0.1", "--samples", "5", "--policies", "dp-drop"], ["--seed", "9"]),
+    ],
+)
+def test_every_replan_option_reaches_the_result(plan_file, command, option):
+    runner = CliRunner()
+    base = [command[0], str(plan_file), *command[1:], "--json"]
+    plain = runner.invoke(app, base)
+    changed = runner.invoke(app, [*base, *option])
+    assert plain.exit_code == 0 and changed.exit_code == 0, changed.output
+    assert json.loads(changed.stdout) != json.loads(plain.stdout)
