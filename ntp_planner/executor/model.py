@@ -1,0 +1,107 @@
+"""A small Llama-style decoder, written plainly: the single-process reference every sharded run
+is compared with. Embedding, RMSNorm, rotary positions, grouped-query attention through
+``scaled_dot_product_attention`` (causal), SwiGLU MLP, untied LM head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    vocab: int = 64
+    hidden: int = 32
+    layers: int = 2
+    heads: int = 8
+    kv_heads: int = 2
+    ffn: int = 48
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate pairs of channels by position-dependent angles; x is [batch, heads, seq, dim]."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    freqs = theta ** (-torch.arange(0, dim, 2, dtype=x.dtype) / dim)
+    angles = torch.arange(seq, dtype=x.dtype)[:, None] * freqs[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: TinyConfig):
+        super().__init__()
+        d = cfg.head_dim
+        self.cfg = cfg
+        self.norm1 = nn.Parameter(torch.ones(cfg.hidden))
+        self.q = nn.Parameter(torch.randn(cfg.heads * d, cfg.hidden) * 0.1)
+        self.k = nn.Parameter(torch.randn(cfg.kv_heads * d, cfg.hidden) * 0.1)
+        self.v = nn.Parameter(torch.randn(cfg.kv_heads * d, cfg.hidden) * 0.1)
+        self.o = nn.Parameter(torch.randn(cfg.hidden, cfg.heads * d) * 0.1)
+        self.norm2 = nn.Parameter(torch.ones(cfg.hidden))
+        self.gate = nn.Parameter(torch.randn(cfg.ffn, cfg.hidden) * 0.1)
+        self.up = nn.Parameter(torch.randn(cfg.ffn, cfg.hidden) * 0.1)
+        self.down = nn.Parameter(torch.randn(cfg.hidden, cfg.ffn) * 0.1)
+
+
+def attention(x, q_w, k_w, v_w, o_w, n_heads: int, n_kv: int, head_dim: int, theta: float):
+    """Causal GQA attention of ``n_heads`` query heads sharing ``n_kv`` KV heads (in order)."""
+    b, s, _ = x.shape
+    q = (x @ q_w.T).view(b, s, n_heads, head_dim).transpose(1, 2)
+    k = (x @ k_w.T).view(b, s, n_kv, head_dim).transpose(1, 2)
+    v = (x @ v_w.T).view(b, s, n_kv, head_dim).transpose(1, 2)
+    q, k = rotary(q, theta), rotary(k, theta)
+    return q, k, v
+
+
+def attend(q, k, v, kv_index: list[int], o_w):
+    """SDPA with each query head using KV head ``kv_index[h]``; returns the output projection."""
+    k, v = k[:, kv_index], v[:, kv_index]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    b, h, s, d = out.shape
+    return out.transpose(1, 2).reshape(b, s, h * d) @ o_w.T
+
+
+def swiglu(x, gate_w, up_w, down_w):
+    return (F.silu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T
+
+
+class Reference(nn.Module):
+    def __init__(self, cfg: TinyConfig, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.cfg = cfg
+        self.embed = nn.Parameter(torch.randn(cfg.vocab, cfg.hidden) * 0.1)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden))
+        self.head = nn.Parameter(torch.randn(cfg.vocab, cfg.hidden) * 0.1)
+
+    def layer_forward(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        h = rms_norm(x, layer.norm1)
+        q, k, v = attention(h, layer.q, layer.k, layer.v, layer.o, c.heads, c.kv_heads, c.head_dim, c.rope_theta)
+        group = c.heads // c.kv_heads
+        x = x + attend(q, k, v, [i // group for i in range(c.heads)], layer.o)
+        return x + swiglu(rms_norm(x, layer.norm2), layer.gate, layer.up, layer.down)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed[tokens]
+        for layer in self.layers:
+            x = self.layer_forward(layer, x)
+        return rms_norm(x, self.norm) @ self.head.T
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(tokens)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

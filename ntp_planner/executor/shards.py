@@ -1,0 +1,122 @@
+"""One TP rank's share of a layer: its slices of the weights and its partial outputs.
+
+Column-parallel weights (Q, K, V, gate, up) are cut by rows, row-parallel ones (attention
+output, down) by columns, along the same heads / FFN columns (``sharding``), so each rank's
+partial output is complete for its units and the partials sum to the layer's output: the sum is
+the TP all-reduce. The embedding is split by vocabulary rows (each rank looks up the tokens it
+owns; partial embeddings sum) and the LM head by vocabulary rows (partial logits concatenate).
+
+``simulated_tp_loss`` runs every rank in one process and adds the partials directly: it checks
+the sharding math before any process group exists; the distributed executor replaces the sums
+with collectives.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ntp_planner.executor.model import Reference, TinyConfig, attend, attention, rms_norm, swiglu
+from ntp_planner.executor.sharding import LayerShards, layer_shards, vocab_shards
+
+
+def head_rows(heads: tuple[int, ...], head_dim: int) -> list[int]:
+    return [h * head_dim + i for h in heads for i in range(head_dim)]
+
+
+def rank_layer_params(layer, shards: LayerShards, rank: int, head_dim: int) -> dict[str, torch.Tensor]:
+    """Fresh leaf tensors holding this rank's slices (norms are replicated)."""
+    q_rows, kv_rows = head_rows(shards.heads[rank], head_dim), head_rows(shards.kv_heads[rank], head_dim)
+    a, b = shards.ffn[rank]
+    slices = {
+        "norm1": layer.norm1,
+        "norm2": layer.norm2,
+        "q": layer.q[q_rows],
+        "k": layer.k[kv_rows],
+        "v": layer.v[kv_rows],
+        "o": layer.o[:, q_rows],
+        "gate": layer.gate[a:b],
+        "up": layer.up[a:b],
+        "down": layer.down[:, a:b],
+    }
+    return {k: v.detach().clone().requires_grad_(True) for k, v in slices.items()}
+
+
+def rank_attention(h: torch.Tensor, p: dict, shards: LayerShards, rank: int, cfg: TinyConfig) -> torch.Tensor:
+    """This rank's partial attention output (its heads through its columns of the output projection)."""
+    heads, kvs = shards.heads[rank], shards.kv_heads[rank]
+    q, k, v = attention(h, p["q"], p["k"], p["v"], p["o"], len(heads), len(kvs), cfg.head_dim, cfg.rope_theta)
+    group = cfg.heads // cfg.kv_heads
+    return attend(q, k, v, [kvs.index(hd // group) for hd in heads], p["o"])
+
+
+def rank_mlp(h: torch.Tensor, p: dict) -> torch.Tensor:
+    return swiglu(h, p["gate"], p["up"], p["down"])
+
+
+def shard_model(ref: Reference, degrees: list[int]) -> dict:
+    """Per-rank parameters of every layer at its degree, plus vocab-parallel embedding and head
+    (at the first layer's degree)."""
+    cfg = ref.cfg
+    layers = []
+    for layer, t in zip(ref.layers, degrees, strict=True):
+        shards = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, t)
+        layers.append((shards, [rank_layer_params(layer, shards, r, cfg.head_dim) for r in range(t)]))
+    vocab = vocab_shards(cfg.vocab, degrees[0])
+    embed = [ref.embed[a:b].detach().clone().requires_grad_(True) for a, b in vocab]
+    head = [ref.head[a:b].detach().clone().requires_grad_(True) for a, b in vocab]
+    norm = ref.norm.detach().clone().requires_grad_(True)
+    return {"cfg": cfg, "layers": layers, "vocab": vocab, "embed": embed, "head": head, "norm": norm}
+
+
+def simulated_tp_loss(sharded: dict, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The model's loss computed rank by rank, partials summed in place of the all-reduces."""
+    cfg = sharded["cfg"]
+    x = 0
+    for (a, b), table in zip(sharded["vocab"], sharded["embed"], strict=True):
+        mine = (tokens >= a) & (tokens < b)
+        x = x + table[(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
+    for shards, ranks in sharded["layers"]:
+        x = x + sum(rank_attention(rms_norm(x, p["norm1"]), p, shards, r, cfg) for r, p in enumerate(ranks))
+        x = x + sum(rank_mlp(rms_norm(x, p["norm2"]), p) for p in ranks)
+    h = rms_norm(x, sharded["norm"])
+    logits = torch.cat([h @ w.T for w in sharded["head"]], dim=-1)
+    return F.cross_entropy(logits.reshape(-1, cfg.vocab), targets.reshape(-1))
+
+
+def gathered_grads(sharded: dict) -> dict[str, torch.Tensor]:
+    """Gradients mapped back to the reference parameters' shapes: slices placed, replicated
+    pieces (norms, KV heads cut by an uneven split) summed over the ranks holding them."""
+    cfg = sharded["cfg"]
+    out = {
+        "embed": torch.cat([t.grad for t in sharded["embed"]]),
+        "head": torch.cat([t.grad for t in sharded["head"]]),
+        "norm": sharded["norm"].grad,
+    }
+    for i, (shards, ranks) in enumerate(sharded["layers"]):
+        d = cfg.head_dim
+        full = {
+            "norm1": torch.zeros(cfg.hidden),
+            "norm2": torch.zeros(cfg.hidden),
+            "q": torch.zeros(cfg.heads * d, cfg.hidden),
+            "k": torch.zeros(cfg.kv_heads * d, cfg.hidden),
+            "v": torch.zeros(cfg.kv_heads * d, cfg.hidden),
+            "o": torch.zeros(cfg.hidden, cfg.heads * d),
+            "gate": torch.zeros(cfg.ffn, cfg.hidden),
+            "up": torch.zeros(cfg.ffn, cfg.hidden),
+            "down": torch.zeros(cfg.hidden, cfg.ffn),
+        }
+        for r, p in enumerate(ranks):
+            q_rows, kv_rows = head_rows(shards.heads[r], d), head_rows(shards.kv_heads[r], d)
+            a, b = shards.ffn[r]
+            full["norm1"] += p["norm1"].grad
+            full["norm2"] += p["norm2"].grad
+            full["q"][q_rows] += p["q"].grad
+            full["k"][kv_rows] += p["k"].grad
+            full["v"][kv_rows] += p["v"].grad
+            full["o"][:, q_rows] += p["o"].grad
+            full["gate"][a:b] += p["gate"].grad
+            full["up"][a:b] += p["up"].grad
+            full["down"][:, a:b] += p["down"].grad
+        out.update({f"layers.{i}.{k}": v for k, v in full.items()})
+    return out
