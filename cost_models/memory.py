@@ -40,21 +40,29 @@ def state_bytes(params: float, dtype: str, dp: int, distributed_optimizer: bool)
     return StateBytes(weights=2.0 * params, grads=grad * params, optimizer=opt * params / shard)
 
 
+def embedding_params_per_gpu(model: ModelSpec, tp: int) -> float:
+    """Word embeddings split over tp (padded vocabulary) plus replicated learned positions."""
+    word = padded_vocab(model, tp) * model.hidden_size / tp
+    return word + (model.embedding_params - model.vocab_size * model.hidden_size)
+
+
+def head_params_per_gpu(model: ModelSpec, tp: int, separate_stage: bool) -> float:
+    """Final norm plus the output layer split over tp. A tied output layer on a stage of its own
+    (pp > 1) keeps its own copy of the embedding (Megatron); on the embedding's stage it is free."""
+    word = padded_vocab(model, tp) * model.hidden_size / tp
+    untied = 0 if model.tie_embeddings else model.vocab_size * model.hidden_size
+    return model.head_params - untied + (word if not model.tie_embeddings or separate_stage else 0.0)
+
+
 def stage_params(model: ModelSpec, layers: range, tp: int, ep: int, first: bool, last: bool, pp: int) -> float:
     """Parameters one GPU of a pipeline stage holds. Norms, row-parallel biases and learned
-    positions are replicated over TP; everything else is split tp ways (experts ep * tp ways). A tied output layer on a
-    separate last stage keeps its own copy of the embedding (Megatron)."""
-    total = 0.0
-    for kind, n in model.kind_counts(layers.start, layers.stop).items():
-        total += n * layer_params_per_gpu(model, kind, tp, ep)
-    word = padded_vocab(model, tp) * model.hidden_size / tp
-    if first:
-        total += word + (model.embedding_params - model.vocab_size * model.hidden_size)
-    if last:
-        total += model.head_params - (0 if model.tie_embeddings else model.vocab_size * model.hidden_size)
-        if not model.tie_embeddings or (pp > 1):
-            total += word
-    return total
+    positions are replicated over TP; everything else is split tp ways (experts ep * tp ways)."""
+    total = sum(
+        n * layer_params_per_gpu(model, kind, tp, ep)
+        for kind, n in model.kind_counts(layers.start, layers.stop).items()
+    )
+    total += embedding_params_per_gpu(model, tp) if first else 0.0
+    return total + (head_params_per_gpu(model, tp, pp > 1) if last else 0.0)
 
 
 def layer_params_per_gpu(model: ModelSpec, kind: LayerKind, tp: int, ep: int) -> float:

@@ -18,12 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models import collectives as coll
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, layer_ops, model_flops_per_step, padded_vocab
+from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, layer_ops, model_flops_per_step
 from cost_models.layout import ParallelLayout, check_layout, sub_batch
 from cost_models.memory import (
     StateBytes,
     activation_bytes_per_layer,
+    embedding_params_per_gpu,
     head_activation_bytes,
+    head_params_per_gpu,
     in_flight_micro_batches,
     layer_params_per_gpu,
     state_bytes,
@@ -245,13 +247,10 @@ class CostEnv:
     def block_params(self, block: Block, t: int, last_stage_ties: bool = False) -> tuple[float, float]:
         """(non-expert, expert) parameters of a block on one GPU at degree t."""
         m = self.model
-        word = padded_vocab(m, t) * m.hidden_size / t
         if block == EMBED:
-            return word + (m.embedding_params - m.vocab_size * m.hidden_size), 0.0
+            return embedding_params_per_gpu(m, t), 0.0
         if block == HEAD:
-            untied = 0 if m.tie_embeddings else m.vocab_size * m.hidden_size
-            extra = word if (not m.tie_embeddings or last_stage_ties) else 0.0
-            return m.head_params - untied + extra, 0.0
+            return head_params_per_gpu(m, t, last_stage_ties), 0.0
         expert = m.layer_expert_params(block) / (t * self.layout.ep)
         return layer_params_per_gpu(m, block, t, self.layout.ep) - expert, expert
 
@@ -297,21 +296,28 @@ class CostEnv:
 Run = tuple[Block, int, int]  # (block, degree, how many in a row)
 
 
+def stage_blocks(
+    model: ModelSpec, layout: ParallelLayout, stage: int, start: int, count: int
+) -> list[tuple[int, Block]]:
+    """(block index, block) of one stage in order: index 0 = embedding (first stage), i + 1 =
+    layer i, L + 1 = LM head (last stage)."""
+    L = model.num_layers
+    blocks: list[tuple[int, Block]] = [(0, EMBED)] if stage == 0 else []
+    blocks += [(i + 1, model.layer_kind(i)) for i in range(start, start + count)]
+    return blocks + ([(L + 1, HEAD)] if stage == layout.pp - 1 else [])
+
+
 def stage_runs(model: ModelSpec, layout: ParallelLayout, stage: int, start: int, count: int) -> list[Run]:
-    """The blocks of one pipeline stage, in order, as runs of equal (block, degree). A uniform
-    layout's layers are grouped by kind (order is irrelevant when no degree changes)."""
-    first, last = stage == 0, stage == layout.pp - 1
+    """The blocks of one stage as runs of equal (block, degree). A uniform layout's layers are
+    grouped by kind without walking them (order is irrelevant when no degree changes)."""
     if layout.layer_tp is None:
-        t = layout.tp
+        t, first, last = layout.tp, stage == 0, stage == layout.pp - 1
         runs: list[Run] = [(EMBED, t, 1)] if first else []
         runs += [(kind, t, n) for kind, n in model.kind_counts(start, start + count).items()]
         return runs + ([(HEAD, t, 1)] if last else [])
-    degrees = layout.layer_tp
-    blocks: list[tuple[Block, int]] = [(EMBED, degrees[0])] if first else []
-    blocks += [(model.layer_kind(i), degrees[i + 1]) for i in range(start, start + count)]
-    blocks += [(HEAD, degrees[-1])] if last else []
     runs = []
-    for block, t in blocks:
+    for index, block in stage_blocks(model, layout, stage, start, count):
+        t = layout.layer_tp[index]
         if runs and runs[-1][0] == block and runs[-1][1] == t:
             runs[-1] = (block, t, runs[-1][2] + 1)
         else:

@@ -89,6 +89,14 @@ def solve_milp(p: ChainProblem) -> ChainSolution | None:
     return _solve_binary(p)
 
 
+def groups(p: ChainProblem) -> dict[tuple, list[int]]:
+    """Blocks with identical cost tables: ((time items), (memory items)) -> block indices."""
+    out: dict[tuple, list[int]] = {}
+    for i, (t, m) in enumerate(zip(p.time_s, p.memory_bytes, strict=True)):
+        out.setdefault((tuple(sorted(t.items())), tuple(sorted(m.items()))), []).append(i)
+    return out
+
+
 def _all_degrees(p: ChainProblem) -> set[int]:
     return {t for table in p.time_s for t in table}
 
@@ -148,28 +156,26 @@ def _solve_binary(p: ChainProblem) -> ChainSolution | None:
 
 def _solve_counts(p: ChainProblem) -> ChainSolution | None:
     """Free switches: group blocks with identical tables; integer count per (group, degree)."""
-    groups: dict[tuple, list[int]] = {}
-    for i, (t, m) in enumerate(zip(p.time_s, p.memory_bytes, strict=True)):
-        groups.setdefault((tuple(sorted(t.items())), tuple(sorted(m.items()))), []).append(i)
-    keys = list(groups)
+    grouped = groups(p)
+    keys = list(grouped)
     vs = [(g, t) for g, key in enumerate(keys) for t, _ in key[0]]
     c = [dict(keys[g][0])[t] for g, t in vs]
     rows, lo, hi = [], [], []
     for g, key in enumerate(keys):
         rows.append([1.0 if vg == g else 0.0 for vg, _ in vs])
-        lo.append(len(groups[key]))
-        hi.append(len(groups[key]))
+        lo.append(len(grouped[key]))
+        hi.append(len(grouped[key]))
     if math.isfinite(p.budget_bytes):
         rows.append([dict(keys[g][1])[t] for g, t in vs])
         low, high = _memory_row(p.budget_bytes)
         lo.append(low)
         hi.append(high)
-    upper = [len(groups[keys[g]]) for g, _ in vs]
+    upper = [len(grouped[keys[g]]) for g, _ in vs]
     x = _run_milp(c, rows, lo, hi, [1] * len(vs), upper)
     if x is None:
         return None
     degrees = [0] * len(p.time_s)
-    unfilled = {g: iter(groups[key]) for g, key in enumerate(keys)}
+    unfilled = {g: iter(grouped[key]) for g, key in enumerate(keys)}
     for (g, t), count in zip(vs, np.rint(x).astype(int), strict=True):
         for _ in range(count):
             degrees[next(unfilled[g])] = t
@@ -203,13 +209,11 @@ def _front(cost: np.ndarray, mem: np.ndarray) -> np.ndarray:
 def solve_counts(p: ChainProblem) -> ChainSolution | None:
     """Exact optimum when switches are free: only how many blocks of each group take each
     degree matters. Enumerates splits per group, keeps Pareto fronts, merges them."""
-    groups: dict[tuple, list[int]] = {}
-    for i, (t, m) in enumerate(zip(p.time_s, p.memory_bytes, strict=True)):
-        groups.setdefault((tuple(sorted(t.items())), tuple(sorted(m.items()))), []).append(i)
+    grouped = groups(p)
     # front entries: (cost, memory, per-group choice index)
     cost, mem, picks = np.zeros(1), np.zeros(1), np.zeros((1, 0), dtype=np.int64)
     options = []
-    for (times, mems), members in groups.items():
+    for (times, mems), members in grouped.items():
         comps = compositions(len(members), len(times))
         c = comps @ np.array([v for _, v in times])
         m = comps @ np.array([v for _, v in mems])
@@ -226,7 +230,7 @@ def solve_counts(p: ChainProblem) -> ChainSolution | None:
         return None
     best = fits[np.argmin(cost[fits])]
     degrees = [0] * len(p.time_s)
-    for (members, (comps, degs)), pick in zip(zip(groups.values(), options, strict=True), picks[best], strict=True):
+    for (members, (comps, degs)), pick in zip(zip(grouped.values(), options, strict=True), picks[best], strict=True):
         it = iter(members)
         for t, count in zip(degs, comps[pick], strict=True):
             for _ in range(int(count)):
@@ -239,17 +243,14 @@ def lagrangian_bound(p: ChainProblem, points: int = 49) -> float:
     sum_i min_t (time + lam * memory) - lam * budget is at most the optimum (Lagrangian
     relaxation of the memory row). Takes the best of a geometric grid of lam; inf if even the
     leanest degrees overflow the budget."""
-    rows: dict[tuple, int] = {}
-    for t, m in zip(p.time_s, p.memory_bytes, strict=True):
-        key = tuple((t[d], m[d]) for d in sorted(t))
-        rows[key] = rows.get(key, 0) + 1
-    counts = np.array(list(rows.values()), dtype=float)
-    width = max(len(k) for k in rows)
-    times = np.full((len(rows), width), np.inf)
-    mems = np.full((len(rows), width), np.inf)
-    for r, key in enumerate(rows):
-        times[r, : len(key)] = [c for c, _ in key]
-        mems[r, : len(key)] = [m for _, m in key]
+    grouped = groups(p)
+    counts = np.array([len(members) for members in grouped.values()], dtype=float)
+    width = max(len(times) for times, _ in grouped)
+    times = np.full((len(grouped), width), np.inf)
+    mems = np.full((len(grouped), width), np.inf)
+    for r, (t_items, m_items) in enumerate(grouped):
+        times[r, : len(t_items)] = [v for _, v in t_items]
+        mems[r, : len(m_items)] = [v for _, v in m_items]
     if counts @ mems.min(axis=1) > p.budget_bytes:
         return math.inf
     free = counts @ times.min(axis=1)

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from cost_models.layout import ParallelLayout, block_degree_ok, sub_batch
 from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
-from cost_models.step import EMBED, HEAD, RUNTIME_RESERVED_BYTES, Block, CostEnv, estimate_step
+from cost_models.step import EMBED, HEAD, RUNTIME_RESERVED_BYTES, Block, CostEnv, estimate_step, stage_blocks
 from cost_models.training import TrainingSpec
 from ntp_planner.layer_solver import (
     ChainProblem,
     ChainSolution,
+    groups,
     lagrangian_bound,
     solve_counts,
     solve_graph,
@@ -68,11 +69,7 @@ MAX_ENUMERATED_SPLITS = 400_000  # above this many count vectors per group, HiGH
 
 def _splits(p: ChainProblem) -> int:
     """Largest number of ways one group of identical blocks can be split over its degrees."""
-    sizes: dict[tuple, int] = {}
-    for t in p.time_s:
-        key = tuple(sorted(t))
-        sizes[key] = sizes.get(key, 0) + 1
-    return max(math.comb(n + len(k) - 1, len(k) - 1) for k, n in sizes.items())
+    return max(math.comb(len(members) + len(times) - 1, len(times) - 1) for (times, _), members in groups(p).items())
 
 
 class StagePlanner:
@@ -87,11 +84,7 @@ class StagePlanner:
         self._rows: dict[tuple, tuple[dict[int, float], dict[int, float], float]] = {}
 
     def blocks(self, stage: int, start: int, count: int) -> list[tuple[int, Block]]:
-        """(block index, block) of a stage: index 0 = embedding, i + 1 = layer i, L + 1 = head."""
-        m, L = self.model, self.model.num_layers
-        out: list[tuple[int, Block]] = [(0, EMBED)] if stage == 0 else []
-        out += [(i + 1, m.layer_kind(i)) for i in range(start, start + count)]
-        return out + ([(L + 1, HEAD)] if stage == self.layout.pp - 1 else [])
+        return stage_blocks(self.model, self.layout, stage, start, count)
 
     def problem(self, stage: int, start: int, count: int) -> ChainProblem:
         env, lay = self.env, self.layout

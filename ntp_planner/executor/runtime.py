@@ -136,9 +136,6 @@ class RankModel:
         }
         return table[key]
 
-    def full_shape(self, name: str, ref_shapes: dict) -> torch.Size:
-        return ref_shapes[name]
-
     def contribution(self, name: str, grad: torch.Tensor, shape) -> torch.Tensor:
         """This rank's gradient placed in a zero full-size tensor, each element counted once
         per replica: replicated norms by TP rank 0 only, a KV head cut by an uneven split by its

@@ -236,44 +236,23 @@ def test_blast_radius_and_stragglers_cost_throughput(plan_16k):
 
 
 def test_down_threshold_is_the_users(plan_file):
-    runner = CliRunner()
-    loose = json.loads(
-        runner.invoke(
-            app,
-            [
-                "simulate",
-                str(plan_file),
-                "--days",
-                "3",
-                "--trials",
-                "10",
-                "--strategies",
-                "ntp",
-                "--down-threshold",
-                "0.5",
-                "--json",
-            ],
-        ).stdout
-    )
-    tight = json.loads(
-        runner.invoke(
-            app,
-            [
-                "simulate",
-                str(plan_file),
-                "--days",
-                "3",
-                "--trials",
-                "10",
-                "--strategies",
-                "ntp",
-                "--down-threshold",
-                "0",
-                "--json",
-            ],
-        ).stdout
-    )
-    assert loose["ntp"]["time_over_threshold"] == 0.0 and tight["ntp"]["time_over_threshold"] > 0.9
+    def share_over(threshold):
+        args = [
+            "simulate",
+            str(plan_file),
+            "--days",
+            "3",
+            "--trials",
+            "10",
+            "--strategies",
+            "ntp",
+            "--down-threshold",
+            threshold,
+            "--json",
+        ]
+        return json.loads(CliRunner().invoke(app, args).stdout)["ntp"]["time_over_threshold"]
+
+    assert share_over("0.5") == 0.0 and share_over("0") > 0.9
 
 
 @pytest.mark.parametrize(
