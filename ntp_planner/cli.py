@@ -347,8 +347,6 @@ def replan(
     _check_choice(blast, ("gpu", "node", "domain"), "--blast")
     if (failed is None) == (failed_fraction is None):
         raise ValueError("give exactly one of --failed (GPU ids) or --failed-fraction (a share of GPUs)")
-    if max_power < 1:
-        raise ValueError(f"--max-power {max_power} must be at least 1 (1 = no boost)")
     p = Plan.load(plan_file)
     cluster = p.cluster.build()
     if failed is not None:
@@ -644,7 +642,10 @@ def export_cmd(
                 f"has {p.layout.world_size}; export the plan it was made from"
             )
     result = export(p, fmt, replan_result, data_path, save_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create output folder {out_dir}: {exc.strerror}; choose another -o") from None
     for name, text in result.files.items():
         write_atomic(out_dir / name, text)
         if name.endswith(".sh"):

@@ -252,6 +252,10 @@ def test_export_bad_input(tmp_path):
     runner = CliRunner()
     bad = runner.invoke(app, ["export", str(path), "--format", "deepspeed"])
     assert bad.exit_code == 2 and "--format 'deepspeed' is not one of" in bad.stderr
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    bad = runner.invoke(app, ["export", str(path), "-o", str(blocked / "sub")])
+    assert bad.exit_code == 2 and "cannot create output folder" in bad.stderr and "Traceback" not in bad.output
     wrong = tmp_path / "r.json"
     wrong.write_text("{}")
     bad = runner.invoke(app, ["export", str(path), "--replan", str(wrong)])

@@ -304,3 +304,8 @@ def test_every_replan_option_reaches_the_result(plan_file, command, option):
     changed = runner.invoke(app, [*base, *option])
     assert plain.exit_code == 0 and changed.exit_code == 0, changed.output
     assert json.loads(changed.stdout) != json.loads(plain.stdout)
+
+
+def test_sweep_validates_max_power(plan_file):
+    result = CliRunner().invoke(app, ["sweep", str(plan_file), "--samples", "2", "--max-power", "0.5"])
+    assert result.exit_code == 2 and "--max-power 0.5 must be at least 1" in result.stderr
