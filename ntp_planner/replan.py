@@ -170,9 +170,10 @@ class Replanner:
         fallback: str = "dp-drop",
         batch: BatchMode = "flexible",
         detail: bool = True,
+        count_idle: bool = False,
     ) -> ReplanResult | float:
         """Re-plan for ``failed`` GPUs. With ``detail=False`` return only throughput_relative
-        (``idle_count`` gives the idle healthy GPUs of the same state, for the simulator)."""
+        (with ``count_idle``, ``last_idle`` then holds the idle healthy GPUs, for the simulator)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if fallback not in ("dp-drop", "ntp", "ntp-pw"):
@@ -213,6 +214,8 @@ class Replanner:
         target = lay.global_batch
         paused = batch == "fixed" and reached < target
         throughput = 0.0 if paused else reached / target
+        if not detail and not count_idle:
+            return throughput
         outs = [outcomes[tuple(int(x) for x in stage_min[r])] for r in range(lay.dp)]
         if not detail:
             degree = np.array([o.stage_tp for o in outs])[:, :, None]  # [replica, stage, 1]

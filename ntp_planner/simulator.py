@@ -297,7 +297,9 @@ class _Tables:
                     if d < self.num_domains:
                         failed.update(range(d * self.domain, d * self.domain + width))
                     d += 1
-            tp = self.replanner.replan(frozenset(failed), strategy, self.cfg.spares, "dp-drop", batch, detail=False)
+            tp = self.replanner.replan(
+                frozenset(failed), strategy, self.cfg.spares, "dp-drop", batch, detail=False, count_idle=True
+            )
             self.cache[key] = (tp, self.replanner.last_idle)
         return self.cache[key]
 
