@@ -603,6 +603,26 @@ def simulate(
             _print(f"plots written to {plot}/")
 
 
+def _load_replan(path: Path, plan, verb: str):
+    """A re-plan from `ntp replan -o`, checked against the plan it must come from."""
+    from pydantic import ValidationError
+
+    from ntp_planner.replan import ReplanResult
+
+    try:
+        result = ReplanResult.model_validate_json(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read re-plan {path}: {exc.strerror}") from None
+    except ValidationError:
+        raise ValueError(f"{path} is not a re-plan written by `ntp replan -o`") from None
+    if len(result.rank_to_gpu) != plan.layout.world_size:
+        raise ValueError(
+            f"re-plan {path} has {len(result.rank_to_gpu)} ranks but the plan "
+            f"has {plan.layout.world_size}; {verb} the plan it was made from"
+        )
+    return result
+
+
 @app.command(name="export")
 @user_errors
 def export_cmd(
@@ -624,23 +644,7 @@ def export_cmd(
     from ntp_planner.plan import Plan, write_atomic
 
     p = Plan.load(plan_file)
-    replan_result = None
-    if replan_file is not None:
-        from pydantic import ValidationError
-
-        from ntp_planner.replan import ReplanResult
-
-        try:
-            replan_result = ReplanResult.model_validate_json(Path(replan_file).read_text())
-        except OSError as exc:
-            raise ValueError(f"cannot read re-plan {replan_file}: {exc.strerror}") from None
-        except ValidationError:
-            raise ValueError(f"{replan_file} is not a re-plan written by `ntp replan -o`") from None
-        if len(replan_result.rank_to_gpu) != p.layout.world_size:
-            raise ValueError(
-                f"re-plan {replan_file} has {len(replan_result.rank_to_gpu)} ranks but the plan "
-                f"has {p.layout.world_size}; export the plan it was made from"
-            )
+    replan_result = None if replan_file is None else _load_replan(replan_file, p, "export")
     result = export(p, fmt, replan_result, data_path, save_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -657,6 +661,107 @@ def export_cmd(
     else:
         for name in result.files:
             _print(f"wrote {out_dir / name}")
+
+
+@app.command()
+@user_errors
+def validate(
+    plan_file: PlanArg,
+    replan_file: Annotated[
+        Path | None, typer.Option("--replan", help="A re-plan from `ntp replan -o`: run its degraded replicas.")
+    ] = None,
+    nproc: Annotated[
+        int | None, typer.Option("--nproc", help="Processes to run (default: 16 on CPU, one per GPU with nccl).")
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (CUDA GPUs).")] = "gloo",
+    steps: Annotated[int, typer.Option("--steps", help="AdamW steps to train and compare.")] = 3,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a silent rank counts as hung.")] = 180.0,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Largest relative error that passes.")] = 1e-5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the synthetic batch.")] = 0,
+    fault: Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="RANK:die|hang|raise:STEP")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run a plan for real on a shrunk model with torch.distributed and compare it with one process.
+
+    Keeps the plan's stage width, per-layer TP degrees and (with --replan) the degraded replicas'
+    uneven shards and batches; shrinks layers, width, replicas and stages to fit --nproc.
+
+    Example: ntp validate plan.json --replan replan.json --steps 3
+    """
+    from ntp_planner.executor.shrink import shrink
+    from ntp_planner.plan import Plan
+
+    _check_choice(backend, ("gloo", "nccl"), "--backend")
+    if steps < 1:
+        raise ValueError(f"--steps {steps} must be at least 1")
+    if timeout <= 0:
+        raise ValueError(f"--timeout {timeout:g} must be positive")
+    p = Plan.load(plan_file)
+    replan_result = None if replan_file is None else _load_replan(replan_file, p, "validate")
+    injected = _parse_fault(fault)
+    import torch  # the executor needs it; imported only here
+
+    gpus = torch.cuda.device_count() if backend == "nccl" else 0
+    if backend == "nccl" and gpus == 0:
+        raise ValueError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
+    n = nproc if nproc is not None else (gpus or 16)
+    if n < 1:
+        raise ValueError(f"--nproc {n} must be at least 1")
+    if backend == "nccl" and n > gpus:
+        raise ValueError(f"--nproc {n} exceeds the {gpus} GPUs here (nccl runs one rank per GPU); lower --nproc")
+    shrunk = shrink(p, n, replan_result, steps, seed)
+    from ntp_planner.executor.launch import RankFailure, launch
+    from ntp_planner.report import validate_json, validate_view
+
+    try:
+        result = _with_progress(lambda tick: launch(shrunk.spec, backend, timeout, injected, tick), steps, json_out)
+    except RankFailure as exc:
+        if json_out:
+            _print_json({"passed": False, "failure": str(exc)})
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    data = validate_json(shrunk, result, tolerance, backend)
+    if json_out:
+        _print_json(data)
+    else:
+        _print(validate_view(p, shrunk, result, tolerance, backend))
+    if not data["passed"]:
+        raise typer.Exit(1)
+
+
+def _parse_fault(text: str | None):
+    if text is None:
+        return None
+    try:
+        rank, kind, step = text.split(":")
+        if kind not in ("die", "hang", "raise"):
+            raise ValueError
+        return int(rank), kind, int(step)
+    except ValueError:
+        raise ValueError(f"--inject-fault {text!r} must look like RANK:die|hang|raise:STEP, e.g. 1:die:0") from None
+
+
+def _with_progress(work, steps: int, quiet: bool):
+    """Run ``work(tick)`` under a progress bar of the steps the slowest rank has entered."""
+    if quiet:
+        return work(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("starting ranks", total=steps)
+
+        def tick(step: int) -> None:
+            if step:
+                bar.update(task, completed=step - 1, description=f"step {step} of {steps}")
+
+        return work(tick)
 
 
 def main() -> None:

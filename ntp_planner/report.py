@@ -306,3 +306,74 @@ def simulation_table(results, cfg) -> Group:
             f"failures {cfg.failure_rate_per_gpu_hour:.3g} per GPU-hour"
         ),
     )
+
+
+def validate_json(shrunk, result, tolerance: float, backend: str) -> dict:
+    """What `ntp validate --json` prints."""
+    spec = shrunk.spec
+    errors = (result.max_rel_error_loss, result.max_rel_error_grads, result.max_rel_error_params)
+    ranks = []
+    for process, (plan_rank, gpu) in enumerate(shrunk.plan_ranks):
+        replica, stage = spec.locate(process)
+        local = spec.replicas[replica].stages[stage].ranks.index(process)
+        ranks.append(
+            {"process": process, "plan_rank": plan_rank, "gpu": gpu, "replica": replica, "stage": stage, "local": local}
+        )
+    return {
+        "passed": max(errors) <= tolerance,
+        "tolerance": tolerance,
+        "max_rel_error_loss": result.max_rel_error_loss,
+        "max_rel_error_grads": result.max_rel_error_grads,
+        "max_rel_error_params": result.max_rel_error_params,
+        "worst_param": result.worst_param,
+        "max_elementwise_error_params": result.max_elementwise_error_params,
+        "step_time_s": result.step_time_s,
+        "wall_s": result.wall_s,
+        "losses": result.losses,
+        "reference_losses": result.reference_losses,
+        "backend": backend,
+        "processes": spec.world_size,
+        "steps": spec.steps,
+        "plan_replicas": list(shrunk.replicas),
+        "plan_stages": [list(g) for g in shrunk.stage_groups],
+        "notes": list(spec.notes),
+        "ranks": ranks,
+    }
+
+
+def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str) -> Group:
+    """The run as executed, the losses step by step, the errors and the verdict."""
+    data = validate_json(shrunk, result, tolerance, backend)
+    spec = shrunk.spec
+    head = Table(show_header=False, box=None)
+    head.add_row("plan", escape(plan.layout.describe()))
+    shape = "; ".join(
+        f"replica {i}: {' | '.join(_stage_text(st) for st in rep.stages)} x {rep.micro_batches} micro-batches"
+        for i, rep in enumerate(spec.replicas)
+    )
+    head.add_row("ran", f"{spec.world_size} processes ({backend}), {escape(shape)}")
+    for note in spec.notes:
+        head.add_row("", escape(note))
+    losses = Table(title="Loss per step", box=box.SIMPLE_HEAD)
+    for col in ("step", "distributed", "one process", "relative error"):
+        losses.add_column(col, justify="right")
+    for i, (a, b) in enumerate(zip(result.losses, result.reference_losses, strict=True), 1):
+        losses.add_row(str(i), f"{a:.7f}", f"{b:.7f}", f"{abs(a - b) / abs(b):.1e}")
+    verdict = Table(show_header=False, box=None)
+    verdict.add_row("max relative error, loss", f"{result.max_rel_error_loss:.1e}")
+    verdict.add_row("max relative error, first-step gradients", f"{result.max_rel_error_grads:.1e}")
+    verdict.add_row("max relative error, parameters", f"{result.max_rel_error_params:.1e} ({result.worst_param})")
+    verdict.add_row("step time (slowest rank)", f"{result.step_time_s:.3f} s")
+    ok = data["passed"]
+    verdict.add_row(
+        "verdict",
+        Text(f"PASS (all <= {tolerance:g})" if ok else f"FAIL (above {tolerance:g})", style="green" if ok else "red"),
+    )
+    return Group(head, losses, verdict)
+
+
+def _stage_text(stage) -> str:
+    """'8 ranks: 4,2,4' - a stage's width and its blocks' degrees, runs collapsed."""
+    degrees = [b.degree for b in stage.blocks]
+    runs = [str(d) for i, d in enumerate(degrees) if i == 0 or degrees[i - 1] != d]
+    return f"{stage.width} ranks: TP {','.join(runs)}"

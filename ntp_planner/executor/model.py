@@ -4,26 +4,13 @@ is compared with. Embedding, RMSNorm, rotary positions, grouped-query attention 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ntp_planner.executor.spec import TinyConfig
 
-@dataclass(frozen=True)
-class TinyConfig:
-    vocab: int = 64
-    hidden: int = 32
-    layers: int = 2
-    heads: int = 8
-    kv_heads: int = 2
-    ffn: int = 48
-    rope_theta: float = 10000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+__all__ = ["Reference", "TinyConfig"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -33,8 +20,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotate pairs of channels by position-dependent angles; x is [batch, heads, seq, dim]."""
     seq, dim = x.shape[-2], x.shape[-1]
-    freqs = theta ** (-torch.arange(0, dim, 2, dtype=x.dtype) / dim)
-    angles = torch.arange(seq, dtype=x.dtype)[:, None] * freqs[None, :]
+    freqs = theta ** (-torch.arange(0, dim, 2, dtype=x.dtype, device=x.device) / dim)
+    angles = torch.arange(seq, dtype=x.dtype, device=x.device)[:, None] * freqs[None, :]
     cos, sin = angles.cos(), angles.sin()
     a, b = x[..., 0::2], x[..., 1::2]
     return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)

@@ -1,0 +1,162 @@
+"""The executor's process groups and collectives, passed explicitly (no module globals).
+
+``Comm`` creates every group of a ``RunSpec`` in one order on every rank, skips collectives over
+one rank, and records in a shared progress array the collectives it has entered and left, so
+the launcher can tell a hung rank (outside any collective) from those waiting for it (inside).
+
+The autograd functions are the TP pair of Megatron-style layers (copy to TP: identity forward,
+all-reduce backward; reduce from TP: all-reduce forward, identity backward), the vocabulary
+all-gather, and the pair that moves the residual stream between the full micro-batch
+(replicated on the stage) and the copies of a lower-degree block (each copy its rows).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ntp_planner.executor.spec import RunSpec, process_groups
+
+
+class Comm:
+    def __init__(self, spec: RunSpec, rank: int, progress=None):
+        self.rank, self.progress, self.entered = rank, progress, 0
+        self.groups = {}
+        for ranks in process_groups(spec):  # every rank, same order
+            self.groups[ranks] = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+
+    @contextmanager
+    def _counted(self):
+        """progress[3 rank + 1] = collectives entered, progress[3 rank + 2] = collectives left:
+        a rank blocked inside a collective has entered one more than it has left."""
+        self.entered += 1
+        if self.progress is not None:
+            self.progress[3 * self.rank + 1] = self.entered
+        yield
+        if self.progress is not None:
+            self.progress[3 * self.rank + 2] = self.entered
+
+    def all_reduce(self, t: torch.Tensor, ranks: tuple[int, ...]) -> torch.Tensor:
+        """Sum ``t`` in place over ``ranks`` (one of the spec's groups)."""
+        if len(ranks) > 1:
+            with self._counted():
+                dist.all_reduce(t, group=self.groups[ranks])
+        return t
+
+    def world_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        with self._counted():
+            dist.all_reduce(t, op=op)
+        return t
+
+    def broadcast(self, t: torch.Tensor, src: int, ranks: tuple[int, ...]) -> torch.Tensor:
+        if len(ranks) > 1:
+            with self._counted():
+                dist.broadcast(t, src=src, group=self.groups[ranks])
+        return t
+
+    def all_gather(self, t: torch.Tensor, ranks: tuple[int, ...]) -> list[torch.Tensor]:
+        if len(ranks) == 1:
+            return [t]
+        parts = [torch.empty_like(t) for _ in ranks]
+        with self._counted():
+            dist.all_gather(parts, t.contiguous(), group=self.groups[ranks])
+        return parts
+
+    def exchange(self, send: torch.Tensor | None, to: int | None, shape, frm: int | None, like: torch.Tensor):
+        """Send ``send`` to rank ``to`` and receive a ``shape`` tensor from ``frm`` together (either
+        may be None), as one batch so that neighbours sending to each other cannot deadlock."""
+        ops, out = [], None
+        if send is not None:
+            ops.append(dist.P2POp(dist.isend, send.contiguous(), to))
+        if frm is not None:
+            out = torch.empty(shape, dtype=like.dtype, device=like.device)
+            ops.append(dist.P2POp(dist.irecv, out, frm))
+        if ops:
+            with self._counted():
+                for req in dist.batch_isend_irecv(ops):
+                    req.wait()
+        return out
+
+
+# ---- TP collectives --------------------------------------------------------------------------
+class CopyToTP(torch.autograd.Function):
+    """Identity forward; all-reduce of the input gradient backward (column-parallel input)."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, ranks):
+        ctx.comm, ctx.ranks = comm, ranks
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.comm.all_reduce(grad.clone(), ctx.ranks), None, None
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward (row-parallel output); identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, ranks):
+        return comm.all_reduce(x.clone(), ranks)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+class GatherVocab(torch.autograd.Function):
+    """All-gather of uneven vocabulary shards along the last dimension (equal sizes on the
+    wire: pad, gather, trim); backward keeps this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, ranks, sizes, tp_rank):
+        ctx.tp_rank, ctx.sizes = tp_rank, sizes
+        parts = comm.all_gather(F.pad(x, (0, max(sizes) - x.shape[-1])), ranks)
+        return torch.cat([p[..., :n] for p, n in zip(parts, sizes, strict=True)], dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        start = sum(ctx.sizes[: ctx.tp_rank])
+        return grad[..., start : start + ctx.sizes[ctx.tp_rank]].contiguous(), None, None, None, None
+
+
+# ---- the residual stream between the whole stage and the copies of a block ------------------
+def _place(part: torch.Tensor, rows: slice, total: int, speaks: bool) -> torch.Tensor:
+    """``part`` at ``rows`` of a zero tensor of ``total`` rows; zeros if this rank does not speak
+    for its copy (TP rank 0 speaks, so the sum over the stage counts each copy once)."""
+    full = part.new_zeros((total, *part.shape[1:]))
+    if speaks:
+        full[rows] = part
+    return full
+
+
+class EnterCopies(torch.autograd.Function):
+    """Forward: this copy's rows of the stage's micro-batch. Backward: the copies' gradients
+    assembled into the whole micro-batch on every rank of the stage."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, stage_ranks, rows: slice, speaks: bool):
+        ctx.comm, ctx.stage_ranks, ctx.rows, ctx.speaks, ctx.total = comm, stage_ranks, rows, speaks, x.shape[0]
+        return x[rows].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        full = _place(grad, ctx.rows, ctx.total, ctx.speaks)
+        return ctx.comm.all_reduce(full, ctx.stage_ranks), None, None, None, None
+
+
+class ExitCopies(torch.autograd.Function):
+    """Forward: the copies' outputs assembled into the whole micro-batch on every rank of the
+    stage. Backward: this copy's rows of the gradient."""
+
+    @staticmethod
+    def forward(ctx, y, comm: Comm, stage_ranks, rows: slice, total: int, speaks: bool):
+        ctx.rows = rows
+        return comm.all_reduce(_place(y, rows, total, speaks), stage_ranks)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[ctx.rows].contiguous(), None, None, None, None, None

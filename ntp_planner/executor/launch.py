@@ -1,0 +1,183 @@
+"""Launch a run's ranks on this host, watch them, and compare the result with one process.
+
+Every rank is a ``torch.multiprocessing`` spawn process. The launcher never waits without a
+deadline: a rank that exits with an error or dies ends the run at once, and when no rank has
+entered a collective for ``timeout_s`` the run is declared hung; the failure names the rank.
+The ranks' own collective timeout is longer, so the launcher, which sees them all, decides.
+Each rank reports the step it has entered and the collectives it has entered and left (a shared
+array): a hung rank is outside any collective while the ranks waiting for it are inside one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ntp_planner.executor.runtime import reference_run, run_rank
+from ntp_planner.executor.spec import RunSpec
+
+STARTUP_S = 60.0  # extra patience before every rank has entered its first collective
+
+
+class RankFailure(RuntimeError):
+    """A rank died, raised or hung; the message names it."""
+
+
+@dataclass
+class Result:
+    losses: list[float]
+    reference_losses: list[float]
+    max_rel_error_loss: float
+    max_rel_error_params: float  # max over tensors of |got - ref| / |ref| (Frobenius norms)
+    max_rel_error_grads: float  # the same for the first step's synced gradients (Adam hides scale errors)
+    step_time_s: float  # slowest rank, mean over the steps after the first
+    wall_s: float
+    worst_param: str = ""
+    max_elementwise_error_params: float = 0.0  # max over tensors of max|got - ref| / max|ref|
+    per_replica_error: list[float] = field(default_factory=list)
+
+
+def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault) -> None:
+    try:
+        run_rank(rank, spec, init_method, backend, out_file, timeout_s, progress, fault)
+    except BaseException as exc:  # report why, then leave at once (no hanging in teardown)
+        collective = isinstance(exc, dist.DistError) or "gloo" in str(exc).lower() or "nccl" in str(exc).lower()
+        last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f" ({Path(last.filename).name}:{last.lineno})" if last else ""
+        text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}"
+        Path(err_dir, f"{rank}.json").write_text(json.dumps({"collective": collective, "error": text}))
+        os._exit(1)
+    os._exit(0)
+
+
+def describe_rank(spec: RunSpec, rank: int) -> str:
+    replica, s = spec.locate(rank)
+    local = spec.replicas[replica].stages[s].ranks.index(rank)
+    return f"rank {rank} (replica {replica}, stage {s}, local rank {local})"
+
+
+def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault=None, tick=None) -> Result:
+    """Run ``spec`` on ``spec.world_size`` local processes and compare with the reference.
+    Raises RankFailure naming the rank when one fails or hangs. ``tick(step)`` hears the step
+    the slowest rank has entered."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    start = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    world = spec.world_size
+    progress = ctx.Array("q", 3 * world, lock=False)
+    with tempfile.TemporaryDirectory(prefix="ntp-validate-") as tmp:
+        out, errs = Path(tmp, "out.pt"), Path(tmp, "errors")
+        errs.mkdir()
+        init = f"file://{tmp}/store"
+        args = (spec, init, backend, str(out), str(errs), 2 * timeout_s + STARTUP_S, progress, fault)
+        procs = [ctx.Process(target=_worker, args=(r, *args), daemon=True) for r in range(world)]
+        for p in procs:
+            p.start()
+        try:
+            _watch(spec, procs, progress, errs, timeout_s, tick)
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            for p in procs:
+                p.join(5)
+        got = torch.load(out)
+    ref = reference_run(spec)
+    return _compare(got, ref, time.perf_counter() - start)
+
+
+def _watch(spec, procs, progress, errs: Path, timeout_s: float, tick) -> None:
+    """Wait for the ranks; fail when one exits with an error or when no rank has entered a
+    collective for ``timeout_s`` (plus STARTUP_S before every rank has entered its first)."""
+    world = len(procs)
+    seen = [-1] * world
+    changed = [time.monotonic()] * world
+    while True:
+        if tick is not None:
+            tick(min(progress[3 * r] for r in range(world)))
+        codes = [p.exitcode for p in procs]
+        if all(c == 0 for c in codes):
+            return
+        now = time.monotonic()
+        for r in range(world):
+            if progress[3 * r + 1] != seen[r]:
+                seen[r], changed[r] = progress[3 * r + 1], now
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(0.5)  # let the others report what they saw
+            raise RankFailure(_diagnose(spec, [p.exitcode for p in procs], progress, errs))
+        started = all(seen[r] > 0 for r in range(world))
+        if now - max(changed) > timeout_s + (0 if started else STARTUP_S):
+            raise RankFailure(_diagnose(spec, codes, progress, errs, timeout_s))
+        time.sleep(0.05)
+
+
+def _diagnose(spec, codes, progress, errs: Path, timeout_s: float | None = None) -> str:
+    world = len(codes)
+    reports = {
+        r: json.loads(Path(errs, f"{r}.json").read_text()) for r in range(world) if Path(errs, f"{r}.json").exists()
+    }
+    step = {r: progress[3 * r] for r in range(world)}
+    for r, c in enumerate(codes):  # died without a word
+        if c not in (None, 0, 1) or (c == 1 and r not in reports):
+            how = f"was killed by signal {-c}" if c < 0 else f"exited with code {c}"
+            return f"{describe_rank(spec, r)} died: it {how} during step {step[r]}; the other ranks were stopped."
+    for r, rep in reports.items():  # its own error, not a collective that lost a peer
+        if not rep["collective"]:
+            return f"{describe_rank(spec, r)} failed during step {step[r]}: {rep['error']}"
+    stuck = [r for r in range(world) if codes[r] != 0]
+    # the others wait inside a collective (entered > left); the culprit is outside any
+    outside = [r for r in stuck if codes[r] is None and progress[3 * r + 1] == progress[3 * r + 2]]
+    culprits = outside if outside and len(outside) < len(stuck) else stuck
+    names = ", ".join(describe_rank(spec, r) for r in culprits)
+    if timeout_s is None:
+        return f"{names} lost contact with the other ranks during step {step[culprits[0]]}."
+    if culprits is stuck:
+        return f"{names} made no progress for {timeout_s:g} s; raise --timeout if the run is just slow."
+    return (
+        f"{names} hung: no rank made progress for {timeout_s:g} s; it stopped during step {step[culprits[0]]} "
+        f"outside any collective while the other ranks waited for it in one."
+    )
+
+
+def _errors(got: dict, ref: dict) -> dict[str, float]:
+    """Normwise relative error of every tensor: |got - ref| / |ref| (Frobenius norms)."""
+    return {k: (torch.linalg.norm(got[k] - v) / torch.linalg.norm(v)).item() for k, v in ref.items()}
+
+
+def _compare(got: dict, ref: dict, wall_s: float) -> Result:
+    losses, ref_losses = got["losses"], ref["losses"]
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
+    per_replica, worst, worst_name, elementwise = [], 0.0, "", 0.0
+    for params in got["params"]:
+        errs = _errors(params, ref["params"])
+        name = max(errs, key=errs.get)
+        per_replica.append(errs[name])
+        if errs[name] >= worst:
+            worst, worst_name = errs[name], name
+        elementwise = max(
+            elementwise, *(((params[k] - v).abs().max() / v.abs().max()).item() for k, v in ref["params"].items())
+        )
+    grad_err = max(max(_errors(g, ref["grads"]).values()) for g in got["grads"])
+    times = got["step_times_s"]
+    steady = times[1:] or times
+    return Result(
+        losses=losses,
+        reference_losses=ref_losses,
+        max_rel_error_loss=loss_err,
+        max_rel_error_params=worst,
+        max_rel_error_grads=grad_err,
+        step_time_s=sum(steady) / len(steady),
+        wall_s=wall_s,
+        worst_param=worst_name,
+        max_elementwise_error_params=elementwise,
+        per_replica_error=per_replica,
+    )

@@ -1,0 +1,89 @@
+"""The 1F1B pipeline schedule of one replica (Megatron's non-interleaved schedule).
+
+Stage s of P runs min(P - s - 1, m) warm-up forwards, then alternates one forward and one
+backward, then drains the remaining backwards. Activations and their gradients travel between
+the first ranks of neighbouring stages (a send and a receive to the same neighbour go in one
+batch, so the pair cannot deadlock) and are broadcast to the rest of the receiving stage.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.spec import RunSpec
+from ntp_planner.executor.stage import StageModel
+
+
+class _Pipe:
+    """Point-to-point traffic of one rank with its neighbouring stages."""
+
+    def __init__(self, spec: RunSpec, replica: int, stage: int, rank: int, comm: Comm, like: torch.Tensor):
+        stages = spec.replicas[replica].stages
+        self.ranks, self.rank, self.comm, self.like = stages[stage].ranks, rank, comm, like
+        self.prev = stages[stage - 1].ranks[0] if stage > 0 else None
+        self.next = stages[stage + 1].ranks[0] if stage < len(stages) - 1 else None
+        self.shape = (spec.micro_batch, spec.seq_len, spec.cfg.hidden)
+
+    def __call__(self, send: torch.Tensor | None, to: int | None, frm: int | None) -> torch.Tensor | None:
+        """Send ``send`` to ``to`` and receive from ``frm`` (either may be None); the received
+        tensor reaches every rank of this stage."""
+        send = send if to is not None else None
+        got = None
+        if self.rank == self.ranks[0]:
+            got = self.comm.exchange(None if send is None else send.detach(), to, self.shape, frm, self.like)
+        if frm is None:
+            return None
+        if got is None:
+            got = torch.empty(self.shape, dtype=self.like.dtype, device=self.like.device)
+        return self.comm.broadcast(got, self.ranks[0], self.ranks)
+
+
+def one_f_one_b(
+    model: StageModel, spec: RunSpec, replica: int, stage: int, rank: int, comm: Comm, batch, scale: float
+) -> float:
+    """Forward and backward of every micro-batch of this replica through this stage; gradients
+    accumulate in the parameters. Returns this rank's share of the loss (last stage, TP rank 0
+    of each copy; 0 elsewhere)."""
+    tokens, targets = batch
+    rep = spec.replicas[replica]
+    P, m, mb = len(rep.stages), rep.micro_batches, spec.micro_batch
+    first = spec.first_sequence(replica)
+    like = next(t for *_, t in model.named_parameters())
+    pipe = _Pipe(spec, replica, stage, rank, comm, like)
+    last = stage == P - 1
+    head = model.blocks[-1]
+    pending: deque = deque()
+    loss = 0.0
+    count = iter(range(m))
+
+    def forward(x):
+        nonlocal loss
+        i = next(count)
+        rows = slice(first + i * mb, first + (i + 1) * mb)
+        if x is not None:
+            x.requires_grad_(True)
+        y = model.forward(tokens[rows] if stage == 0 else x, targets[rows], scale)
+        if last and head.tp_rank == 0:
+            loss += y.item()
+        pending.append((x, y))
+        return y
+
+    def backward(grad):
+        x, y = pending.popleft()
+        y.backward() if last else y.backward(grad)
+        return None if x is None else x.grad
+
+    warmup = min(P - stage - 1, m)
+    for _ in range(warmup):
+        pipe(forward(pipe(None, None, pipe.prev)), pipe.next, None)
+    x = pipe(None, None, pipe.prev) if m > warmup else None
+    for i in range(m - warmup):
+        grad = pipe(forward(x), pipe.next, pipe.next)
+        dx = backward(grad)
+        x = pipe(dx, pipe.prev, pipe.prev if i < m - warmup - 1 else None)
+    for _ in range(warmup):
+        pipe(backward(pipe(None, None, pipe.next)), pipe.prev, None)
+    return loss

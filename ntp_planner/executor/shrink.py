@@ -1,0 +1,207 @@
+"""Shrink a Plan (optionally re-planned after failures) to a run this host can afford, keeping
+what makes its sharding what it is: the stage width, every block's TP degree (one layer per run
+of equal degrees), the degraded replicas' widths and their share of the batch, the number of
+query and KV heads, and the FFN width and vocabulary modulo every degree in use (so uneven
+splits cut at the same places). No torch here: ``ntp validate`` reports the shrink before it
+starts any process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
+from ntp_planner.plan import Plan
+from ntp_planner.replan import ReplanResult
+
+MAX_LAYERS_PER_STAGE = 6
+SEQ_LEN = 8
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    spec: RunSpec
+    plan_ranks: tuple[tuple[int, int | None], ...]  # per process: (plan rank it stands for, GPU)
+    replicas: tuple[int, ...]  # plan replica of each run replica
+    stage_groups: tuple[tuple[int, ...], ...]  # plan stages merged into each run stage
+
+
+def _same_remainder(value: int, modulus: int, at_least: int) -> int:
+    """Smallest number >= at_least congruent to ``value`` modulo ``modulus``.
+
+    >>> _same_remainder(28672, 7 * 8, 64)  # 28672 = 512 * 56: a multiple of 56 stays one
+    112
+    """
+    r = value % modulus
+    return r + modulus * max(1 if r == 0 else 0, math.ceil((at_least - r) / modulus))
+
+
+def _runs(degrees: list[int]) -> list[int]:
+    """One entry per run of equal degrees."""
+    return [d for i, d in enumerate(degrees) if i == 0 or degrees[i - 1] != d]
+
+
+def check_replan(plan: Plan, replan: ReplanResult) -> None:
+    lay = plan.layout
+    if len(replan.rank_to_gpu) != lay.world_size or len(replan.replicas) != lay.dp:
+        raise ValueError(
+            f"the re-plan has {len(replan.replicas)} replicas and {len(replan.rank_to_gpu)} ranks but the plan has "
+            f"dp {lay.dp} and {lay.world_size} ranks; re-plan this plan with `ntp replan PLAN -o R.json`"
+        )
+    if any(len(r.stage_tp) != lay.pp for r in replan.replicas):
+        raise ValueError(f"the re-plan's replicas do not have the plan's {lay.pp} pipeline stages; re-plan this plan")
+
+
+def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: int = 3, seed: int = 0) -> Shrunk:
+    """The run that stands for ``plan`` on ``nproc`` processes, with notes on what changed."""
+    lay, model = plan.layout, plan.model
+    w, L = lay.tp, model.num_layers
+    if replan is not None:
+        check_replan(plan, replan)
+    blocks = list(lay.block_tp(L))
+    bounds, start = [], 1
+    for n in lay.stage_layers(L):
+        bounds.append((start, start + n))
+        start += n
+    plan_stage = [blocks[a:b] for a, b in bounds]
+    plan_stage[0] = [blocks[0], *plan_stage[0]]
+    plan_stage[-1] = [*plan_stage[-1], blocks[-1]]
+    micro = lay.num_micro_batches
+    if replan is None:
+        active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
+        picks = active[: min(2, lay.dp)]
+    else:
+        active = [
+            (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
+            for x in replan.replicas
+            if x.status != "dropped"
+        ]
+        if not active:
+            raise ValueError("every replica of the re-plan is dropped; there is nothing to run")
+        kinds: dict = {}
+        for rep in sorted(active, key=lambda x: (min(x[1]) != w, x[0])):  # healthy first
+            kinds.setdefault((tuple(rep[1]), rep[2]), rep)
+        picks = list(kinds.values())
+        if len(picks) == 1 and len(active) > 1:
+            picks.append(next(x for x in active if x is not picks[0]))
+    pp, picks = _fit(picks, lay.pp, w, nproc, prefer_replicas=replan is not None)
+    groups = [tuple(g) for g in _split(lay.pp, pp)]
+    stage_degrees, layer_count = [], 0
+    for j, g in enumerate(groups):
+        merged = [d for s in g for d in plan_stage[s]]
+        first, last = j == 0, j == len(groups) - 1
+        body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
+        runs = _runs(body)[:MAX_LAYERS_PER_STAGE]
+        if len(runs) == 1 and len(body) > 1:
+            runs *= 2
+        stage_degrees.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
+        layer_count += len(runs)
+    widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
+    # sequences per micro-batch: every copy of every block needs one
+    copies = [w // t for d in stage_degrees for t in d]
+    mb = math.lcm(*copies)
+    m = min(micro, max(2 * pp, 2))
+    ratios = [n / micro for *_, n in picks]
+    if any(r < 1 for r in ratios):
+        m = max(m, 2)
+    run_micro = []
+    for r in ratios:
+        k = max(1, round(r * m))
+        run_micro.append(m - 1 if r < 1 and k >= m else k)
+    degrees = {t for d in stage_degrees for t in d} | {x for ws in widths for x in ws}
+    modulus = math.lcm(*degrees)
+    head_dim = 4 if model.num_heads <= 32 else 2
+    cfg = TinyConfig(
+        vocab=_same_remainder(model.vocab_size, modulus, 64),
+        hidden=model.num_heads * head_dim,
+        layers=layer_count,
+        heads=model.num_heads,
+        kv_heads=model.num_kv_heads,
+        ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
+    )
+    notes = _notes(plan, cfg, pp, groups, picks, mb, m, run_micro, replan)
+    spec = make_spec(
+        cfg,
+        stage_degrees,
+        [(ws, k) for ws, k in zip(widths, run_micro, strict=True)],
+        mb,
+        SEQ_LEN,
+        width=w,
+        steps=steps,
+        seed=seed,
+        recompute=lay.recompute == "full",
+        notes=tuple(notes),
+    )
+    ranks = []
+    gpus = plan.placement if replan is None else replan.rank_to_gpu
+    for j, g in enumerate(groups):
+        for (r, *_), ws in zip(picks, widths, strict=True):
+            for i in range(ws[j]):
+                plan_rank = i + w * lay.cp * (r + lay.dp * g[0])
+                ranks.append((plan_rank, gpus[plan_rank]))
+    return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
+
+
+def _split(n: int, parts: int) -> list[list[int]]:
+    """``n`` stages in ``parts`` contiguous groups, leading groups one larger."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (i < extra)
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
+def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool) -> tuple[int, list]:
+    """Stages and replicas that fit in ``nproc`` processes: at most 2 stages and the picked
+    replicas first (dropping stages first for a re-plan, replicas first otherwise), then more
+    stages up to 4."""
+
+    def ranks(k, reps):
+        return sum(sum(min(tps[s] for s in g) for g in _split(pp, k)) for _, tps, _ in reps)
+
+    k, reps = min(pp, 2), list(picks)
+    while ranks(k, reps) > nproc:
+        if (prefer_replicas and k > 1) or len(reps) == 1:
+            if k == 1:
+                raise ValueError(
+                    f"one replica of this plan needs {ranks(1, reps[:1])} processes (its stage width); pass "
+                    f"--nproc {ranks(1, reps[:1])} or more"
+                )
+            k -= 1
+        else:
+            reps.pop()
+    while k < min(pp, 4) and ranks(k + 1, reps) <= nproc:
+        k += 1
+    return k, reps
+
+
+def _notes(plan, cfg, pp, groups, picks, mb, m, run_micro, replan) -> list[str]:
+    lay, model = plan.layout, plan.model
+    notes = [
+        f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per stage), "
+        f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
+        f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
+        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {SEQ_LEN} tokens",
+        f"pipeline {lay.pp} stages -> {pp}"
+        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)"),
+        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})",
+        f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
+        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}",
+    ]
+    skipped = [f"cp {lay.cp} (whole sequences)"] if lay.cp > 1 else []
+    skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
+    skipped += ["sequence parallelism (all-reduce in its place)"] if lay.sequence_parallel else []
+    skipped += ["distributed optimizer (replicated AdamW, the same math)"] if lay.distributed_optimizer else []
+    skipped += ["selective recompute"] if lay.recompute == "selective" else []
+    skipped += ["experts (MoE layers run as dense SwiGLU)"] if model.num_experts else []
+    skipped += [f"{model.family} blocks (run as Llama-style)"] if model.family != "llama" else []
+    if skipped:
+        notes.append("not executed: " + "; ".join(skipped))
+    if replan is not None:
+        notes.append(f"re-plan ({replan.policy}): replicas run at stage widths " + "; ".join(
+            f"{p[0]}: {'/'.join(map(str, p[1]))}" for p in picks
+        ))  # fmt: skip
+    return notes

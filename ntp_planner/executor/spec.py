@@ -1,0 +1,241 @@
+"""What the executor runs: replicas of pipeline stages, each stage a set of process ranks and a
+list of blocks (embedding, layers, LM head) with their TP degrees. Pure data and rank
+arithmetic; no torch.
+
+A block at degree ``t`` in a stage of ``w`` ranks runs ``w / t`` copies: local rank ``i`` is TP
+rank ``i % t`` of copy ``i // t``, and each copy takes ``micro_batch * t / w`` sequences of every
+micro-batch (in-stage data parallelism). Worked example, a stage on ranks (4, 5, 6, 7) holding
+a layer at degree 2:
+
+>>> s = StageSpec(ranks=(4, 5, 6, 7), blocks=(Block("layer", 0, 2),))
+>>> s.copy_tp_groups(2), s.copy_dp_groups(2)
+(((4, 5), (6, 7)), ((4, 6), (5, 7)))
+
+Process groups are created by every rank in the same order (``process_groups``), members or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Shape of the executor's decoder (a plan's model shrunk, or a test model)."""
+
+    vocab: int = 64  # vocabulary rows (embedding and LM head)
+    hidden: int = 32  # model width = heads * head_dim
+    layers: int = 2  # transformer layers
+    heads: int = 8  # query heads
+    kv_heads: int = 2  # key/value heads (grouped-query attention)
+    ffn: int = 48  # SwiGLU hidden width
+    rope_theta: float = 10000.0  # rotary base
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: Literal["embed", "layer", "head"]
+    layer: int  # model layer index (kind "layer"); -1 otherwise
+    degree: int  # TP degree
+
+    @property
+    def name(self) -> str:
+        return f"layers.{self.layer}" if self.kind == "layer" else self.kind
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    ranks: tuple[int, ...]  # process ranks in local (TP) order
+    blocks: tuple[Block, ...]
+
+    @property
+    def width(self) -> int:
+        return len(self.ranks)
+
+    def copy_tp_groups(self, degree: int) -> tuple[tuple[int, ...], ...]:
+        """TP group of every copy of a block at ``degree``."""
+        r = self.ranks
+        return tuple(r[c * degree : (c + 1) * degree] for c in range(self.width // degree))
+
+    def copy_dp_groups(self, degree: int) -> tuple[tuple[int, ...], ...]:
+        """Ranks holding the same slice in every copy (in-stage data parallelism)."""
+        return tuple(self.ranks[j::degree] for j in range(degree))
+
+    def position(self, rank: int, degree: int) -> tuple[int, int]:
+        """(copy, TP rank) of process ``rank`` for a block at ``degree``."""
+        return divmod(self.ranks.index(rank), degree)
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    stages: tuple[StageSpec, ...]
+    micro_batches: int  # per step; the replica's local batch is micro_batches * micro_batch
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A whole run: the model, the replicas and the training loop."""
+
+    cfg: TinyConfig
+    replicas: tuple[ReplicaSpec, ...]
+    micro_batch: int
+    seq_len: int
+    steps: int = 3
+    lr: float = 1e-4  # fp32 rounding of tiny gradients, amplified by Adam, grows with lr (1e-5 at 1e-3)
+    seed: int = 0
+    recompute: bool = False  # full activation recomputation (torch.utils.checkpoint)
+    weighted: bool = True  # False: plain mean of replica gradients (wrong when batches differ)
+    dtype: str = "float32"  # torch dtype name of parameters and activations
+    notes: tuple[str, ...] = field(default=())  # how the run differs from the plan it stands for
+
+    def __post_init__(self):
+        check(self)
+
+    @property
+    def world_size(self) -> int:
+        return sum(s.width for r in self.replicas for s in r.stages)
+
+    @property
+    def pp(self) -> int:
+        return len(self.replicas[0].stages)
+
+    @property
+    def total_sequences(self) -> int:
+        return sum(r.micro_batches for r in self.replicas) * self.micro_batch
+
+    def locate(self, rank: int) -> tuple[int, int]:
+        """(replica, stage) of process ``rank``."""
+        for i, rep in enumerate(self.replicas):
+            for s, st in enumerate(rep.stages):
+                if rank in st.ranks:
+                    return i, s
+        raise ValueError(f"rank {rank} is in no stage")
+
+    def first_sequence(self, replica: int) -> int:
+        """Index of the replica's first sequence in the step's batch (replicas in order)."""
+        return sum(r.micro_batches for r in self.replicas[:replica]) * self.micro_batch
+
+
+def check(spec: RunSpec) -> None:
+    """Raise ValueError, showing the arithmetic, if ``spec`` cannot run."""
+    cfg = spec.cfg
+    ranks = sorted(r for rep in spec.replicas for st in rep.stages for r in st.ranks)
+    if ranks != list(range(len(ranks))):
+        raise ValueError(f"process ranks must be 0..{len(ranks) - 1}, each once; got {ranks}")
+    layout = [[tuple((b.kind, b.layer) for b in st.blocks) for st in rep.stages] for rep in spec.replicas]
+    if any(x != layout[0] for x in layout):
+        raise ValueError("every replica must hold the same blocks on the same stages")
+    names = [b for st in layout[0] for b in st]
+    expected = [("embed", -1)] + [("layer", i) for i in range(cfg.layers)] + [("head", -1)]
+    if names != expected:
+        raise ValueError(f"stages must hold embedding, layers 0..{cfg.layers - 1} and LM head in order; got {names}")
+    for i, rep in enumerate(spec.replicas):
+        if rep.micro_batches < 1:
+            raise ValueError(f"replica {i} has {rep.micro_batches} micro-batches; it needs at least 1")
+        for s, st in enumerate(rep.stages):
+            for b in st.blocks:
+                if st.width % b.degree:
+                    raise ValueError(
+                        f"replica {i} stage {s}: {b.name} at degree {b.degree} does not divide the stage width "
+                        f"{st.width}"
+                    )
+                copies = st.width // b.degree
+                if spec.micro_batch % copies:
+                    raise ValueError(
+                        f"replica {i} stage {s}: micro_batch({spec.micro_batch}) is not divisible by the "
+                        f"{copies} copies of {b.name} (width {st.width} / degree {b.degree})"
+                    )
+                if b.degree > min(cfg.heads, cfg.ffn, cfg.vocab):
+                    raise ValueError(f"{b.name} degree {b.degree} exceeds the model's {cfg.heads} heads")
+
+
+def process_groups(spec: RunSpec) -> list[tuple[int, ...]]:
+    """Every group the run uses, deduplicated, in one order all ranks share: per stage its
+    whole width, then per block degree the copies' TP groups and in-stage DP groups; then per
+    stage and block the cross-replica groups (``dp_groups``)."""
+    out: dict[tuple[int, ...], None] = {}
+    for rep in spec.replicas:
+        for st in rep.stages:
+            out[st.ranks] = None
+            for t in sorted({b.degree for b in st.blocks}):
+                out.update(dict.fromkeys(st.copy_tp_groups(t)))
+                out.update(dict.fromkeys(st.copy_dp_groups(t)))
+    for s in range(spec.pp):
+        for b in range(len(spec.replicas[0].stages[s].blocks)):
+            out.update(dict.fromkeys(dp_groups(spec, s, b)))
+    return list(out)
+
+
+def dp_groups(spec: RunSpec, stage: int, block: int) -> tuple[tuple[int, ...], ...]:
+    """Groups that sum block ``block`` of ``stage`` across replicas. When every replica runs it
+    at one degree t: group j holds TP rank j of every copy of every replica. Otherwise (NTP):
+    group j < n = the smallest degree holds TP rank j of copy 0 of every replica (the 1:1
+    exchange of resharded slices).
+
+    >>> st = lambda ranks, t: StageSpec(ranks, (Block("embed", -1, t), Block("layer", 0, t), Block("head", -1, t)))
+    >>> cfg = TinyConfig(layers=1)
+    >>> spec = RunSpec(cfg, (ReplicaSpec((st((0, 1, 2, 3), 4),), 1), ReplicaSpec((st((4, 5, 6), 3),), 1)), 1, 4)
+    >>> dp_groups(spec, 0, 1)
+    ((0, 4), (1, 5), (2, 6))
+    """
+    holders = [rep.stages[stage] for rep in spec.replicas]
+    degrees = {st.blocks[block].degree for st in holders}
+    if len(degrees) == 1:
+        (t,) = degrees
+        return tuple(tuple(r for st in holders for r in st.copy_dp_groups(t)[j]) for j in range(t))
+    n = min(degrees)
+    return tuple(tuple(st.ranks[j] for st in holders) for j in range(n))
+
+
+def make_spec(
+    cfg: TinyConfig,
+    stage_degrees: list[list[int]],
+    replicas: list[tuple[list[int], int]],
+    micro_batch: int,
+    seq_len: int,
+    width: int | None = None,
+    **run,
+) -> RunSpec:
+    """A RunSpec from the blocks' degrees per stage (``stage_degrees[s]``: embedding first on
+    stage 0, LM head last on the last stage, degrees relative to the healthy stage ``width``,
+    by default the largest degree) and per replica (its stage widths, its micro-batches). A stage narrower
+    than the healthy width (NTP) runs every block at its width. Process ranks follow the
+    project's rank order restricted to live ranks: stage-major, then replica, then TP rank.
+
+    >>> s = make_spec(TinyConfig(layers=2), [[2, 2], [2, 2]], [([2, 2], 1), ([2, 1], 1)], 1, 4)
+    >>> [[st.ranks for st in r.stages] for r in s.replicas]
+    [[(0, 1), (4, 5)], [(2, 3), (6,)]]
+    """
+    healthy = width or max(max(d) for d in stage_degrees)
+    layer = 0
+    blocks_per_stage = []
+    for s, degrees in enumerate(stage_degrees):
+        kinds = ["layer"] * len(degrees)
+        if s == 0:
+            kinds[0] = "embed"
+        if s == len(stage_degrees) - 1:
+            kinds[-1] = "head"
+        blocks = []
+        for kind in kinds:
+            blocks.append((kind, layer if kind == "layer" else -1))
+            layer += kind == "layer"
+        blocks_per_stage.append(blocks)
+    next_rank = 0
+    ranks: dict[tuple[int, int], tuple[int, ...]] = {}
+    for s in range(len(stage_degrees)):
+        for r, (widths, _) in enumerate(replicas):
+            ranks[r, s] = tuple(range(next_rank, next_rank + widths[s]))
+            next_rank += widths[s]
+    reps = []
+    for r, (widths, micro) in enumerate(replicas):
+        stages = []
+        for s, (blocks, degrees) in enumerate(zip(blocks_per_stage, stage_degrees, strict=True)):
+            degs = degrees if widths[s] == healthy else [widths[s]] * len(degrees)
+            stages.append(StageSpec(ranks[r, s], tuple(Block(k, i, t) for (k, i), t in zip(blocks, degs, strict=True))))
+        reps.append(ReplicaSpec(tuple(stages), micro))
+    return RunSpec(cfg, tuple(reps), micro_batch, seq_len, **run)

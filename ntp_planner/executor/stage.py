@@ -1,0 +1,178 @@
+"""One rank's part of one pipeline stage: its slices of every block and the forward pass of a
+micro-batch through them.
+
+Between blocks the residual stream is the stage's whole micro-batch, replicated on every rank of
+the stage. A block at a lower degree than the stage width runs on copies (``spec``): the stream
+enters the copies (each takes its rows) before it and leaves them (rows reassembled) after it;
+consecutive blocks at the same degree stay on their copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ntp_planner.executor.comm import Comm, CopyToTP, EnterCopies, ExitCopies, GatherVocab, ReduceFromTP
+from ntp_planner.executor.model import Reference, rms_norm
+from ntp_planner.executor.sharding import LayerShards, layer_shards, vocab_shards
+from ntp_planner.executor.shards import head_rows, rank_attention, rank_mlp
+from ntp_planner.executor.spec import Block, RunSpec, StageSpec, TinyConfig
+
+# How each parameter is cut: (dimension, what is dealt out) for sharded ones, None = replicated.
+CUTS = {
+    "embed": (0, "vocab"),
+    "head": (0, "vocab"),
+    "norm": None,
+    "norm1": None,
+    "norm2": None,
+    "q": (0, "heads"),
+    "k": (0, "kv_heads"),
+    "v": (0, "kv_heads"),
+    "o": (1, "heads"),
+    "gate": (0, "ffn"),
+    "up": (0, "ffn"),
+    "down": (1, "ffn"),
+}
+BLOCK_PARAMS = {
+    "embed": ("embed",),
+    "layer": ("norm1", "q", "k", "v", "o", "norm2", "gate", "up", "down"),
+    "head": ("norm", "head"),
+}
+
+
+def param_index(cfg: TinyConfig, key: str, degree: int, tp_rank: int) -> tuple[int, list[int]] | None:
+    """(dimension, indices) of TP rank ``tp_rank``'s slice of parameter ``key`` at ``degree``;
+    None when the parameter is replicated.
+
+    >>> param_index(TinyConfig(heads=8, kv_heads=2, hidden=16), "k", 3, 1)  # KV heads 0 and 1, 2 rows each
+    (0, [0, 1, 2, 3])
+    """
+    cut = CUTS[key]
+    if cut is None:
+        return None
+    dim, what = cut
+    if what == "vocab":
+        a, b = vocab_shards(cfg.vocab, degree)[tp_rank]
+        return dim, list(range(a, b))
+    sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
+    if what == "ffn":
+        return dim, list(range(*sh.ffn[tp_rank]))
+    heads = sh.heads[tp_rank] if what == "heads" else sh.kv_heads[tp_rank]
+    return dim, head_rows(heads, cfg.head_dim)
+
+
+def counted_once(cfg: TinyConfig, key: str, degree: int, tp_rank: int, device=None) -> torch.Tensor | float:
+    """Weight that makes each element count once when every TP rank's slice is summed into the
+    full tensor: replicated parameters by TP rank 0 only, a KV head cut by an uneven split by its
+    first owner (a column over the slice's rows)."""
+    if CUTS[key] is None:
+        return float(tp_rank == 0)
+    if key not in ("k", "v"):
+        return 1.0
+    sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
+    first = [float(sh.kv_owners(kv)[0] == tp_rank) for kv in sh.kv_heads[tp_rank]]
+    return torch.tensor(first, device=device).repeat_interleave(cfg.head_dim)[:, None]
+
+
+@dataclass
+class BlockState:
+    block: Block
+    tp_rank: int
+    copy: int
+    tp_ranks: tuple[int, ...]  # this copy's TP group
+    rows: slice  # this copy's rows of a micro-batch
+    shards: LayerShards | None
+    params: dict[str, torch.Tensor]  # key -> leaf tensor
+
+
+class StageModel:
+    """This rank's blocks of its stage, sliced from the reference model."""
+
+    def __init__(self, spec: RunSpec, stage: StageSpec, rank: int, ref: Reference, comm: Comm, device):
+        self.spec, self.stage, self.comm, self.cfg = spec, stage, comm, spec.cfg
+        full = dict(ref.named_parameters())
+        self.blocks: list[BlockState] = []
+        for b in stage.blocks:
+            copy, j = stage.position(rank, b.degree)
+            per = spec.micro_batch * b.degree // stage.width
+            params = {}
+            for key in BLOCK_PARAMS[b.kind]:
+                name = f"{b.name}.{key}" if b.kind == "layer" else key
+                idx = param_index(self.cfg, key, b.degree, j)
+                t = full[name].detach()
+                t = t if idx is None else t.index_select(idx[0], torch.tensor(idx[1]))
+                params[key] = t.clone().to(device).requires_grad_(True)
+            shards = layer_shards(self.cfg.heads, self.cfg.kv_heads, self.cfg.ffn, b.degree)
+            self.blocks.append(
+                BlockState(
+                    b,
+                    j,
+                    copy,
+                    stage.copy_tp_groups(b.degree)[copy],
+                    slice(copy * per, (copy + 1) * per),
+                    shards,
+                    params,
+                )
+            )
+
+    def named_parameters(self):
+        """(reference name, key, block state, tensor) of every parameter this rank holds."""
+        for bs in self.blocks:
+            for key, t in bs.params.items():
+                name = f"{bs.block.name}.{key}" if bs.block.kind == "layer" else key
+                yield name, key, bs, t
+
+    # ---- forward ----------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None, loss_scale: float) -> torch.Tensor:
+        """Stage output for one micro-batch: the residual stream, or on the last stage the loss
+        of this rank's copy, summed over its tokens and multiplied by ``loss_scale``. ``x`` is
+        the token ids on the first stage."""
+        width, comm, ranks = self.stage.width, self.comm, self.stage.ranks
+        total = x.shape[0]
+        current: BlockState | None = None  # block whose copies hold the stream; None = whole stage
+        for bs in self.blocks:
+            on_copies = bs.block.degree < width
+            same = current is not None and on_copies and current.block.degree == bs.block.degree
+            if not same:
+                if current is not None:
+                    x = ExitCopies.apply(x, comm, ranks, current.rows, total, current.tp_rank == 0)
+                current = None
+                if on_copies:
+                    x = (
+                        x[bs.rows]
+                        if bs.block.kind == "embed"
+                        else EnterCopies.apply(x, comm, ranks, bs.rows, bs.tp_rank == 0)
+                    )
+                    current = bs
+            if bs.block.kind == "embed":
+                x = self._embed(bs, x)
+            elif bs.block.kind == "layer":
+                x = checkpoint(self._layer, bs, x, use_reentrant=False) if self.spec.recompute else self._layer(bs, x)
+            else:
+                rows = bs.rows if current is not None else slice(None)
+                return self._loss(bs, x, targets[rows]) * loss_scale
+        if current is not None:
+            x = ExitCopies.apply(x, comm, ranks, current.rows, total, current.tp_rank == 0)
+        return x
+
+    def _embed(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
+        a, b = vocab_shards(self.cfg.vocab, bs.block.degree)[bs.tp_rank]
+        mine = (tokens >= a) & (tokens < b)
+        local = bs.params["embed"][(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
+        return ReduceFromTP.apply(local, self.comm, bs.tp_ranks)
+
+    def _layer(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
+        p, g, comm = bs.params, bs.tp_ranks, self.comm
+        h = CopyToTP.apply(rms_norm(x, p["norm1"]), comm, g)
+        x = x + ReduceFromTP.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg), comm, g)
+        h = CopyToTP.apply(rms_norm(x, p["norm2"]), comm, g)
+        return x + ReduceFromTP.apply(rank_mlp(h, p), comm, g)
+
+    def _loss(self, bs: BlockState, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h = CopyToTP.apply(rms_norm(x, bs.params["norm"]), self.comm, bs.tp_ranks)
+        sizes = [e - s for s, e in vocab_shards(self.cfg.vocab, bs.block.degree)]
+        logits = GatherVocab.apply(h @ bs.params["head"].T, self.comm, bs.tp_ranks, sizes, bs.tp_rank)
+        return F.cross_entropy(logits.reshape(-1, self.cfg.vocab), targets.reshape(-1), reduction="sum")

@@ -1,0 +1,104 @@
+"""Gradient synchronisation across copies and replicas, and gathering the trained parameters.
+
+The loss is already scaled so that summing every rank's gradient gives the gradient of the
+whole batch (samples weight themselves), so every sync is a sum.
+
+- Every replica runs a block at one degree t: TP rank j sums over TP rank j of every copy of
+  every replica (one all-reduce per parameter; KV heads cut by an uneven split first sum over
+  their owners inside the copy).
+- Degrees differ (NTP, shared/reference/ntp.md): each replica reshards its gradient to the
+  layout of the smallest degree n, core rank j < n all-reduces its slice 1:1 with core rank j of
+  every other replica, and the replica reshards the sum back to its own layout. Here the two
+  reshards are all-reduces of a full-size buffer inside the stage (the stand-in for NVLink
+  all-to-all); the 1:1 exchange moves only the slice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.spec import RunSpec, dp_groups
+from ntp_planner.executor.stage import StageModel, counted_once, param_index
+
+
+def _place(t: torch.Tensor, idx, shape) -> torch.Tensor:
+    full = t.new_zeros(shape)
+    if idx is None:
+        return full.copy_(t)
+    return full.index_copy_(idx[0], torch.tensor(idx[1], device=t.device), t)
+
+
+def _take(full: torch.Tensor, idx) -> torch.Tensor:
+    return full.clone() if idx is None else full.index_select(idx[0], torch.tensor(idx[1], device=full.device))
+
+
+def _cuts_kv(shards, kv_heads: int) -> bool:
+    return any(len(shards.kv_owners(kv)) > 1 for kv in range(kv_heads))
+
+
+def sync_gradients(model: StageModel, spec: RunSpec, replica: int, stage: int, comm: Comm, shapes: dict) -> None:
+    cfg = spec.cfg
+    index = {id(bs): i for i, bs in enumerate(model.blocks)}
+    for name, key, bs, p in model.named_parameters():
+        b = index[id(bs)]
+        t, j = bs.block.degree, bs.tp_rank
+        degrees = [rep.stages[stage].blocks[b].degree for rep in spec.replicas]
+        groups = dp_groups(spec, stage, b)
+        if len(set(degrees)) == 1:
+            grad = p.grad
+            if key in ("k", "v") and _cuts_kv(bs.shards, cfg.kv_heads):  # owners of a cut KV head sum their parts
+                idx = param_index(cfg, key, t, j)
+                grad = _take(comm.all_reduce(_place(grad, idx, shapes[name]), bs.tp_ranks), idx)
+            p.grad = comm.all_reduce(grad.contiguous(), groups[j])
+            continue
+        p.grad = _ntp_sync(model, spec, name, key, bs, p.grad, degrees, groups, comm, shapes[name])
+
+
+def _ntp_sync(model, spec, name, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:
+    cfg, stage_ranks = spec.cfg, model.stage.ranks
+    t, j, n = bs.block.degree, bs.tp_rank, min(degrees)
+    dev = grad.device
+    # reshard to the n-way layout: the replica's whole gradient. TP ranks hold partial gradients
+    # of sharded tensors (owners of a cut KV head each hold a part: all add) and the same whole
+    # gradient of replicated ones (TP rank 0 adds it)
+    idx = param_index(cfg, key, t, j)
+    full = _place(grad if idx is not None else grad * float(j == 0), idx, shape)
+    comm.all_reduce(full, stage_ranks)
+    back = grad.new_zeros(shape)
+    if bs.copy == 0 and j < n:
+        idx = param_index(cfg, key, n, j)
+        if idx is not None or j == 0:  # a replicated tensor travels once, on core rank 0
+            mine = comm.all_reduce(_take(full, idx).contiguous(), groups[j])  # 1:1 across replicas
+            back = _place(mine * counted_once(cfg, key, n, j, dev), idx, shape)
+    comm.all_reduce(back, stage_ranks)  # reshard back
+    return _take(back, param_index(cfg, key, t, j))
+
+
+def gathered_parameters(
+    model: StageModel, spec: RunSpec, replica: int, comm: Comm, shapes: dict, grads: bool = False
+) -> list[dict]:
+    """Every replica's full parameters (or, with ``grads``, their synced gradients; copy 0
+    speaks for its replica), on every rank: one all-reduce of one flat buffer per replica."""
+    cfg = spec.cfg
+    names = list(shapes)
+    sizes = [int(torch.Size(shapes[k]).numel()) for k in names]
+    offsets = dict(zip(names, [sum(sizes[:i]) for i in range(len(sizes))], strict=True))
+    out = []
+    for r in range(len(spec.replicas)):
+        dev = next(t for *_, t in model.named_parameters()).device
+        flat = torch.zeros(sum(sizes), device=dev)
+        if r == replica:
+            for name, key, bs, p in model.named_parameters():
+                if bs.copy:
+                    continue
+                t, j = bs.block.degree, bs.tp_rank
+                value = p.grad if grads else p.detach()
+                part = _place(value * counted_once(cfg, key, t, j, dev), param_index(cfg, key, t, j), shapes[name])
+                o = offsets[name]
+                flat[o : o + part.numel()] += part.reshape(-1)
+        comm.world_reduce(flat)
+        out.append(
+            {k: flat[offsets[k] : offsets[k] + n].view(shapes[k]).cpu() for k, n in zip(names, sizes, strict=True)}
+        )
+    return out
