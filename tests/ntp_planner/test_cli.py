@@ -107,6 +107,20 @@ def test_cli_surface_is_frozen():
             ]
         ),
         "export": sorted(["plan_file", "--format", "--output", "--replan", "--data-path", "--save-dir", "--json"]),
+        "validate": sorted(
+            [
+                "plan_file",
+                "--replan",
+                "--nproc",
+                "--backend",
+                "--steps",
+                "--timeout",
+                "--tolerance",
+                "--seed",
+                "--inject-fault",
+                "--json",
+            ]
+        ),
         "simulate": sorted(
             [
                 "plan_file",
@@ -141,7 +155,8 @@ def test_cli_surface_is_frozen():
 
 
 @pytest.mark.parametrize(
-    "command", ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate", "export"]
+    "command",
+    ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate", "export", "validate"],
 )
 def test_every_command_has_help_with_an_example(command):
     result = run(command, "--help")

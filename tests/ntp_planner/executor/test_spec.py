@@ -1,0 +1,54 @@
+"""Rank arithmetic of a run, without torch: groups, copies, validation."""
+
+import pytest
+
+from ntp_planner.executor.spec import Block, RunSpec, TinyConfig, dp_groups, make_spec, process_groups
+
+
+def test_groups_of_a_per_layer_stage_and_two_uniform_replicas():
+    spec = make_spec(TinyConfig(layers=2), [[4, 1, 2, 4]], [([4], 1), ([4], 1)], 4, 8)
+    groups = process_groups(spec)
+    assert len(groups) == len(set(groups))  # deduplicated: created once each
+    # replica 0: whole stage, degree 1 (4 copies of 1 rank: TP groups of one, one in-stage DP group of 4),
+    # degree 2 (TP {0,1} {2,3}; in-stage DP {0,2} {1,3}), degree 4 (TP = stage; DP groups of one)
+    assert groups[:4] == [(0, 1, 2, 3), (0,), (1,), (2,)]
+    assert {(0, 1), (2, 3), (0, 2), (1, 3)} <= set(groups)
+    # across replicas, every block at one degree: TP rank j of every copy of both replicas
+    assert dp_groups(spec, 0, 1) == ((0, 1, 2, 3, 4, 5, 6, 7),)  # degree 1: all 8 copies hold the whole layer
+    assert dp_groups(spec, 0, 2) == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert dp_groups(spec, 0, 0) == ((0, 4), (1, 5), (2, 6), (3, 7))
+
+
+def test_ntp_groups_pair_core_ranks_of_copy_zero():
+    # healthy stage width 4 with a layer at degree 2; the degraded replica runs everything at 3
+    spec = make_spec(TinyConfig(layers=2), [[4, 2, 4, 4]], [([4], 2), ([3], 1)], 2, 8, width=4)
+    assert [b.degree for b in spec.replicas[1].stages[0].blocks] == [3, 3, 3, 3]
+    assert dp_groups(spec, 0, 1) == ((0, 4), (1, 5))  # n = 2: core ranks of copy 0
+    assert dp_groups(spec, 0, 0) == ((0, 4), (1, 5), (2, 6))  # 4 vs 3: n = 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(stage_degrees=[[3, 3, 3, 3]], replicas=[([4], 1)]), "degree 3 does not divide the stage width 4"),
+        (dict(stage_degrees=[[4, 1, 4, 4]], replicas=[([4], 1)], micro_batch=2), r"micro_batch\(2\) is not divisible"),
+        (dict(stage_degrees=[[4, 4, 4]], replicas=[([4], 1)]), "layers 0..1"),
+        (dict(stage_degrees=[[4, 4, 4, 4]], replicas=[([4], 0)]), "needs at least 1"),
+    ],
+)
+def test_impossible_runs_say_why(kwargs, message):
+    args = {"micro_batch": 4, "seq_len": 8} | kwargs
+    with pytest.raises(ValueError, match=message):
+        make_spec(
+            TinyConfig(layers=2), args["stage_degrees"], args["replicas"], args["micro_batch"], args["seq_len"], width=4
+        )
+
+
+def test_replicas_must_hold_the_same_blocks():
+    cfg = TinyConfig(layers=1)
+    a = make_spec(cfg, [[2, 2, 2]], [([2], 1)], 2, 4).replicas[0]
+    b = make_spec(cfg, [[2, 2], [2]], [([2, 2], 1)], 2, 4).replicas[0]
+    moved = type(b)(tuple(type(s)(tuple(r + 2 for r in s.ranks), s.blocks) for s in b.stages), 1)
+    with pytest.raises(ValueError, match="same blocks on the same stages"):
+        RunSpec(cfg, (a, moved), 2, 4)
+    assert Block("layer", 3, 2).name == "layers.3"

@@ -1,0 +1,85 @@
+"""`ntp validate` end to end on gloo: a plan, an NTP re-plan, failures named, input errors."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("torch", reason="torch is not installed")
+
+from ntp_planner.cli import app  # noqa: E402
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """tp4 pp2 dp2 (16 GPUs) and tp4 pp1 dp2 (8 GPUs) with GPU 1 failed under NTP."""
+    d = tmp_path_factory.mktemp("plans")
+    common = ["-m", "llama3-8b", "-c", "dgx-h100", "--seq-len", "2048"]
+    assert (
+        run("estimate", *common, "-n", 16, "--tp", 4, "--pp", 2, "--global-batch", 32, "-o", d / "pp.json").exit_code
+        == 0
+    )
+    assert run("estimate", *common, "-n", 8, "--tp", 4, "--global-batch", 16, "-o", d / "dp.json").exit_code == 0
+    r = run("replan", d / "dp.json", "--failed", 1, "--policy", "ntp", "-o", d / "r.json", "--json")
+    assert r.exit_code == 0, r.output
+    states = [x["status"] for x in json.loads(r.stdout)["replicas"]]
+    assert sorted(states) == ["degraded", "healthy"]
+    return d
+
+
+@pytest.mark.timeout(180)
+def test_validate_a_pipelined_plan(plans):
+    r = run("validate", plans / "pp.json", "--nproc", 8, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["passed"] and out["processes"] == 8 and out["plan_stages"] == [[0], [1]]
+    assert max(out["max_rel_error_loss"], out["max_rel_error_params"], out["max_rel_error_grads"]) <= 1e-5
+    assert out["step_time_s"] > 0
+    # process k stands for plan rank k's GPU: stage 1 starts at plan rank tp * dp = 8
+    assert [x["plan_rank"] for x in out["ranks"]] == [0, 1, 2, 3, 8, 9, 10, 11]
+
+
+@pytest.mark.timeout(180)
+def test_validate_an_ntp_replan_runs_tp4_beside_tp3_with_fewer_micro_batches(plans):
+    r = run("validate", plans / "dp.json", "--replan", plans / "r.json", "--nproc", 8)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    # the plan's degraded replica keeps 7 of 8 micro-batches; the shrunk run keeps fewer too
+    assert "4 ranks: TP 4 x 2 micro-batches" in text and "3 ranks: TP 3 x 1 micro-batches" in text
+    assert "PASS" in text
+
+
+@pytest.mark.timeout(180)
+def test_a_dead_rank_fails_validate_with_its_name(plans):
+    r = run("validate", plans / "dp.json", "--nproc", 8, "--inject-fault", "5:die:0", "--timeout", 30)
+    assert r.exit_code == 1
+    assert "rank 5 (replica 1, stage 0, local rank 1) died" in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backend", "nccl"], "--backend nccl needs CUDA GPUs"),
+        (["--backend", "mpi"], "--backend 'mpi'"),
+        (["--nproc", 2], "needs 4 processes (its stage width); pass --nproc 4 or more"),
+        (["--steps", 0], "--steps 0 must be at least 1"),
+        (["--inject-fault", "x"], "must look like RANK:die|hang|raise:STEP"),
+    ],
+)
+def test_validate_input_errors_are_one_sentence(plans, args, message):
+    r = run("validate", plans / "pp.json", *args)
+    assert r.exit_code == 2
+    assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output
+
+
+def test_validate_rejects_a_replan_of_another_plan(plans):
+    r = run("validate", plans / "pp.json", "--replan", plans / "r.json")
+    assert r.exit_code == 2
+    assert "validate the plan it was made from" in " ".join(r.output.split())
