@@ -1,0 +1,52 @@
+"""`ntp validate` wall time and errors on the demo plan and on an NTP re-planned state.
+
+- the demo plan (`make demo`: Llama-3-70B on 1,024 H100, per-layer TP 1-4 in stages of 8,
+  pp4 dp16): target < 2 min with the default 16 processes;
+- Llama-3-8B tp8 pp2 dp4 on 64 H100 with GPU 3 failed, policy ntp (a TP8 replica beside a TP7
+  one with fewer micro-batches): target < 2 min.
+Each prints the CLI's wall time, the errors (target <= 1e-5) and the measured step time.
+
+Run: .venv/bin/python benchmarks/validate.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NTP = str(Path(sys.executable).with_name("ntp"))
+
+
+def ntp(*args: str) -> str:
+    return subprocess.run([NTP, *args], check=True, capture_output=True, text=True).stdout
+
+
+def validate(label: str, *args: str) -> None:
+    start = time.perf_counter()
+    out = json.loads(ntp("validate", *args, "--json"))
+    wall = time.perf_counter() - start
+    print(
+        f"{label}: {wall:.1f} s wall, {out['processes']} processes, loss {out['max_rel_error_loss']:.1e}, "
+        f"grads {out['max_rel_error_grads']:.1e}, params {out['max_rel_error_params']:.1e}, "
+        f"step {out['step_time_s']:.2f} s, passed {out['passed']}"
+    )
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        demo, small, replan = (str(Path(tmp, n)) for n in ("demo.json", "p8.json", "r8.json"))
+        ntp("plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "1024", "--seq-len", "8192",
+            "--global-batch", "1024", "-o", demo)  # fmt: skip
+        validate("demo plan (per-layer, 16 processes)", demo)
+        ntp("estimate", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "64", "--tp", "8", "--pp", "2", "--seq-len",
+            "4096", "--global-batch", "256", "-o", small)  # fmt: skip
+        ntp("replan", small, "--failed", "3", "--policy", "ntp", "-o", replan)
+        validate("NTP re-plan (TP8 + TP7)", small, "--replan", replan)
+
+
+if __name__ == "__main__":
+    main()
