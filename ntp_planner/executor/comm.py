@@ -6,8 +6,10 @@ the launcher can tell a hung rank (outside any collective) from those waiting fo
 
 The autograd functions are the TP pair of Megatron-style layers (copy to TP: identity forward,
 all-reduce backward; reduce from TP: all-reduce forward, identity backward), the vocabulary
-all-gather, and the pair that moves the residual stream between the full micro-batch
-(replicated on the stage) and the copies of a lower-degree block (each copy its rows).
+all-gather, the pair that moves the residual stream between the full micro-batch (replicated on
+the stage) and the copies of a lower-degree block (each copy its rows), and under sequence
+parallelism the all-gather / reduce-scatter pair that replaces the all-reduce (the stream
+between TP regions is cut along the sequence, unevenly when the degree does not divide it).
 """
 
 from __future__ import annotations
@@ -160,3 +162,80 @@ class ExitCopies(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad[ctx.rows].contiguous(), None, None, None, None, None
+
+
+# ---- sequence parallelism: the stream between TP regions is cut along the sequence ----------
+def _gather_seq(comm: Comm, x: torch.Tensor, ranks, bounds) -> torch.Tensor:
+    """All-gather uneven sequence chunks (dimension 1): pad, gather, trim, concatenate."""
+    longest = max(b - a for a, b in bounds)
+    padded = F.pad(x, (0, 0, 0, longest - x.shape[1]))
+    parts = comm.all_gather(padded, ranks)
+    return torch.cat([p[:, : b - a] for p, (a, b) in zip(parts, bounds, strict=True)], dim=1)
+
+
+def _reduce_scatter_seq(comm: Comm, x: torch.Tensor, ranks, bounds, j: int) -> torch.Tensor:
+    """Sum ``x`` over ``ranks`` and keep chunk ``j`` of the sequence (padded to equal chunks)."""
+    if len(ranks) == 1:
+        return x.clone()
+    longest = max(b - a for a, b in bounds)
+    chunks = [F.pad(x[:, a:b], (0, 0, 0, longest - (b - a))).contiguous() for a, b in bounds]
+    out = torch.empty_like(chunks[0])
+    with comm._counted():
+        dist.reduce_scatter(out, chunks, group=comm.groups[ranks])
+    a, b = bounds[j]
+    return out[:, : b - a]
+
+
+class ScatterSeq(torch.autograd.Function):
+    """Replicated stream -> this rank's sequence chunk; backward all-gathers the chunks."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, ranks, bounds, j):
+        ctx.args = comm, ranks, bounds
+        a, b = bounds[j]
+        return x[:, a:b].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_seq(*ctx.args[:1], grad, *ctx.args[1:]), None, None, None, None
+
+
+class GatherSeq(torch.autograd.Function):
+    """Chunks -> the replicated stream (stage output); backward keeps this rank's chunk."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, ranks, bounds, j):
+        ctx.rows = slice(*bounds[j])
+        return _gather_seq(comm, x, ranks, bounds)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[:, ctx.rows].contiguous(), None, None, None, None
+
+
+class AllGatherSeq(torch.autograd.Function):
+    """Chunks -> the whole sequence before a column-parallel layer; backward reduce-scatters
+    (every rank's partial use of the whole sequence adds up)."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, ranks, bounds, j):
+        ctx.args = comm, ranks, bounds, j
+        return _gather_seq(comm, x, ranks, bounds)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_seq(ctx.args[0], grad, *ctx.args[1:]), None, None, None, None
+
+
+class ReduceScatterSeq(torch.autograd.Function):
+    """Partial outputs of a row-parallel layer -> this rank's chunk of their sum; backward
+    all-gathers the chunks' gradients."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, ranks, bounds, j):
+        ctx.args = comm, ranks, bounds
+        return _reduce_scatter_seq(comm, x, ranks, bounds, j)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_seq(ctx.args[0], grad, *ctx.args[1:]), None, None, None, None

@@ -131,6 +131,7 @@ def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: in
         steps=steps,
         seed=seed,
         recompute=lay.recompute == "full",
+        sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
     )
     ranks = []
@@ -193,7 +194,8 @@ def _notes(plan, cfg, pp, groups, picks, mb, m, run_micro, replan) -> list[str]:
     ]
     skipped = [f"cp {lay.cp} (whole sequences)"] if lay.cp > 1 else []
     skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
-    skipped += ["sequence parallelism (all-reduce in its place)"] if lay.sequence_parallel else []
+    if lay.sequence_parallel and lay.is_per_layer:
+        skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
     skipped += ["distributed optimizer (replicated AdamW, the same math)"] if lay.distributed_optimizer else []
     skipped += ["selective recompute"] if lay.recompute == "selective" else []
     skipped += ["experts (MoE layers run as dense SwiGLU)"] if model.num_experts else []

@@ -89,6 +89,7 @@ class RunSpec:
     lr: float = 1e-4  # fp32 rounding of tiny gradients, amplified by Adam, grows with lr (1e-5 at 1e-3)
     seed: int = 0
     recompute: bool = False  # full activation recomputation (torch.utils.checkpoint)
+    sequence_parallel: bool = False  # reduce-scatter / all-gather on stages whose blocks all run at full width
     weighted: bool = True  # False: plain mean of replica gradients (wrong when batches differ)
     dtype: str = "float32"  # torch dtype name of parameters and activations
     notes: tuple[str, ...] = field(default=())  # how the run differs from the plan it stands for

@@ -15,9 +15,20 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ntp_planner.executor.comm import Comm, CopyToTP, EnterCopies, ExitCopies, GatherVocab, ReduceFromTP
+from ntp_planner.executor.comm import (
+    AllGatherSeq,
+    Comm,
+    CopyToTP,
+    EnterCopies,
+    ExitCopies,
+    GatherSeq,
+    GatherVocab,
+    ReduceFromTP,
+    ReduceScatterSeq,
+    ScatterSeq,
+)
 from ntp_planner.executor.model import Reference, rms_norm
-from ntp_planner.executor.sharding import LayerShards, layer_shards, vocab_shards
+from ntp_planner.executor.sharding import LayerShards, contiguous, layer_shards, vocab_shards
 from ntp_planner.executor.shards import head_rows, rank_attention, rank_mlp
 from ntp_planner.executor.spec import Block, RunSpec, StageSpec, TinyConfig
 
@@ -93,6 +104,10 @@ class StageModel:
 
     def __init__(self, spec: RunSpec, stage: StageSpec, rank: int, ref: Reference, comm: Comm, device):
         self.spec, self.stage, self.comm, self.cfg = spec, stage, comm, spec.cfg
+        # sequence parallelism where every block runs at the stage width (Megatron's case);
+        # stages with lower-degree copies keep the all-reduce
+        self.sp = spec.sequence_parallel and stage.width > 1 and all(b.degree == stage.width for b in stage.blocks)
+        self.sp_args = (comm, stage.ranks, contiguous(spec.seq_len, stage.width), stage.ranks.index(rank))
         full = dict(ref.named_parameters())
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
@@ -130,6 +145,8 @@ class StageModel:
         """Stage output for one micro-batch: the residual stream, or on the last stage the loss
         of this rank's copy, summed over its tokens and multiplied by ``loss_scale``. ``x`` is
         the token ids on the first stage."""
+        if self.sp:
+            return self._forward_sp(x, targets, loss_scale)
         width, comm, ranks = self.stage.width, self.comm, self.stage.ranks
         total = x.shape[0]
         current: BlockState | None = None  # block whose copies hold the stream; None = whole stage
@@ -153,16 +170,48 @@ class StageModel:
                 x = checkpoint(self._layer, bs, x, use_reentrant=False) if self.spec.recompute else self._layer(bs, x)
             else:
                 rows = bs.rows if current is not None else slice(None)
-                return self._loss(bs, x, targets[rows]) * loss_scale
+                h = CopyToTP.apply(rms_norm(x, bs.params["norm"]), self.comm, bs.tp_ranks)
+                return self._loss(bs, h, targets[rows]) * loss_scale
         if current is not None:
             x = ExitCopies.apply(x, comm, ranks, current.rows, total, current.tp_rank == 0)
         return x
 
-    def _embed(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
+    def _forward_sp(self, x: torch.Tensor, targets: torch.Tensor, loss_scale: float) -> torch.Tensor:
+        """As ``forward``, the stream between TP regions cut along the sequence: all-gather
+        before column-parallel layers, reduce-scatter after row-parallel ones."""
+        args = self.sp_args
+        for i, bs in enumerate(self.blocks):
+            if bs.block.kind == "embed":
+                x = ReduceScatterSeq.apply(self._embed_partial(bs, x), *args)
+                continue
+            if i == 0:
+                x = ScatterSeq.apply(x, *args)
+            if bs.block.kind == "layer":
+                x = (
+                    checkpoint(self._layer_sp, bs, x, use_reentrant=False)
+                    if self.spec.recompute
+                    else self._layer_sp(bs, x)
+                )
+            else:
+                h = AllGatherSeq.apply(rms_norm(x, bs.params["norm"]), *args)
+                return self._loss(bs, h, targets) * loss_scale
+        return GatherSeq.apply(x, *args)
+
+    def _layer_sp(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
+        p, args = bs.params, self.sp_args
+        h = AllGatherSeq.apply(rms_norm(x, p["norm1"]), *args)
+        x = x + ReduceScatterSeq.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg), *args)
+        h = AllGatherSeq.apply(rms_norm(x, p["norm2"]), *args)
+        return x + ReduceScatterSeq.apply(rank_mlp(h, p), *args)
+
+    def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
+        """This rank's vocabulary rows looked up (zeros for the others' tokens)."""
         a, b = vocab_shards(self.cfg.vocab, bs.block.degree)[bs.tp_rank]
         mine = (tokens >= a) & (tokens < b)
-        local = bs.params["embed"][(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
-        return ReduceFromTP.apply(local, self.comm, bs.tp_ranks)
+        return bs.params["embed"][(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
+
+    def _embed(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
+        return ReduceFromTP.apply(self._embed_partial(bs, tokens), self.comm, bs.tp_ranks)
 
     def _layer(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, g, comm = bs.params, bs.tp_ranks, self.comm
@@ -171,8 +220,8 @@ class StageModel:
         h = CopyToTP.apply(rms_norm(x, p["norm2"]), comm, g)
         return x + ReduceFromTP.apply(rank_mlp(h, p), comm, g)
 
-    def _loss(self, bs: BlockState, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        h = CopyToTP.apply(rms_norm(x, bs.params["norm"]), self.comm, bs.tp_ranks)
+    def _loss(self, bs: BlockState, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy of the vocabulary-parallel LM head on the normed stream ``h``."""
         sizes = [e - s for s, e in vocab_shards(self.cfg.vocab, bs.block.degree)]
         logits = GatherVocab.apply(h @ bs.params["head"].T, self.comm, bs.tp_ranks, sizes, bs.tp_rank)
         return F.cross_entropy(logits.reshape(-1, self.cfg.vocab), targets.reshape(-1), reduction="sum")

@@ -45,6 +45,8 @@ def sync_gradients(model: StageModel, spec: RunSpec, replica: int, stage: int, c
         t, j = bs.block.degree, bs.tp_rank
         degrees = [rep.stages[stage].blocks[b].degree for rep in spec.replicas]
         groups = dp_groups(spec, stage, b)
+        if model.sp and param_index(cfg, key, t, j) is None:  # norms saw only this rank's tokens
+            comm.all_reduce(p.grad, bs.tp_ranks)
         if len(set(degrees)) == 1:
             grad = p.grad
             if key in ("k", "v") and _cuts_kv(bs.shards, cfg.kv_heads):  # owners of a cut KV head sum their parts

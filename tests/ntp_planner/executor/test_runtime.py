@@ -62,6 +62,14 @@ def test_e_pp2_tp2_1f1b_with_recompute():
 
 
 @pytest.mark.timeout(120)
+def test_sequence_parallel_uneven_chunks_over_two_stages():
+    # TP3 cuts the 8-token sequence 3/3/2: reduce-scatter / all-gather of padded chunks; norm
+    # gradients are partial per rank and summed over TP before the DP sync
+    spec = make_spec(CFG, [[3, 3], [3, 3]], [([3, 3], 3)], 1, 8, sequence_parallel=True, width=3)
+    check(launch(spec, timeout_s=60))
+
+
+@pytest.mark.timeout(120)
 def test_a_rank_that_dies_is_named():
     spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 1), ([2], 1)], 1, 8)
     with pytest.raises(RankFailure, match=r"rank 2 \(replica 1, stage 0, local rank 0\) died: .*code 3 during step 2"):
