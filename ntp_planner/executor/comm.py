@@ -82,6 +82,38 @@ class Comm:
                     req.wait()
         return out
 
+    def move(self, src, plan: dict, me: int, ranks: tuple[int, ...], dim: int, out_rows: int | None, like):
+        """Reshard along ``dim`` by ``plan`` ((source, destination) -> (source positions,
+        destination positions), local ranks into ``ranks``): send this rank's pieces of ``src``
+        (None: it holds none), receive its new slice of ``out_rows`` rows (None: it holds
+        nothing afterwards). ``like`` gives the other dimensions, dtype and device."""
+        out = None
+        if out_rows is not None:
+            shape = list(like.shape)
+            shape[dim] = out_rows
+            out = like.new_zeros(shape)
+        ops, received = [], []
+        for (s, d), (src_pos, dst_pos) in plan.items():
+            if s == me:
+                piece = src.index_select(dim, torch.tensor(src_pos, device=src.device))
+                if d == me:
+                    out.index_copy_(dim, torch.tensor(dst_pos, device=src.device), piece)
+                else:
+                    ops.append(dist.P2POp(dist.isend, piece.contiguous(), ranks[d]))
+            elif d == me:
+                shape = list(like.shape)
+                shape[dim] = len(dst_pos)
+                buf = like.new_empty(shape)
+                ops.append(dist.P2POp(dist.irecv, buf, ranks[s]))
+                received.append((buf, dst_pos))
+        if ops:
+            with self._counted():
+                for req in dist.batch_isend_irecv(ops):
+                    req.wait()
+        for buf, dst_pos in received:
+            out.index_copy_(dim, torch.tensor(dst_pos, device=like.device), buf)
+        return out
+
 
 # ---- TP collectives --------------------------------------------------------------------------
 class CopyToTP(torch.autograd.Function):

@@ -6,11 +6,11 @@ whole batch (samples weight themselves), so every sync is a sum.
 - Every replica runs a block at one degree t: TP rank j sums over TP rank j of every copy of
   every replica (one all-reduce per parameter; KV heads cut by an uneven split first sum over
   their owners inside the copy).
-- Degrees differ (NTP, shared/reference/ntp.md): each replica reshards its gradient to the
-  layout of the smallest degree n, core rank j < n all-reduces its slice 1:1 with core rank j of
-  every other replica, and the replica reshards the sum back to its own layout. Here the two
-  reshards are all-reduces of a full-size buffer inside the stage (the stand-in for NVLink
-  all-to-all); the 1:1 exchange moves only the slice.
+- Degrees differ (NTP, shared/reference/ntp.md): each replica sums its copies, reshards its
+  gradient to the layout of the smallest degree n (point-to-point inside the TP group: each
+  rank sends only the rows another rank holds in the new layout, ``reshard``), core rank j < n
+  all-reduces its slice 1:1 with core rank j of every other replica, the replica reshards the
+  sum back to its own layout and copy 0 broadcasts it to the other copies.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.reshard import reshard_plan
 from ntp_planner.executor.spec import RunSpec, dp_groups
 from ntp_planner.executor.stage import StageModel, counted_once, param_index
 
@@ -58,23 +59,25 @@ def sync_gradients(model: StageModel, spec: RunSpec, replica: int, stage: int, c
 
 
 def _ntp_sync(model, spec, name, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:
-    cfg, stage_ranks = spec.cfg, model.stage.ranks
+    """NTP's sync of one parameter between replicas of different degrees (n = the smallest)."""
+    cfg, stage = spec.cfg, model.stage
     t, j, n = bs.block.degree, bs.tp_rank, min(degrees)
-    dev = grad.device
-    # reshard to the n-way layout: the replica's whole gradient. TP ranks hold partial gradients
-    # of sharded tensors (owners of a cut KV head each hold a part: all add) and the same whole
-    # gradient of replicated ones (TP rank 0 adds it)
+    comm.all_reduce(grad, stage.copy_dp_groups(t)[j])  # the replica's gradient: its copies add up
     idx = param_index(cfg, key, t, j)
-    full = _place(grad if idx is not None else grad * float(j == 0), idx, shape)
-    comm.all_reduce(full, stage_ranks)
-    back = grad.new_zeros(shape)
-    if bs.copy == 0 and j < n:
-        idx = param_index(cfg, key, n, j)
-        if idx is not None or j == 0:  # a replicated tensor travels once, on core rank 0
-            mine = comm.all_reduce(_take(full, idx).contiguous(), groups[j])  # 1:1 across replicas
-            back = _place(mine * counted_once(cfg, key, n, j, dev), idx, shape)
-    comm.all_reduce(back, stage_ranks)  # reshard back
-    return _take(back, param_index(cfg, key, t, j))
+    if idx is None:  # replicated: core rank 0 speaks for the replica
+        if bs.copy == 0 and j == 0:
+            comm.all_reduce(grad, groups[0])
+        return comm.broadcast(grad, stage.ranks[0], stage.ranks)
+    if key in ("k", "v") and _cuts_kv(bs.shards, cfg.kv_heads):  # owners of a cut KV head add their parts
+        grad = _take(comm.all_reduce(_place(grad, idx, shape), bs.tp_ranks), idx)
+    if bs.copy == 0:
+        dim = idx[0]
+        rows_n = len(param_index(cfg, key, n, j)[1]) if j < n else None
+        mine = comm.move(grad, reshard_plan(cfg, key, t, n), j, bs.tp_ranks, dim, rows_n, grad)  # t -> n layout
+        if mine is not None:
+            comm.all_reduce(mine, groups[j])  # 1:1 between core rank j of every replica
+        grad = comm.move(mine, reshard_plan(cfg, key, n, t), j, bs.tp_ranks, dim, len(idx[1]), grad)  # n -> t
+    return comm.broadcast(grad.contiguous(), stage.ranks[j], stage.copy_dp_groups(t)[j])  # to the other copies
 
 
 def gathered_parameters(

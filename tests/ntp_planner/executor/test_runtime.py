@@ -47,6 +47,14 @@ def test_d_ntp_local_batches_4_and_3_weighted_by_samples():
 
 
 @pytest.mark.timeout(120)
+def test_ntp_beside_a_per_layer_replica_with_copies():
+    # healthy replica: layer 0 at degree 2 in a stage of 4 (two copies); degraded replica: all at 3.
+    # Layer 0 syncs between degrees 2 and 3 (n = 2) after the healthy copies add up
+    spec = make_spec(CFG, [[4, 2, 4, 4]], [([4], 2), ([3], 2)], 2, 8, width=4)
+    check(launch(spec, timeout_s=60))
+
+
+@pytest.mark.timeout(120)
 def test_unweighted_average_with_unequal_batches_is_detected():
     spec = make_spec(CFG, [[4, 4, 4, 4]], [([4], 4), ([3], 3)], 1, 8, weighted=False)
     result = launch(spec, timeout_s=60)
