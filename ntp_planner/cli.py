@@ -685,6 +685,7 @@ def validate(
 
     Keeps the plan's stage width, per-layer TP degrees and (with --replan) the degraded replicas'
     uneven shards and batches; shrinks layers, width, replicas and stages to fit --nproc.
+    Across hosts, run the same command under torchrun (each process becomes one rank).
 
     Example: ntp validate plan.json --replan replan.json --steps 3
     """
@@ -701,20 +702,35 @@ def validate(
     injected = _parse_fault(fault)
     import torch  # the executor needs it; imported only here
 
+    from ntp_planner.executor.launch import RankFailure, launch, run_as_torchrun_rank, under_torchrun
+
     gpus = torch.cuda.device_count() if backend == "nccl" else 0
     if backend == "nccl" and gpus == 0:
         raise ValueError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
+    if under_torchrun():  # one rank of a multi-host run: torchrun chose the processes
+        import os
+
+        world = int(os.environ["WORLD_SIZE"])
+        if nproc is not None and nproc != world:
+            raise ValueError(f"--nproc {nproc} differs from torchrun's {world} processes; drop --nproc")
+        nproc, gpus = world, 0
     n = nproc if nproc is not None else (gpus or 16)
     if n < 1:
         raise ValueError(f"--nproc {n} must be at least 1")
     if backend == "nccl" and n > gpus:
         raise ValueError(f"--nproc {n} exceeds the {gpus} GPUs here (nccl runs one rank per GPU); lower --nproc")
     shrunk = shrink(p, n, replan_result, steps, seed)
-    from ntp_planner.executor.launch import RankFailure, launch
     from ntp_planner.report import validate_json, validate_view
 
+    if under_torchrun():
+        result = run_as_torchrun_rank(shrunk.spec, backend, timeout)
+        if result is None:
+            return  # rank 0 reports
+    else:
+        result = None
     try:
-        result = _with_progress(lambda tick: launch(shrunk.spec, backend, timeout, injected, tick), steps, json_out)
+        if result is None:
+            result = _with_progress(lambda tick: launch(shrunk.spec, backend, timeout, injected, tick), steps, json_out)
     except RankFailure as exc:
         if json_out:
             _print_json({"passed": False, "failure": str(exc)})

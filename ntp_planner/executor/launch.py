@@ -95,6 +95,29 @@ def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault
     return _compare(got, ref, time.perf_counter() - start)
 
 
+def under_torchrun() -> bool:
+    """True in a process that torchrun (or another launcher setting RANK and WORLD_SIZE) started."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def run_as_torchrun_rank(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0) -> Result | None:
+    """Be rank $RANK of a run that torchrun launched (across hosts): the same training as
+    ``launch``; rank 0 compares with the reference and returns the result, the others None.
+    torchrun watches the processes; the collective timeout ends a run whose peer is gone."""
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    if world != spec.world_size:
+        raise ValueError(f"torchrun started {world} processes but the run needs {spec.world_size}")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ntp-validate-") as tmp:
+        out = Path(tmp, "out.pt")
+        run_rank(rank, spec, "env://", backend, str(out), timeout_s)
+        if rank != 0:
+            return None
+        got = torch.load(out)
+    return _compare(got, reference_run(spec), time.perf_counter() - start)
+
+
 def _watch(spec, procs, progress, errs: Path, timeout_s: float, tick) -> None:
     """Wait for the ranks; fail when one exits with an error or when no rank has entered a
     collective for ``timeout_s`` (plus STARTUP_S before every rank has entered its first)."""

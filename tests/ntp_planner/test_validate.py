@@ -1,6 +1,10 @@
 """`ntp validate` end to end on gloo: a plan, an NTP re-plan, failures named, input errors."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -83,3 +87,25 @@ def test_validate_rejects_a_replan_of_another_plan(plans):
     r = run("validate", plans / "pp.json", "--replan", plans / "r.json")
     assert r.exit_code == 2
     assert "validate the plan it was made from" in " ".join(r.output.split())
+
+
+@pytest.mark.timeout(180)
+def test_the_same_command_runs_under_torchrun(plans):
+    """Across hosts torchrun starts the processes; each `ntp validate` becomes one rank."""
+    bin_dir = Path(sys.executable).parent
+    torchrun, ntp = bin_dir / "torchrun", bin_dir / "ntp"
+    if not torchrun.exists() or not ntp.exists():
+        pytest.skip("torchrun or ntp is not installed next to this Python")
+    env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    argv = [torchrun, "--standalone", "--nproc_per_node", "7", ntp, "validate", plans / "dp.json"]
+    out = subprocess.run(
+        [*map(str, argv), "--replan", str(plans / "r.json"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads(out.stdout)  # only rank 0 prints
+    assert data["passed"] and data["processes"] == 7
+    assert [x["replica"] for x in data["ranks"]] == [0, 0, 0, 0, 1, 1, 1]
