@@ -5,6 +5,8 @@ output, down) by columns, along the same heads / FFN columns (``sharding``), so 
 partial output is complete for its units and the partials sum to the layer's output: the sum is
 the TP all-reduce. The embedding is split by vocabulary rows (each rank looks up the tokens it
 owns; partial embeddings sum) and the LM head by vocabulary rows (partial logits concatenate).
+``param_index`` says which indices of a parameter a rank holds; the executor slices, syncs,
+reshards and gathers through it.
 
 ``simulated_tp_loss`` runs every rank in one process and adds the partials directly: it checks
 the sharding math before any process group exists; the distributed executor replaces the sums
@@ -24,22 +26,72 @@ def head_rows(heads: tuple[int, ...], head_dim: int) -> list[int]:
     return [h * head_dim + i for h in heads for i in range(head_dim)]
 
 
-def rank_layer_params(layer, shards: LayerShards, rank: int, head_dim: int) -> dict[str, torch.Tensor]:
-    """Fresh leaf tensors holding this rank's slices (norms are replicated)."""
-    q_rows, kv_rows = head_rows(shards.heads[rank], head_dim), head_rows(shards.kv_heads[rank], head_dim)
-    a, b = shards.ffn[rank]
-    slices = {
-        "norm1": layer.norm1,
-        "norm2": layer.norm2,
-        "q": layer.q[q_rows],
-        "k": layer.k[kv_rows],
-        "v": layer.v[kv_rows],
-        "o": layer.o[:, q_rows],
-        "gate": layer.gate[a:b],
-        "up": layer.up[a:b],
-        "down": layer.down[:, a:b],
-    }
-    return {k: v.detach().clone().requires_grad_(True) for k, v in slices.items()}
+# How each parameter is cut: (dimension, what is dealt out) for sharded ones, None = replicated.
+CUTS = {
+    "embed": (0, "vocab"),
+    "head": (0, "vocab"),
+    "norm": None,
+    "norm1": None,
+    "norm2": None,
+    "q": (0, "heads"),
+    "k": (0, "kv_heads"),
+    "v": (0, "kv_heads"),
+    "o": (1, "heads"),
+    "gate": (0, "ffn"),
+    "up": (0, "ffn"),
+    "down": (1, "ffn"),
+}
+BLOCK_PARAMS = {
+    "embed": ("embed",),
+    "layer": ("norm1", "q", "k", "v", "o", "norm2", "gate", "up", "down"),
+    "head": ("norm", "head"),
+}
+
+
+def param_index(cfg: TinyConfig, key: str, degree: int, tp_rank: int) -> tuple[int, list[int]] | None:
+    """(dimension, indices) of TP rank ``tp_rank``'s slice of parameter ``key`` at ``degree``;
+    None when the parameter is replicated.
+
+    >>> param_index(TinyConfig(heads=8, kv_heads=2, hidden=16), "k", 3, 1)  # KV heads 0 and 1, 2 rows each
+    (0, [0, 1, 2, 3])
+    """
+    cut = CUTS[key]
+    if cut is None:
+        return None
+    dim, what = cut
+    if what == "vocab":
+        a, b = vocab_shards(cfg.vocab, degree)[tp_rank]
+        return dim, list(range(a, b))
+    sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
+    if what == "ffn":
+        return dim, list(range(*sh.ffn[tp_rank]))
+    heads = sh.heads[tp_rank] if what == "heads" else sh.kv_heads[tp_rank]
+    return dim, head_rows(heads, cfg.head_dim)
+
+
+def counted_once(cfg: TinyConfig, key: str, degree: int, tp_rank: int, device=None) -> torch.Tensor | float:
+    """Weight that makes each element count once when every TP rank's slice is summed into the
+    full tensor: replicated parameters by TP rank 0 only, a KV head cut by an uneven split by its
+    first owner (a column over the slice's rows)."""
+    if CUTS[key] is None:
+        return float(tp_rank == 0)
+    if key not in ("k", "v"):
+        return 1.0
+    sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
+    first = [float(sh.kv_owners(kv)[0] == tp_rank) for kv in sh.kv_heads[tp_rank]]
+    return torch.tensor(first, device=device).repeat_interleave(cfg.head_dim)[:, None]
+
+
+def rank_slice(full: torch.Tensor, cfg: TinyConfig, key: str, degree: int, rank: int) -> torch.Tensor:
+    """A fresh leaf tensor holding TP rank ``rank``'s slice of parameter ``key`` at ``degree``."""
+    idx = param_index(cfg, key, degree, rank)
+    t = full.detach() if idx is None else full.detach().index_select(idx[0], torch.tensor(idx[1]))
+    return t.clone().requires_grad_(True)
+
+
+def rank_layer_params(layer, degree: int, rank: int, cfg: TinyConfig) -> dict[str, torch.Tensor]:
+    """This rank's slices of a layer (norms are replicated)."""
+    return {key: rank_slice(getattr(layer, key), cfg, key, degree, rank) for key in BLOCK_PARAMS["layer"]}
 
 
 def rank_attention(h: torch.Tensor, p: dict, shards: LayerShards, rank: int, cfg: TinyConfig) -> torch.Tensor:
@@ -61,7 +113,7 @@ def shard_model(ref: Reference, degrees: list[int]) -> dict:
     layers = []
     for layer, t in zip(ref.layers, degrees, strict=True):
         shards = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, t)
-        layers.append((shards, [rank_layer_params(layer, shards, r, cfg.head_dim) for r in range(t)]))
+        layers.append((shards, [rank_layer_params(layer, t, r, cfg) for r in range(t)]))
     vocab = vocab_shards(cfg.vocab, degrees[0])
     embed = [ref.embed[a:b].detach().clone().requires_grad_(True) for a, b in vocab]
     head = [ref.head[a:b].detach().clone().requires_grad_(True) for a, b in vocab]

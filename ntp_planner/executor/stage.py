@@ -29,63 +29,8 @@ from ntp_planner.executor.comm import (
 )
 from ntp_planner.executor.model import Reference, rms_norm
 from ntp_planner.executor.sharding import LayerShards, contiguous, layer_shards, vocab_shards
-from ntp_planner.executor.shards import head_rows, rank_attention, rank_mlp
-from ntp_planner.executor.spec import Block, RunSpec, StageSpec, TinyConfig
-
-# How each parameter is cut: (dimension, what is dealt out) for sharded ones, None = replicated.
-CUTS = {
-    "embed": (0, "vocab"),
-    "head": (0, "vocab"),
-    "norm": None,
-    "norm1": None,
-    "norm2": None,
-    "q": (0, "heads"),
-    "k": (0, "kv_heads"),
-    "v": (0, "kv_heads"),
-    "o": (1, "heads"),
-    "gate": (0, "ffn"),
-    "up": (0, "ffn"),
-    "down": (1, "ffn"),
-}
-BLOCK_PARAMS = {
-    "embed": ("embed",),
-    "layer": ("norm1", "q", "k", "v", "o", "norm2", "gate", "up", "down"),
-    "head": ("norm", "head"),
-}
-
-
-def param_index(cfg: TinyConfig, key: str, degree: int, tp_rank: int) -> tuple[int, list[int]] | None:
-    """(dimension, indices) of TP rank ``tp_rank``'s slice of parameter ``key`` at ``degree``;
-    None when the parameter is replicated.
-
-    >>> param_index(TinyConfig(heads=8, kv_heads=2, hidden=16), "k", 3, 1)  # KV heads 0 and 1, 2 rows each
-    (0, [0, 1, 2, 3])
-    """
-    cut = CUTS[key]
-    if cut is None:
-        return None
-    dim, what = cut
-    if what == "vocab":
-        a, b = vocab_shards(cfg.vocab, degree)[tp_rank]
-        return dim, list(range(a, b))
-    sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
-    if what == "ffn":
-        return dim, list(range(*sh.ffn[tp_rank]))
-    heads = sh.heads[tp_rank] if what == "heads" else sh.kv_heads[tp_rank]
-    return dim, head_rows(heads, cfg.head_dim)
-
-
-def counted_once(cfg: TinyConfig, key: str, degree: int, tp_rank: int, device=None) -> torch.Tensor | float:
-    """Weight that makes each element count once when every TP rank's slice is summed into the
-    full tensor: replicated parameters by TP rank 0 only, a KV head cut by an uneven split by its
-    first owner (a column over the slice's rows)."""
-    if CUTS[key] is None:
-        return float(tp_rank == 0)
-    if key not in ("k", "v"):
-        return 1.0
-    sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
-    first = [float(sh.kv_owners(kv)[0] == tp_rank) for kv in sh.kv_heads[tp_rank]]
-    return torch.tensor(first, device=device).repeat_interleave(cfg.head_dim)[:, None]
+from ntp_planner.executor.shards import BLOCK_PARAMS, rank_attention, rank_mlp, rank_slice
+from ntp_planner.executor.spec import Block, RunSpec, StageSpec
 
 
 @dataclass
@@ -116,10 +61,8 @@ class StageModel:
             params = {}
             for key in BLOCK_PARAMS[b.kind]:
                 name = f"{b.name}.{key}" if b.kind == "layer" else key
-                idx = param_index(self.cfg, key, b.degree, j)
-                t = full[name].detach()
-                t = t if idx is None else t.index_select(idx[0], torch.tensor(idx[1]))
-                params[key] = t.clone().to(device).requires_grad_(True)
+                t = rank_slice(full[name], self.cfg, key, b.degree, j).detach()
+                params[key] = t.to(device).requires_grad_(True)
             shards = layer_shards(self.cfg.heads, self.cfg.kv_heads, self.cfg.ffn, b.degree)
             self.blocks.append(
                 BlockState(
