@@ -60,7 +60,8 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     torch.set_default_dtype(getattr(torch, spec.dtype))
     device = torch.device("cpu")
     if backend == "nccl":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
+        local = int(os.environ.get("LOCAL_RANK", rank))  # torchrun sets it per host
+        device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=spec.world_size, timeout=timedelta(seconds=timeout_s)
