@@ -198,7 +198,11 @@ def _notes(plan, cfg, pp, groups, picks, mb, m, run_micro, replan) -> list[str]:
         skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
     skipped += ["distributed optimizer (replicated AdamW, the same math)"] if lay.distributed_optimizer else []
     skipped += ["selective recompute"] if lay.recompute == "selective" else []
-    skipped += ["experts (MoE layers run as dense SwiGLU)"] if model.num_experts else []
+    skipped += (
+        [f"experts{f' and ep {lay.ep}' if lay.ep > 1 else ''} (MoE layers run as dense SwiGLU)"]
+        if model.num_experts
+        else []
+    )
     skipped += [f"{model.family} blocks (run as Llama-style)"] if model.family != "llama" else []
     if skipped:
         notes.append("not executed: " + "; ".join(skipped))
