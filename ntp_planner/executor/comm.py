@@ -198,11 +198,12 @@ class ExitCopies(torch.autograd.Function):
 
 # ---- sequence parallelism: the stream between TP regions is cut along the sequence ----------
 def _gather_seq(comm: Comm, x: torch.Tensor, ranks, bounds) -> torch.Tensor:
-    """All-gather uneven sequence chunks (dimension 1): pad, gather, trim, concatenate."""
+    """All-gather uneven sequence chunks (the second-to-last dimension: [batch, seq, hidden] or
+    [batch, heads, seq, head_dim]): pad, gather, trim, concatenate."""
     longest = max(b - a for a, b in bounds)
-    padded = F.pad(x, (0, 0, 0, longest - x.shape[1]))
+    padded = F.pad(x, (0, 0, 0, longest - x.shape[-2]))
     parts = comm.all_gather(padded, ranks)
-    return torch.cat([p[:, : b - a] for p, (a, b) in zip(parts, bounds, strict=True)], dim=1)
+    return torch.cat([p[..., : b - a, :] for p, (a, b) in zip(parts, bounds, strict=True)], dim=-2)
 
 
 def _reduce_scatter_seq(comm: Comm, x: torch.Tensor, ranks, bounds, j: int) -> torch.Tensor:
@@ -210,12 +211,12 @@ def _reduce_scatter_seq(comm: Comm, x: torch.Tensor, ranks, bounds, j: int) -> t
     if len(ranks) == 1:
         return x.clone()
     longest = max(b - a for a, b in bounds)
-    chunks = [F.pad(x[:, a:b], (0, 0, 0, longest - (b - a))).contiguous() for a, b in bounds]
+    chunks = [F.pad(x[..., a:b, :], (0, 0, 0, longest - (b - a))).contiguous() for a, b in bounds]
     out = torch.empty_like(chunks[0])
     with comm._counted():
         dist.reduce_scatter(out, chunks, group=comm.groups[ranks])
     a, b = bounds[j]
-    return out[:, : b - a]
+    return out[..., : b - a, :]
 
 
 class ScatterSeq(torch.autograd.Function):
@@ -225,7 +226,7 @@ class ScatterSeq(torch.autograd.Function):
     def forward(ctx, x, comm: Comm, ranks, bounds, j):
         ctx.args = comm, ranks, bounds
         a, b = bounds[j]
-        return x[:, a:b].clone()
+        return x[..., a:b, :].clone()
 
     @staticmethod
     def backward(ctx, grad):
@@ -242,12 +243,13 @@ class GatherSeq(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return grad[:, ctx.rows].contiguous(), None, None, None, None
+        return grad[..., ctx.rows, :].contiguous(), None, None, None, None
 
 
 class AllGatherSeq(torch.autograd.Function):
-    """Chunks -> the whole sequence before a column-parallel layer; backward reduce-scatters
-    (every rank's partial use of the whole sequence adds up)."""
+    """Chunks -> the whole sequence before a column-parallel layer (or, under context
+    parallelism, keys and values for every query chunk); backward reduce-scatters (every rank's
+    partial use of the whole sequence adds up)."""
 
     @staticmethod
     def forward(ctx, x, comm: Comm, ranks, bounds, j):

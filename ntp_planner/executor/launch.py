@@ -60,9 +60,10 @@ def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, prog
 
 
 def describe_rank(spec: RunSpec, rank: int) -> str:
-    replica, s = spec.locate(rank)
-    local = spec.replicas[replica].stages[s].ranks.index(rank)
-    return f"rank {rank} (replica {replica}, stage {s}, local rank {local})"
+    pipeline, s = spec.locate(rank)
+    local = spec.replicas[pipeline].stages[s].ranks.index(rank)
+    cp = f", cp rank {spec.replicas[pipeline].cp_rank}" if spec.cp > 1 else ""
+    return f"rank {rank} (replica {pipeline // spec.cp}{cp}, stage {s}, local rank {local})"
 
 
 def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault=None, tick=None) -> Result:

@@ -17,11 +17,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate pairs of channels by position-dependent angles; x is [batch, heads, seq, dim]."""
+def rotary(x: torch.Tensor, theta: float, offset: int = 0) -> torch.Tensor:
+    """Rotate pairs of channels by position-dependent angles; x is [batch, heads, seq, dim]
+    holding positions offset, offset + 1, ... (a context-parallel chunk starts at its offset)."""
     seq, dim = x.shape[-2], x.shape[-1]
     freqs = theta ** (-torch.arange(0, dim, 2, dtype=x.dtype, device=x.device) / dim)
-    angles = torch.arange(seq, dtype=x.dtype, device=x.device)[:, None] * freqs[None, :]
+    angles = torch.arange(offset, offset + seq, dtype=x.dtype, device=x.device)[:, None] * freqs[None, :]
     cos, sin = angles.cos(), angles.sin()
     a, b = x[..., 0::2], x[..., 1::2]
     return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
@@ -43,20 +44,27 @@ class Layer(nn.Module):
         self.down = nn.Parameter(torch.randn(cfg.hidden, cfg.ffn) * 0.1)
 
 
-def attention(x, q_w, k_w, v_w, o_w, n_heads: int, n_kv: int, head_dim: int, theta: float):
-    """Causal GQA attention of ``n_heads`` query heads sharing ``n_kv`` KV heads (in order)."""
+def attention(x, q_w, k_w, v_w, o_w, n_heads: int, n_kv: int, head_dim: int, theta: float, offset: int = 0):
+    """Rotated queries, keys and values of ``n_heads`` query heads sharing ``n_kv`` KV heads
+    (in order) for tokens at positions offset, offset + 1, ..."""
     b, s, _ = x.shape
     q = (x @ q_w.T).view(b, s, n_heads, head_dim).transpose(1, 2)
     k = (x @ k_w.T).view(b, s, n_kv, head_dim).transpose(1, 2)
     v = (x @ v_w.T).view(b, s, n_kv, head_dim).transpose(1, 2)
-    q, k = rotary(q, theta), rotary(k, theta)
+    q, k = rotary(q, theta, offset), rotary(k, theta, offset)
     return q, k, v
 
 
-def attend(q, k, v, kv_index: list[int], o_w):
-    """SDPA with each query head using KV head ``kv_index[h]``; returns the output projection."""
+def attend(q, k, v, kv_index: list[int], o_w, q_offset: int | None = None):
+    """Causal SDPA with each query head using KV head ``kv_index[h]``; returns the output
+    projection. ``q_offset``: the queries are positions q_offset, ... of a longer key sequence
+    that starts at 0 (context parallelism); None: queries and keys are the same positions."""
     k, v = k[:, kv_index], v[:, kv_index]
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if q_offset is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        rows = torch.arange(q.shape[-2], device=q.device)[:, None] + q_offset
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=rows >= torch.arange(k.shape[-2], device=q.device))
     b, h, s, d = out.shape
     return out.transpose(1, 2).reshape(b, s, h * d) @ o_w.T
 

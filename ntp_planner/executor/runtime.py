@@ -37,7 +37,7 @@ def loss_scale(spec: RunSpec, replica: int) -> float:
     if spec.weighted:
         return 1.0 / (spec.total_sequences * spec.seq_len)
     local = spec.replicas[replica].micro_batches * spec.micro_batch
-    return 1.0 / (local * spec.seq_len * len(spec.replicas))
+    return 1.0 / (local * spec.seq_len * spec.data_replicas)
 
 
 def _inject(fault, rank: int, step: int) -> None:

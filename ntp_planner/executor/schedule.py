@@ -25,7 +25,8 @@ class _Pipe:
         self.ranks, self.rank, self.comm, self.like = stages[stage].ranks, rank, comm, like
         self.prev = stages[stage - 1].ranks[0] if stage > 0 else None
         self.next = stages[stage + 1].ranks[0] if stage < len(stages) - 1 else None
-        self.shape = (spec.micro_batch, spec.seq_len, spec.cfg.hidden)
+        start, end = spec.seq_chunk(replica)
+        self.shape = (spec.micro_batch, end - start, spec.cfg.hidden)
 
     def __call__(self, send: torch.Tensor | None, to: int | None, frm: int | None) -> torch.Tensor | None:
         """Send ``send`` to ``to`` and receive from ``frm`` (either may be None); the received
@@ -51,6 +52,7 @@ def one_f_one_b(
     rep = spec.replicas[replica]
     P, m, mb = len(rep.stages), rep.micro_batches, spec.micro_batch
     first = spec.first_sequence(replica)
+    chunk = slice(*spec.seq_chunk(replica))  # context parallelism: this pipeline's positions
     like = next(t for *_, t in model.named_parameters())
     pipe = _Pipe(spec, replica, stage, rank, comm, like)
     last = stage == P - 1
@@ -65,7 +67,7 @@ def one_f_one_b(
         rows = slice(first + i * mb, first + (i + 1) * mb)
         if x is not None:
             x.requires_grad_(True)
-        y = model.forward(tokens[rows] if stage == 0 else x, targets[rows], scale)
+        y = model.forward(tokens[rows, chunk] if stage == 0 else x, targets[rows, chunk], scale)
         if last and head.tp_rank == 0:
             loss += y.item()
         pending.append((x, y))

@@ -94,12 +94,19 @@ def rank_layer_params(layer, degree: int, rank: int, cfg: TinyConfig) -> dict[st
     return {key: rank_slice(getattr(layer, key), cfg, key, degree, rank) for key in BLOCK_PARAMS["layer"]}
 
 
-def rank_attention(h: torch.Tensor, p: dict, shards: LayerShards, rank: int, cfg: TinyConfig) -> torch.Tensor:
-    """This rank's partial attention output (its heads through its columns of the output projection)."""
+def rank_attention(
+    h: torch.Tensor, p: dict, shards: LayerShards, rank: int, cfg: TinyConfig, context=None
+) -> torch.Tensor:
+    """This rank's partial attention output (its heads through its columns of the output
+    projection). ``context`` = (offset, gather) under context parallelism: ``h`` holds the
+    positions from ``offset`` on, and ``gather`` brings the keys and values of the whole sequence."""
     heads, kvs = shards.heads[rank], shards.kv_heads[rank]
-    q, k, v = attention(h, p["q"], p["k"], p["v"], p["o"], len(heads), len(kvs), cfg.head_dim, cfg.rope_theta)
+    offset = context[0] if context else 0
+    q, k, v = attention(h, p["q"], p["k"], p["v"], p["o"], len(heads), len(kvs), cfg.head_dim, cfg.rope_theta, offset)
+    if context:
+        k, v = context[1](k), context[1](v)
     group = cfg.heads // cfg.kv_heads
-    return attend(q, k, v, [kvs.index(hd // group) for hd in heads], p["o"])
+    return attend(q, k, v, [kvs.index(hd // group) for hd in heads], p["o"], offset if context else None)
 
 
 def rank_mlp(h: torch.Tensor, p: dict) -> torch.Tensor:

@@ -85,7 +85,7 @@ def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: in
         picks = list(kinds.values())
         if len(picks) == 1 and len(active) > 1:
             picks.append(next(x for x in active if x is not picks[0]))
-    pp, picks = _fit(picks, lay.pp, w, nproc, prefer_replicas=replan is not None)
+    pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
     stage_degrees, layer_count = [], 0
     for j, g in enumerate(groups):
@@ -120,14 +120,17 @@ def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: in
         kv_heads=model.num_kv_heads,
         ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
     )
-    notes = _notes(plan, cfg, pp, groups, picks, mb, m, run_micro, replan)
+    # every cp chunk needs a token, and a token per rank under sequence parallelism
+    seq_len = max(SEQ_LEN, cp * (w if lay.sequence_parallel else 1))
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan)
     spec = make_spec(
         cfg,
         stage_degrees,
         [(ws, k) for ws, k in zip(widths, run_micro, strict=True)],
         mb,
-        SEQ_LEN,
+        seq_len,
         width=w,
+        cp=cp,
         steps=steps,
         seed=seed,
         recompute=lay.recompute == "full",
@@ -138,9 +141,10 @@ def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: in
     gpus = plan.placement if replan is None else replan.rank_to_gpu
     for j, g in enumerate(groups):
         for (r, *_), ws in zip(picks, widths, strict=True):
-            for i in range(ws[j]):
-                plan_rank = i + w * lay.cp * (r + lay.dp * g[0])
-                ranks.append((plan_rank, gpus[plan_rank]))
+            for c in range(cp):
+                for i in range(ws[j]):
+                    plan_rank = i + w * (c + lay.cp * (r + lay.dp * g[0]))
+                    ranks.append((plan_rank, gpus[plan_rank]))
     return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
 
 
@@ -155,44 +159,54 @@ def _split(n: int, parts: int) -> list[list[int]]:
     return out
 
 
-def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool) -> tuple[int, list]:
-    """Stages and replicas that fit in ``nproc`` processes: at most 2 stages and the picked
-    replicas first (dropping stages first for a re-plan, replicas first otherwise), then more
-    stages up to 4."""
+def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: int) -> tuple[int, list, int]:
+    """Stages, replicas and context-parallel degree that fit in ``nproc`` processes. Start from
+    at most 2 stages, the picked replicas and the plan's cp; while too many, give up replicas,
+    then cp, then stages (for a re-plan, whose point is its replicas: stages, cp, replicas);
+    then add stages up to 4 while they fit."""
 
-    def ranks(k, reps):
-        return sum(sum(min(tps[s] for s in g) for g in _split(pp, k)) for _, tps, _ in reps)
+    def ranks(k, reps, c):
+        return c * sum(sum(min(tps[s] for s in g) for g in _split(pp, k)) for _, tps, _ in reps)
 
-    k, reps = min(pp, 2), list(picks)
-    while ranks(k, reps) > nproc:
-        if (prefer_replicas and k > 1) or len(reps) == 1:
-            if k == 1:
-                raise ValueError(
-                    f"one replica of this plan needs {ranks(1, reps[:1])} processes (its stage width); pass "
-                    f"--nproc {ranks(1, reps[:1])} or more"
-                )
+    k, reps, c = min(pp, 2), list(picks), cp
+    while ranks(k, reps, c) > nproc:
+        steps = ["stages", "cp", "replicas"] if prefer_replicas else ["replicas", "cp", "stages"]
+        possible = [x for x in steps if {"stages": k > 1, "cp": c > 1, "replicas": len(reps) > 1}[x]]
+        if not possible:
+            need = ranks(1, reps[:1], 1)
+            raise ValueError(
+                f"one replica of this plan needs {need} processes (its stage width); pass --nproc {need} or more"
+            )
+        if possible[0] == "stages":
             k -= 1
+        elif possible[0] == "cp":
+            c = 1
         else:
             reps.pop()
-    while k < min(pp, 4) and ranks(k + 1, reps) <= nproc:
+    while k < min(pp, 4) and ranks(k + 1, reps, c) <= nproc:
         k += 1
-    return k, reps
+    return k, reps, c
 
 
-def _notes(plan, cfg, pp, groups, picks, mb, m, run_micro, replan) -> list[str]:
+def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
         f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per stage), "
         f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
         f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
-        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {SEQ_LEN} tokens",
+        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens",
         f"pipeline {lay.pp} stages -> {pp}"
         + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)"),
         f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})",
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
         f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}",
     ]
-    skipped = [f"cp {lay.cp} (whole sequences)"] if lay.cp > 1 else []
+    if lay.cp > 1:
+        notes.append(
+            f"context parallelism cp {lay.cp}"
+            + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more --nproc keeps it)")
+        )
+    skipped = []
     skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
     if lay.sequence_parallel and lay.is_per_layer:
         skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]

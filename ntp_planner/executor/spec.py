@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ntp_planner.executor.sharding import contiguous
+
 
 @dataclass(frozen=True)
 class TinyConfig:
@@ -73,8 +75,12 @@ class StageSpec:
 
 @dataclass(frozen=True)
 class ReplicaSpec:
+    """One pipeline: a data-parallel replica, or under context parallelism one of its ``cp``
+    slices (each holds a chunk of every sequence; slices of a replica are consecutive)."""
+
     stages: tuple[StageSpec, ...]
     micro_batches: int  # per step; the replica's local batch is micro_batches * micro_batch
+    cp_rank: int = 0  # which chunk of the sequence this pipeline holds
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class RunSpec:
     replicas: tuple[ReplicaSpec, ...]
     micro_batch: int
     seq_len: int
+    cp: int = 1  # context-parallel degree: pipelines per data replica
     steps: int = 3
     lr: float = 1e-4  # fp32 rounding of tiny gradients, amplified by Adam, grows with lr (1e-5 at 1e-3)
     seed: int = 0
@@ -107,7 +114,20 @@ class RunSpec:
 
     @property
     def total_sequences(self) -> int:
-        return sum(r.micro_batches for r in self.replicas) * self.micro_batch
+        return sum(r.micro_batches for r in self.replicas if r.cp_rank == 0) * self.micro_batch
+
+    @property
+    def data_replicas(self) -> int:
+        return len(self.replicas) // self.cp
+
+    def seq_chunk(self, replica: int) -> tuple[int, int]:
+        """[start, end) of the sequence positions pipeline ``replica`` holds."""
+        return contiguous(self.seq_len, self.cp)[self.replicas[replica].cp_rank]
+
+    def cp_group(self, replica: int, stage: int, local: int) -> tuple[int, ...]:
+        """Ranks at local position ``local`` of ``stage`` in every cp slice of the replica."""
+        first = replica - self.replicas[replica].cp_rank
+        return tuple(self.replicas[first + c].stages[stage].ranks[local] for c in range(self.cp))
 
     def locate(self, rank: int) -> tuple[int, int]:
         """(replica, stage) of process ``rank``."""
@@ -118,8 +138,10 @@ class RunSpec:
         raise ValueError(f"rank {rank} is in no stage")
 
     def first_sequence(self, replica: int) -> int:
-        """Index of the replica's first sequence in the step's batch (replicas in order)."""
-        return sum(r.micro_batches for r in self.replicas[:replica]) * self.micro_batch
+        """Index of the replica's first sequence in the step's batch (replicas in order; the cp
+        slices of a replica share its sequences)."""
+        first = replica - self.replicas[replica].cp_rank
+        return sum(r.micro_batches for r in self.replicas[:first] if r.cp_rank == 0) * self.micro_batch
 
 
 def check(spec: RunSpec) -> None:
@@ -131,6 +153,7 @@ def check(spec: RunSpec) -> None:
     layout = [[tuple((b.kind, b.layer) for b in st.blocks) for st in rep.stages] for rep in spec.replicas]
     if any(x != layout[0] for x in layout):
         raise ValueError("every replica must hold the same blocks on the same stages")
+    _check_cp(spec)
     names = [b for st in layout[0] for b in st]
     expected = [("embed", -1)] + [("layer", i) for i in range(cfg.layers)] + [("head", -1)]
     if names != expected:
@@ -155,6 +178,27 @@ def check(spec: RunSpec) -> None:
                     raise ValueError(f"{b.name} degree {b.degree} exceeds the model's {cfg.heads} heads")
 
 
+def _check_cp(spec: RunSpec) -> None:
+    if spec.cp < 1 or len(spec.replicas) % spec.cp or spec.seq_len < spec.cp:
+        raise ValueError(
+            f"cp {spec.cp} needs a whole number of slices per replica ({len(spec.replicas)} pipelines) and at "
+            f"least one token each (sequence {spec.seq_len})"
+        )
+    for i, rep in enumerate(spec.replicas):
+        first = spec.replicas[i - rep.cp_rank]
+        shape = lambda r: ([[b.degree for b in st.blocks] for st in r.stages], r.micro_batches)  # noqa: E731
+        if rep.cp_rank != i % spec.cp or shape(rep) != shape(first):
+            raise ValueError(f"pipeline {i} is not cp slice {i % spec.cp} of its replica with the same stages")
+    if spec.sequence_parallel:
+        shortest = min(b - a for a, b in contiguous(spec.seq_len, spec.cp))
+        widest = max(st.width for rep in spec.replicas for st in rep.stages)
+        if shortest < widest:
+            raise ValueError(
+                f"sequence parallelism gives each of {widest} ranks a piece of a {shortest}-token chunk; "
+                "lengthen the sequence"
+            )
+
+
 def process_groups(spec: RunSpec) -> list[tuple[int, ...]]:
     """Every group the run uses, deduplicated, in one order all ranks share: per stage its
     whole width, then per block degree the copies' TP groups and in-stage DP groups; then per
@@ -169,6 +213,10 @@ def process_groups(spec: RunSpec) -> list[tuple[int, ...]]:
     for s in range(spec.pp):
         for b in range(len(spec.replicas[0].stages[s].blocks)):
             out.update(dict.fromkeys(dp_groups(spec, s, b)))
+    if spec.cp > 1:
+        for i in range(0, len(spec.replicas), spec.cp):
+            for s, st in enumerate(spec.replicas[i].stages):
+                out.update(dict.fromkeys(spec.cp_group(i, s, local) for local in range(st.width)))
     return list(out)
 
 
@@ -200,13 +248,15 @@ def make_spec(
     micro_batch: int,
     seq_len: int,
     width: int | None = None,
+    cp: int = 1,
     **run,
 ) -> RunSpec:
     """A RunSpec from the blocks' degrees per stage (``stage_degrees[s]``: embedding first on
     stage 0, LM head last on the last stage, degrees relative to the healthy stage ``width``,
     by default the largest degree) and per replica (its stage widths, its micro-batches). A stage narrower
-    than the healthy width (NTP) runs every block at its width. Process ranks follow the
-    project's rank order restricted to live ranks: stage-major, then replica, then TP rank.
+    than the healthy width (NTP) runs every block at its width. Each replica runs ``cp``
+    pipelines, one per chunk of the sequence. Process ranks follow the project's rank order
+    restricted to live ranks: stage-major, then replica, then cp rank, then TP rank.
 
     >>> s = make_spec(TinyConfig(layers=2), [[2, 2], [2, 2]], [([2, 2], 1), ([2, 1], 1)], 1, 4)
     >>> [[st.ranks for st in r.stages] for r in s.replicas]
@@ -227,16 +277,19 @@ def make_spec(
             layer += kind == "layer"
         blocks_per_stage.append(blocks)
     next_rank = 0
-    ranks: dict[tuple[int, int], tuple[int, ...]] = {}
+    ranks: dict[tuple[int, int, int], tuple[int, ...]] = {}
     for s in range(len(stage_degrees)):
         for r, (widths, _) in enumerate(replicas):
-            ranks[r, s] = tuple(range(next_rank, next_rank + widths[s]))
-            next_rank += widths[s]
+            for c in range(cp):
+                ranks[r, c, s] = tuple(range(next_rank, next_rank + widths[s]))
+                next_rank += widths[s]
     reps = []
     for r, (widths, micro) in enumerate(replicas):
-        stages = []
-        for s, (blocks, degrees) in enumerate(zip(blocks_per_stage, stage_degrees, strict=True)):
-            degs = degrees if widths[s] == healthy else [widths[s]] * len(degrees)
-            stages.append(StageSpec(ranks[r, s], tuple(Block(k, i, t) for (k, i), t in zip(blocks, degs, strict=True))))
-        reps.append(ReplicaSpec(tuple(stages), micro))
-    return RunSpec(cfg, tuple(reps), micro_batch, seq_len, **run)
+        for c in range(cp):
+            stages = []
+            for s, (blocks, degrees) in enumerate(zip(blocks_per_stage, stage_degrees, strict=True)):
+                degs = degrees if widths[s] == healthy else [widths[s]] * len(degrees)
+                held = tuple(Block(k, i, t) for (k, i), t in zip(blocks, degs, strict=True))
+                stages.append(StageSpec(ranks[r, c, s], held))
+            reps.append(ReplicaSpec(tuple(stages), micro, c))
+    return RunSpec(cfg, tuple(reps), micro_batch, seq_len, cp, **run)

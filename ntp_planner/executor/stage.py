@@ -52,7 +52,21 @@ class StageModel:
         # sequence parallelism where every block runs at the stage width (Megatron's case);
         # stages with lower-degree copies keep the all-reduce
         self.sp = spec.sequence_parallel and stage.width > 1 and all(b.degree == stage.width for b in stage.blocks)
-        self.sp_args = (comm, stage.ranks, contiguous(spec.seq_len, stage.width), stage.ranks.index(rank))
+        replica, s = spec.locate(rank)
+        start, end = spec.seq_chunk(replica)
+        local = stage.ranks.index(rank)
+        self.sp_args = (comm, stage.ranks, contiguous(end - start, stage.width), local)
+        # context parallelism: this pipeline holds positions [start, end); attention gathers
+        # the keys and values of every chunk from the same position in the other cp slices
+        self.context = None
+        if spec.cp > 1:
+            args = (
+                comm,
+                spec.cp_group(replica, s, local),
+                contiguous(spec.seq_len, spec.cp),
+                spec.replicas[replica].cp_rank,
+            )
+            self.context = (start, lambda t: AllGatherSeq.apply(t, *args))
         full = dict(ref.named_parameters())
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
@@ -143,7 +157,7 @@ class StageModel:
     def _layer_sp(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, args = bs.params, self.sp_args
         h = AllGatherSeq.apply(rms_norm(x, p["norm1"]), *args)
-        x = x + ReduceScatterSeq.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg), *args)
+        x = x + ReduceScatterSeq.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), *args)
         h = AllGatherSeq.apply(rms_norm(x, p["norm2"]), *args)
         return x + ReduceScatterSeq.apply(rank_mlp(h, p), *args)
 
@@ -159,7 +173,7 @@ class StageModel:
     def _layer(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, g, comm = bs.params, bs.tp_ranks, self.comm
         h = CopyToTP.apply(rms_norm(x, p["norm1"]), comm, g)
-        x = x + ReduceFromTP.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg), comm, g)
+        x = x + ReduceFromTP.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), comm, g)
         h = CopyToTP.apply(rms_norm(x, p["norm2"]), comm, g)
         return x + ReduceFromTP.apply(rank_mlp(h, p), comm, g)
 

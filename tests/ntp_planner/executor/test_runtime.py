@@ -78,6 +78,14 @@ def test_sequence_parallel_uneven_chunks_over_two_stages():
 
 
 @pytest.mark.timeout(120)
+def test_context_parallel_cp2_pp2_tp2_with_uneven_chunks():
+    # 9 tokens: cp chunks 5/4, each cut 3/2 and 2/2 by sequence parallelism; attention gathers
+    # keys and values over the cp pair and masks by global position
+    spec = make_spec(CFG, [[2, 2], [2, 2]], [([2, 2], 2)], 2, 9, cp=2, sequence_parallel=True)
+    check(launch(spec, timeout_s=60))
+
+
+@pytest.mark.timeout(120)
 def test_a_rank_that_dies_is_named():
     spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 1), ([2], 1)], 1, 8)
     with pytest.raises(RankFailure, match=r"rank 2 \(replica 1, stage 0, local rank 0\) died: .*code 3 during step 2"):

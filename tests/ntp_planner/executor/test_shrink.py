@@ -69,3 +69,17 @@ def test_a_replan_keeps_the_degraded_width_its_uneven_cut_and_fewer_micro_batche
     assert cfg.ffn % 7 == model.ffn_hidden_size % 7
     degraded_ranks = [gpu for (_, gpu), p in zip(s.plan_ranks, range(99), strict=False) if p >= 8]
     assert 3 not in degraded_ranks and None not in degraded_ranks
+
+
+def test_context_parallelism_is_kept_when_it_fits_and_folded_otherwise():
+    lay = ParallelLayout(tp=4, pp=2, dp=2, cp=2, global_batch=64, sequence_parallel=True)
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=32)
+    plan = plan_from_layout(MODELS["llama3-8b"], TrainingSpec(seq_len=4096, global_batch=64), cluster, lay)
+    kept = shrink(plan, nproc=16)
+    assert kept.spec.cp == 2 and kept.spec.world_size == 16 and kept.stage_groups == ((0,), (1,))
+    assert kept.spec.seq_len >= 2 * 4  # every rank of a cp chunk gets a token under sequence parallelism
+    # processes run stage-major, then replica, then cp rank, then TP rank: the plan's rank order
+    assert [r for r, _ in kept.plan_ranks] == [*range(8), *range(16, 24)]
+    folded = shrink(plan, nproc=8)
+    assert folded.spec.cp == 1 and folded.stage_groups == ((0,), (1,))
+    assert any("cp 2 -> 1" in n for n in folded.spec.notes)
