@@ -1,7 +1,7 @@
 """`ntp validate` wall time and errors on the demo plan and on an NTP re-planned state.
 
 - the demo plan (`make demo`: Llama-3-70B on 1,024 H100, per-layer TP 1-4 in stages of 8,
-  pp4 dp16): target < 2 min with the default 16 processes;
+  pp4 dp16 cp2): target < 2 min with the default 16 processes, and with 32 (cp kept);
 - Llama-3-8B tp8 pp2 dp4 on 64 H100 with GPU 3 failed, policy ntp (a TP8 replica beside a TP7
   one with fewer micro-batches): target < 2 min.
 Each prints the CLI's wall time, the errors (target <= 1e-5) and the measured step time.
@@ -42,6 +42,7 @@ def main() -> None:
         ntp("plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "1024", "--seq-len", "8192",
             "--global-batch", "1024", "-o", demo)  # fmt: skip
         validate("demo plan (per-layer, 16 processes)", demo)
+        validate("demo plan with cp2 kept (32 processes)", demo, "--nproc", "32")
         ntp("estimate", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "64", "--tp", "8", "--pp", "2", "--seq-len",
             "4096", "--global-batch", "256", "-o", small)  # fmt: skip
         ntp("replan", small, "--failed", "3", "--policy", "ntp", "-o", replan)
