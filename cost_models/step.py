@@ -380,16 +380,33 @@ def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
     return StageCost(p, params, state, act, head + full_working, reduce_s, gather_s, opt_params)
 
 
+def pass_cache_key(layout: ParallelLayout) -> tuple:
+    """What a block's forward/backward pass depends on besides the block and its degree:
+    layouts with the same key can share one ``CostEnv`` pass cache."""
+    return (
+        layout.tp,
+        layout.cp,
+        layout.ep,
+        layout.micro_batch,
+        layout.recompute,
+        layout.sequence_parallel,
+        layout.tp_comm_overlap,
+    )
+
+
 def estimate_step(
     model: ModelSpec,
     training: TrainingSpec,
     layout: ParallelLayout,
     cluster: Cluster,
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    pass_caches: dict | None = None,
 ) -> StepCost:
-    """Predict step time, memory per GPU and MFU of ``layout``; raise ValueError if it is invalid."""
+    """Predict step time, memory per GPU and MFU of ``layout``; raise ValueError if it is invalid.
+    ``pass_caches`` (keyed by ``pass_cache_key``) lets many layouts share block passes."""
     check_layout(layout, model, training, cluster.num_gpus, cluster.spec.domain_size)
-    return cost_from_stages(CostEnv(model, training, layout, cluster, efficiency))
+    cache = None if pass_caches is None else pass_caches.setdefault(pass_cache_key(layout), {})
+    return cost_from_stages(CostEnv(model, training, layout, cluster, efficiency, cache))
 
 
 def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> StepCost:

@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from cost_models.layout import ParallelLayout, block_degree_ok, sub_batch
 from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
-from cost_models.step import EMBED, HEAD, RUNTIME_RESERVED_BYTES, Block, CostEnv, estimate_step, stage_blocks
+from cost_models.step import (
+    EMBED,
+    HEAD,
+    RUNTIME_RESERVED_BYTES,
+    Block,
+    CostEnv,
+    estimate_step,
+    pass_cache_key,
+    stage_blocks,
+)
 from cost_models.training import TrainingSpec
 from ntp_planner.layer_solver import (
     ChainProblem,
@@ -244,16 +253,17 @@ def search_per_layer(
     space: SearchSpace,
     best_uniform_s: float,
     window: int = 2,
+    pass_caches: dict | None = None,
 ) -> list[Candidate]:
-    """Per-layer layouts that beat ``best_uniform_s``, fastest first."""
-    pass_caches: dict[tuple, dict] = {}
+    """Per-layer layouts that beat ``best_uniform_s``, fastest first. ``pass_caches``: block
+    passes the uniform search already costed (``cost_models.step.pass_cache_key``)."""
+    pass_caches = {} if pass_caches is None else pass_caches
     degree_cache: dict[tuple, list[list[int]]] = {}
     queue = []
     for layout in enumerate_layouts(model, training, cluster, space):
         if layout.tp == 1:
             continue  # one GPU per stage replica: nothing to choose per layer
-        key = (layout.tp, layout.micro_batch, layout.cp, layout.ep, layout.recompute)
-        env = CostEnv(model, training, layout, cluster, pass_cache=pass_caches.setdefault(key, {}))
+        env = CostEnv(model, training, layout, cluster, pass_cache=pass_caches.setdefault(pass_cache_key(layout), {}))
         dkey = (layout.tp, layout.micro_batch, layout.cp)
         if dkey not in degree_cache:
             degree_cache[dkey] = allowed_degrees(model, layout, training.seq_len)
@@ -275,7 +285,7 @@ def search_per_layer(
         layout = assemble(planner, part)
         if not layout.is_per_layer:
             continue  # the uniform search already has it
-        cost = estimate_step(model, training, layout, cluster)
+        cost = estimate_step(model, training, layout, cluster, pass_caches=pass_caches)
         if cost.fits(headroom):
             found.append(Candidate(layout=layout, cost=cost))
             best = min(best, cost.step_time_s)

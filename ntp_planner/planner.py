@@ -74,14 +74,16 @@ def make_plan(
         raise ValueError(f"--top {top} must be at least 1")
     from ntp_planner.per_layer import rebalance_uniform, search_per_layer
 
-    result = search(model, training, cluster, headroom, space)
+    pass_caches: dict = {}  # block passes, shared by the uniform and the per-layer search
+    result = search(model, training, cluster, headroom, space, pass_caches=pass_caches)
     # Uneven pipeline splits of the two best uniform layouts (Megatron runs those too).
     rebalanced = [rebalance_uniform(model, training, cluster, headroom, c) for c in result.ranked[:2]]
     uniform = sorted([*result.ranked, *[c for c in rebalanced if c is not None]], key=_rank)
     ranked = list(uniform)
     if per_layer:
         best_uniform = uniform[0].cost.step_time_s if uniform else float("inf")
-        ranked = sorted(ranked + search_per_layer(model, training, cluster, headroom, space, best_uniform), key=_rank)
+        found = search_per_layer(model, training, cluster, headroom, space, best_uniform, pass_caches=pass_caches)
+        ranked = sorted(ranked + found, key=_rank)
     if not ranked:
         raise ValueError(no_fit_message(result, model, cluster, headroom))
     if objective not in ("step-time", "goodput"):

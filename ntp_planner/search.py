@@ -109,12 +109,16 @@ def search(
     headroom: float = 0.1,
     space: SearchSpace = SearchSpace(),
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    pass_caches: dict | None = None,
 ) -> SearchResult:
-    """Cost every layout in ``space``; keep those whose memory fits HBM x (1 - headroom)."""
+    """Cost every layout in ``space``; keep those whose memory fits HBM x (1 - headroom).
+    Layouts that differ only in pp, dp and vpp share block passes (in ``pass_caches`` when
+    given, so a later search can reuse them)."""
+    pass_caches = {} if pass_caches is None else pass_caches
     fitting, rejected, least = [], 0, None
     layouts = enumerate_layouts(model, training, cluster, space)
     for layout in layouts:
-        cost = estimate_step(model, training, layout, cluster, efficiency)
+        cost = estimate_step(model, training, layout, cluster, efficiency, pass_caches)
         cand = Candidate(layout=layout, cost=cost)
         if least is None or cost.memory_per_gpu_bytes < least.cost.memory_per_gpu_bytes:
             least = cand
