@@ -55,6 +55,8 @@ def test_search_equals_brute_force(model, gpus, seq, batch, cps):
     result = search(m, training, cluster, 0.1, space)
     expected = brute_force(m, training, cluster, space, 0.1)
     assert {c.layout for c in result.ranked} == set(expected)
+    # the search shares block passes between layouts; each cost equals a fresh estimate exactly
+    assert {c.layout: c.cost.step_time_s for c in result.ranked} == expected
     times = [c.cost.step_time_s for c in result.ranked]
     assert times == sorted(times)
     assert expected, "the case must have feasible layouts to compare"
