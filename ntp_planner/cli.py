@@ -60,7 +60,9 @@ def _fail(message: str) -> typer.Exit:
 
 
 def user_errors(fn):
-    """Turn ValueError (bad input) into one sentence on stderr and exit code 2."""
+    """Turn ValueError (bad input) into one sentence on stderr and exit code 2. A pydantic
+    error about a field the command takes as an option names the option and the value given
+    (``--seq-len -5: Input should be greater than 0``), not the internal field."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -72,10 +74,31 @@ def user_errors(fn):
             if isinstance(exc, ValidationError):
                 from topologies.clusters import first_error
 
+                err = exc.errors()[0]
+                option = _option_for(fn, err["loc"])
+                if option is not None:
+                    msg = err["msg"].removeprefix("Value error, ")
+                    raise _fail(f"{option} {err.get('input')!s}: {msg}") from None
                 raise _fail(first_error(exc)) from None
             raise _fail(str(exc)) from None
 
     return wrapper
+
+
+def _option_for(fn, loc: tuple) -> str | None:
+    """The command's option for a one-part pydantic error location (field ``seq_len`` ->
+    ``--seq-len``), or None when the command has no such option."""
+    if len(loc) != 1 or not isinstance(loc[0], str):
+        return None
+    option = "--" + loc[0].replace("_", "-")
+    import typing
+
+    for hint in typing.get_type_hints(fn, include_extras=True).values():
+        for meta in getattr(hint, "__metadata__", ()):
+            decls = (getattr(meta, "default", None), *(getattr(meta, "param_decls", None) or ()))
+            if option in decls:  # with Annotated, typer keeps the first name as ``default``
+                return option
+    return None
 
 
 def _print(renderable) -> None:

@@ -348,3 +348,19 @@ def test_commands_never_import_torch(argv):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["plan", *SMALL, "--seq-len", "-5"], "error: --seq-len -5: Input should be greater than 0."),
+        (
+            ["estimate", *SMALL, "--micro-batch", "0"],
+            "error: --micro-batch 0: Input should be greater than or equal to 1.",
+        ),
+    ],
+)
+def test_field_errors_name_the_option_and_the_value(args, message):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == message
