@@ -93,6 +93,14 @@ def test_a_rank_that_dies_is_named():
 
 
 @pytest.mark.timeout(120)
+def test_a_rank_that_raises_is_named_with_its_error():
+    spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 1), ([2], 1)], 1, 8)
+    with pytest.raises(RankFailure, match=r"^rank 1 \(replica 0, stage 0, local rank 1\) failed during step 1: "
+                       r"RuntimeError: injected fault on rank 1"):  # fmt: skip
+        launch(spec, timeout_s=60, fault=(1, "raise", 0))
+
+
+@pytest.mark.timeout(120)
 def test_a_rank_that_hangs_is_named_within_the_timeout():
     spec = make_spec(CFG, [[2, 2], [2, 2]], [([2, 2], 2)], 2, 8)
     with pytest.raises(
