@@ -362,12 +362,12 @@ def replan(
     import numpy as np
 
     from ntp_planner.plan import Plan
-    from ntp_planner.replan import POLICIES, Replanner
-    from topologies.failures import explicit_failures, random_failures
+    from ntp_planner.replan import BATCH_MODES, POLICIES, Replanner
+    from topologies.failures import BLASTS, explicit_failures, random_failures
 
     _check_choice(policy, POLICIES, "--policy")
-    _check_choice(batch, ("flexible", "fixed"), "--batch")
-    _check_choice(blast, ("gpu", "node", "domain"), "--blast")
+    _check_choice(batch, BATCH_MODES, "--batch")
+    _check_choice(blast, BLASTS, "--blast")
     if (failed is None) == (failed_fraction is None):
         raise ValueError("give exactly one of --failed (GPU ids) or --failed-fraction (a share of GPUs)")
     p = Plan.load(plan_file)
@@ -422,11 +422,13 @@ def sweep(
     import numpy as np
 
     from ntp_planner.plan import Plan
+    from ntp_planner.replan import BATCH_MODES
     from ntp_planner.sweep import plot_sweep
     from ntp_planner.sweep import sweep as run_sweep
+    from topologies.failures import BLASTS
 
-    _check_choice(batch, ("flexible", "fixed"), "--batch")
-    _check_choice(blast, ("gpu", "node", "domain"), "--blast")
+    _check_choice(batch, BATCH_MODES, "--batch")
+    _check_choice(blast, BLASTS, "--blast")
     try:
         shares = [float(x) for x in fractions.split(",") if x.strip()]
     except ValueError:
@@ -539,10 +541,12 @@ def simulate(
     import numpy as np
 
     from ntp_planner.plan import Plan
+    from ntp_planner.replan import BATCH_MODES
     from ntp_planner.simulator import LLAMA3_RATE_PER_GPU_HOUR, FailureClass, SimConfig, plot_simulation
     from ntp_planner.simulator import simulate as run_simulation
+    from topologies.failures import BLASTS
 
-    _check_choice(batch, ("flexible", "fixed"), "--batch")
+    _check_choice(batch, BATCH_MODES, "--batch")
     names = [x.strip() for x in strategies.split(",") if x.strip()]
     rate = LLAMA3_RATE_PER_GPU_HOUR if failure_rate is None else failure_rate
     if rate < 0:
@@ -554,8 +558,8 @@ def simulate(
     hw = _hours_range(hw_repair_days, "--hw-repair-days", 24)
     sw = _hours_range(sw_repair_hours, "--sw-repair-hours", 1)
     _check_choice(failure_dist, ("poisson", "weibull"), "--failure-dist")
-    _check_choice(hw_blast, ("gpu", "node", "domain"), "--hw-blast")
-    _check_choice(sw_blast, ("gpu", "node", "domain"), "--sw-blast")
+    _check_choice(hw_blast, BLASTS, "--hw-blast")
+    _check_choice(sw_blast, BLASTS, "--sw-blast")
     if straggler_rate < 0 or straggler_hours < 0 or straggler_slowdown < 1:
         raise ValueError("--straggler-rate and --straggler-hours must be >= 0 and --straggler-slowdown >= 1")
     classes = [FailureClass(name="hardware", share=hw_share, repair_min_h=hw[0], repair_max_h=hw[1], blast=hw_blast)]

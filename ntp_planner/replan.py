@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,7 @@ from ntp_planner.plan import Plan
 Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "spares")
 BatchMode = Literal["flexible", "fixed"]
+BATCH_MODES: tuple[str, ...] = get_args(BatchMode)
 
 
 class ReplicaState(BaseModel):

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ntp_planner.checkpoint import daly_interval_s
 from ntp_planner.plan import Plan
 from ntp_planner.replan import Replanner
+from topologies.failures import BLASTS
 
 STRATEGIES = ("restart", "dp-drop", "spares", "ntp", "ntp-pw")
 LLAMA3_RATE_PER_GPU_HOUR = 419 / (16384 * 54 * 24)
@@ -142,9 +143,6 @@ class Events:
 
     def take(self, mask: np.ndarray) -> Events:
         return Events(self.trial[mask], self.start_h[mask], self.end_h[mask], self.gpu[mask], self.blast[mask])
-
-
-BLASTS = ("gpu", "node", "domain")
 
 
 def _arrivals(cfg: SimConfig, rate_per_h: float, span: float, warm: float, rng: np.random.Generator):

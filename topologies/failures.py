@@ -7,13 +7,14 @@ of blast units that fail, so with blast="gpu" it is the share of GPUs.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
 from topologies.cluster import Cluster
 
 Blast = Literal["gpu", "node", "domain"]
+BLASTS: tuple[str, ...] = get_args(Blast)  # what one failure takes down
 
 
 def explicit_failures(cluster: Cluster, ids: list[int]) -> frozenset[int]:
