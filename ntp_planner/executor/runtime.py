@@ -82,7 +82,7 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
         start = time.perf_counter()
         opt.zero_grad()
         share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens, targets), scale)
-        sync_gradients(model, spec, replica, s, comm, shapes)
+        sync_gradients(model, spec, s, comm, shapes)
         if step == 0:
             first_grads = gathered_parameters(model, spec, replica, comm, shapes, grads=True)
         opt.step()

@@ -39,7 +39,8 @@ def _cuts_kv(shards, kv_heads: int) -> bool:
     return any(len(shards.kv_owners(kv)) > 1 for kv in range(kv_heads))
 
 
-def sync_gradients(model: StageModel, spec: RunSpec, replica: int, stage: int, comm: Comm, shapes: dict) -> None:
+def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, shapes: dict) -> None:
+    """Replace every gradient this rank holds with its sum over copies and replicas."""
     cfg = spec.cfg
     index = {id(bs): i for i, bs in enumerate(model.blocks)}
     for name, key, bs, p in model.named_parameters():
@@ -91,8 +92,8 @@ def gathered_parameters(
     sizes = [int(torch.Size(shapes[k]).numel()) for k in names]
     offsets = dict(zip(names, [sum(sizes[:i]) for i in range(len(sizes))], strict=True))
     out = []
+    dev = next(t for *_, t in model.named_parameters()).device
     for r in range(len(spec.replicas)):
-        dev = next(t for *_, t in model.named_parameters()).device
         flat = torch.zeros(sum(sizes), device=dev)
         if r == replica:
             for name, key, bs, p in model.named_parameters():

@@ -86,6 +86,14 @@ def test_context_parallel_cp2_pp2_tp2_with_uneven_chunks():
 
 
 @pytest.mark.timeout(120)
+def test_context_parallel_beside_ntp():
+    # two replicas of 2 cp slices each, one at TP2 and one at TP1: the NTP sync runs over all
+    # four pipelines (cp slices sum like replicas), sequence parallelism on the TP2 stages
+    spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 2), ([1], 1)], 1, 8, cp=2, width=2, sequence_parallel=True)
+    check(launch(spec, timeout_s=60))
+
+
+@pytest.mark.timeout(120)
 def test_a_rank_that_dies_is_named():
     spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 1), ([2], 1)], 1, 8)
     with pytest.raises(RankFailure, match=r"rank 2 \(replica 1, stage 0, local rank 0\) died: .*code 3 during step 2"):
