@@ -1,8 +1,10 @@
 """The torch.distributed executor: runs a Plan's sharding for real and proves it exact.
 
 Data flow: ``shrink`` (Plan [+ re-plan] -> ``spec.RunSpec``, no torch) -> ``launch`` (one process
-per rank, watchdog) -> ``runtime.run_rank`` (per rank: ``comm`` groups, ``stage`` blocks,
-``schedule`` 1F1B, ``sync`` gradients) -> compared with ``runtime.reference_run``.
-``sharding``/``shards`` hold the head-aligned uneven split and its one-process check. torch is
-imported only by the modules that need it, and nothing at ntp_planner start-up imports them.
+per rank and a watchdog, or one rank under torchrun) -> ``runtime.run_rank`` (per rank: ``comm``
+groups and collectives, ``stage`` blocks, ``schedule`` 1F1B, ``sync`` gradients with ``reshard``
+for NTP) -> compared with ``runtime.reference_run`` (``model``, one process).
+``sharding``/``shards`` say which heads, FFN columns and vocabulary rows a rank holds and check
+the split in one process. torch is imported only by the modules that need it, and nothing at
+ntp_planner start-up imports them.
 """
