@@ -702,7 +702,12 @@ def validate(
     ] = None,
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (CUDA GPUs).")] = "gloo",
     steps: Annotated[int, typer.Option("--steps", help="AdamW steps to train and compare.")] = 3,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a silent rank counts as hung.")] = 180.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", help="Seconds without progress before the run counts as hung (start-up gets 60 s more)."
+        ),
+    ] = 180.0,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Largest relative error that passes.")] = 1e-5,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the synthetic batch.")] = 0,
     fault: Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="RANK:die|hang|raise:STEP")] = None,
