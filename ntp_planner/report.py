@@ -326,6 +326,7 @@ def validate_json(shrunk, result, tolerance: float, backend: str) -> dict:
         "max_rel_error_grads": result.max_rel_error_grads,
         "max_rel_error_params": result.max_rel_error_params,
         "worst_param": result.worst_param,
+        "max_rel_error_params_per_pipeline": result.per_replica_error,
         "max_elementwise_error_params": result.max_elementwise_error_params,
         "step_time_s": result.step_time_s,
         "wall_s": result.wall_s,

@@ -43,7 +43,7 @@ class Result:
     wall_s: float
     worst_param: str = ""
     max_elementwise_error_params: float = 0.0  # max over tensors of max|got - ref| / max|ref|
-    per_replica_error: list[float] = field(default_factory=list)
+    per_replica_error: list[float] = field(default_factory=list)  # per pipeline (replica, or its cp slice)
 
 
 def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault) -> None:

@@ -45,6 +45,7 @@ def test_validate_a_pipelined_plan(plans):
     assert out["passed"] and out["processes"] == 8 and out["plan_stages"] == [[0], [1]]
     assert max(out["max_rel_error_loss"], out["max_rel_error_params"], out["max_rel_error_grads"]) <= 1e-5
     assert out["step_time_s"] > 0
+    assert len(out["max_rel_error_params_per_pipeline"]) == 1  # one replica, one pipeline
     # process k stands for plan rank k's GPU: stage 1 starts at plan rank tp * dp = 8
     assert [x["plan_rank"] for x in out["ranks"]] == [0, 1, 2, 3, 8, 9, 10, 11]
 
