@@ -739,29 +739,28 @@ def validate(
     gpus = torch.cuda.device_count() if backend == "nccl" else 0
     if backend == "nccl" and gpus == 0:
         raise ValueError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
-    if under_torchrun():  # one rank of a multi-host run: torchrun chose the processes
+    torchrun = under_torchrun()  # then this process is one rank of a run torchrun started
+    if torchrun:
         import os
 
-        world = int(os.environ["WORLD_SIZE"])
-        if nproc is not None and nproc != world:
-            raise ValueError(f"--nproc {nproc} differs from torchrun's {world} processes; drop --nproc")
-        nproc, gpus = world, 0
-    n = nproc if nproc is not None else (gpus or 16)
-    if n < 1:
-        raise ValueError(f"--nproc {n} must be at least 1")
-    if backend == "nccl" and n > gpus:
-        raise ValueError(f"--nproc {n} exceeds the {gpus} GPUs here (nccl runs one rank per GPU); lower --nproc")
+        n = int(os.environ["WORLD_SIZE"])
+        if nproc is not None and nproc != n:
+            raise ValueError(f"--nproc {nproc} differs from torchrun's {n} processes; drop --nproc")
+    else:
+        n = nproc if nproc is not None else (gpus or 16)
+        if n < 1:
+            raise ValueError(f"--nproc {n} must be at least 1")
+        if backend == "nccl" and n > gpus:
+            raise ValueError(f"--nproc {n} exceeds the {gpus} GPUs here (nccl runs one rank per GPU); lower --nproc")
     shrunk = shrink(p, n, replan_result, steps, seed)
     from ntp_planner.report import validate_json, validate_view
 
-    if under_torchrun():
-        result = run_as_torchrun_rank(shrunk.spec, backend, timeout)
-        if result is None:
-            return  # rank 0 reports
-    else:
-        result = None
     try:
-        if result is None:
+        if torchrun:
+            result = run_as_torchrun_rank(shrunk.spec, backend, timeout)
+            if result is None:
+                return  # rank 0 reports
+        else:
             result = _with_progress(lambda tick: launch(shrunk.spec, backend, timeout, injected, tick), steps, json_out)
     except RankFailure as exc:
         if json_out:

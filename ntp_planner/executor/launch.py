@@ -112,7 +112,11 @@ def run_as_torchrun_rank(spec: RunSpec, backend: str = "gloo", timeout_s: float 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ntp-validate-") as tmp:
         out = Path(tmp, "out.pt")
-        run_rank(rank, spec, "env://", backend, str(out), timeout_s)
+        try:
+            run_rank(rank, spec, "env://", backend, str(out), timeout_s)
+        except Exception as exc:  # a lost peer or this rank's own error: one line, torchrun stops the rest
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise RankFailure(f"{describe_rank(spec, rank)} failed: {type(exc).__name__}: {first}") from None
         if rank != 0:
             return None
         got = torch.load(out)
