@@ -729,6 +729,8 @@ def validate(
         raise ValueError(f"--steps {steps} must be at least 1")
     if timeout <= 0:
         raise ValueError(f"--timeout {timeout:g} must be positive")
+    if not 0 < tolerance < 1:
+        raise ValueError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")
     p = Plan.load(plan_file)
     replan_result = None if replan_file is None else _load_replan(replan_file, p, "validate")
     injected = _parse_fault(fault)

@@ -74,6 +74,8 @@ def test_a_dead_rank_fails_validate_with_its_name(plans):
         (["--backend", "mpi"], "--backend 'mpi'"),
         (["--nproc", 2], "needs 4 processes (its stage width); pass --nproc 4 or more"),
         (["--steps", 0], "--steps 0 must be at least 1"),
+        (["--tolerance", -1], "--tolerance -1 must lie between 0 and 1"),
+        (["--timeout", 0], "--timeout 0 must be positive"),
         (["--inject-fault", "x"], "must look like RANK:die|hang|raise:STEP"),
     ],
 )
