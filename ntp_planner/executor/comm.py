@@ -76,10 +76,20 @@ class Comm:
         if frm is not None:
             out = torch.empty(shape, dtype=like.dtype, device=like.device)
             ops.append(dist.P2POp(dist.irecv, out, frm))
+        self._batch(ops)
+        return out
+
+    def _batch(self, ops: list) -> None:
+        """Run point-to-point sends and receives as one batch and wait for all of them."""
         if ops:
             with self._counted():
                 for req in dist.batch_isend_irecv(ops):
                     req.wait()
+
+    def reduce_scatter(self, out: torch.Tensor, chunks: list[torch.Tensor], ranks: tuple[int, ...]) -> torch.Tensor:
+        """``out`` = the sum over ``ranks`` of their chunk of this rank's index (equal shapes)."""
+        with self._counted():
+            dist.reduce_scatter(out, chunks, group=self.groups[ranks])
         return out
 
     def move(self, src, plan: dict, me: int, ranks: tuple[int, ...], dim: int, out_rows: int | None, like):
@@ -106,10 +116,7 @@ class Comm:
                 buf = like.new_empty(shape)
                 ops.append(dist.P2POp(dist.irecv, buf, ranks[s]))
                 received.append((buf, dst_pos))
-        if ops:
-            with self._counted():
-                for req in dist.batch_isend_irecv(ops):
-                    req.wait()
+        self._batch(ops)
         for buf, dst_pos in received:
             out.index_copy_(dim, torch.tensor(dst_pos, device=like.device), buf)
         return out
@@ -212,9 +219,7 @@ def _reduce_scatter_seq(comm: Comm, x: torch.Tensor, ranks, bounds, j: int) -> t
         return x.clone()
     longest = max(b - a for a, b in bounds)
     chunks = [F.pad(x[..., a:b, :], (0, 0, 0, longest - (b - a))).contiguous() for a, b in bounds]
-    out = torch.empty_like(chunks[0])
-    with comm._counted():
-        dist.reduce_scatter(out, chunks, group=comm.groups[ranks])
+    out = comm.reduce_scatter(torch.empty_like(chunks[0]), chunks, ranks)
     a, b = bounds[j]
     return out[..., : b - a, :]
 

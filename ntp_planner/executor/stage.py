@@ -124,7 +124,7 @@ class StageModel:
             if bs.block.kind == "embed":
                 x = self._embed(bs, x)
             elif bs.block.kind == "layer":
-                x = checkpoint(self._layer, bs, x, use_reentrant=False) if self.spec.recompute else self._layer(bs, x)
+                x = self._run(self._layer, bs, x)
             else:
                 rows = bs.rows if current is not None else slice(None)
                 h = CopyToTP.apply(rms_norm(x, bs.params["norm"]), self.comm, bs.tp_ranks)
@@ -144,15 +144,15 @@ class StageModel:
             if i == 0:
                 x = ScatterSeq.apply(x, *args)
             if bs.block.kind == "layer":
-                x = (
-                    checkpoint(self._layer_sp, bs, x, use_reentrant=False)
-                    if self.spec.recompute
-                    else self._layer_sp(bs, x)
-                )
+                x = self._run(self._layer_sp, bs, x)
             else:
                 h = AllGatherSeq.apply(rms_norm(x, bs.params["norm"]), *args)
                 return self._loss(bs, h, targets) * loss_scale
         return GatherSeq.apply(x, *args)
+
+    def _run(self, layer, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
+        """One layer, its activations recomputed in backward under full recompute."""
+        return checkpoint(layer, bs, x, use_reentrant=False) if self.spec.recompute else layer(bs, x)
 
     def _layer_sp(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, args = bs.params, self.sp_args

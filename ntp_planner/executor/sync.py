@@ -35,8 +35,13 @@ def _take(full: torch.Tensor, idx) -> torch.Tensor:
     return full.clone() if idx is None else full.index_select(idx[0], torch.tensor(idx[1], device=full.device))
 
 
-def _cuts_kv(shards, kv_heads: int) -> bool:
-    return any(len(shards.kv_owners(kv)) > 1 for kv in range(kv_heads))
+def _with_cut_kv_summed(cfg, key: str, bs, grad: torch.Tensor, comm: Comm, shape) -> torch.Tensor:
+    """For K and V split unevenly, each owner of a cut KV head holds part of its gradient: sum
+    the parts over the copy's TP group (every owner then holds the whole). Others unchanged."""
+    if key not in ("k", "v") or not any(len(bs.shards.kv_owners(kv)) > 1 for kv in range(cfg.kv_heads)):
+        return grad
+    idx = param_index(cfg, key, bs.block.degree, bs.tp_rank)
+    return _take(comm.all_reduce(_place(grad, idx, shape), bs.tp_ranks), idx)
 
 
 def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, shapes: dict) -> None:
@@ -51,16 +56,13 @@ def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, sha
         if model.sp and param_index(cfg, key, t, j) is None:  # norms saw only this rank's tokens
             comm.all_reduce(p.grad, bs.tp_ranks)
         if len(set(degrees)) == 1:
-            grad = p.grad
-            if key in ("k", "v") and _cuts_kv(bs.shards, cfg.kv_heads):  # owners of a cut KV head sum their parts
-                idx = param_index(cfg, key, t, j)
-                grad = _take(comm.all_reduce(_place(grad, idx, shapes[name]), bs.tp_ranks), idx)
+            grad = _with_cut_kv_summed(cfg, key, bs, p.grad, comm, shapes[name])
             p.grad = comm.all_reduce(grad.contiguous(), groups[j])
             continue
-        p.grad = _ntp_sync(model, spec, name, key, bs, p.grad, degrees, groups, comm, shapes[name])
+        p.grad = _ntp_sync(model, spec, key, bs, p.grad, degrees, groups, comm, shapes[name])
 
 
-def _ntp_sync(model, spec, name, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:
+def _ntp_sync(model, spec, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:
     """NTP's sync of one parameter between replicas of different degrees (n = the smallest)."""
     cfg, stage = spec.cfg, model.stage
     t, j, n = bs.block.degree, bs.tp_rank, min(degrees)
@@ -70,8 +72,7 @@ def _ntp_sync(model, spec, name, key, bs, grad, degrees, groups, comm, shape) ->
         if bs.copy == 0 and j == 0:
             comm.all_reduce(grad, groups[0])
         return comm.broadcast(grad, stage.ranks[0], stage.ranks)
-    if key in ("k", "v") and _cuts_kv(bs.shards, cfg.kv_heads):  # owners of a cut KV head add their parts
-        grad = _take(comm.all_reduce(_place(grad, idx, shape), bs.tp_ranks), idx)
+    grad = _with_cut_kv_summed(cfg, key, bs, grad, comm, shape)
     if bs.copy == 0:
         dim = idx[0]
         rows_n = len(param_index(cfg, key, n, j)[1]) if j < n else None
