@@ -1,9 +1,16 @@
 """A sized cluster: GPU ids, which tier joins two GPUs, bandwidth for a group, failed GPUs.
 
-GPU ids run host by host: GPU ``g`` sits in host ``g // gpus_per_node`` on rail
-``g % gpus_per_node``, in NVLink domain ``g // domain_size``, under scalable unit
-``host // nodes_per_leaf``. Example, dgx-h100 with 16 GPUs: GPUs 0-7 form host 0 and domain 0;
-GPU 3 and GPU 11 share rail 3 and leaf (0, 3), so they meet at the leaf tier.
+A job may use part of each NVLink domain (NVL72 racks are often run with 64 GPUs active and the
+rest held as spares). The job's GPU ids run 0..num_gpus-1, domain by domain: with ``u`` GPUs used
+per domain, domain ``d`` holds ids ``[d u, (d+1) u)`` and the last domain may hold fewer. The used
+GPUs of a domain are its first ``u`` and the idle ones come after them, so GPU ``g`` of domain
+``d`` sits at physical position ``g + d (domain_size - u)``: in host ``position // gpus_per_node``,
+on rail ``g % gpus_per_node``, under scalable unit ``host // nodes_per_leaf``.
+
+Example, dgx-h100 with 16 GPUs: GPUs 0-7 form host 0 and domain 0; GPU 3 and GPU 11 share rail 3
+and leaf (0, 3), so they meet at the leaf tier. Example, 128 GPUs of gb200-nvl72 (72-GPU domains
+of 4-GPU trays): domains of 72 and 56 GPUs, so GPUs 71 and 72 meet over InfiniBand; with 64 used
+per domain, GPU 64 sits on tray 18, the first tray of the second rack.
 
 Tier and bandwidth answers are arithmetic on ids (cheap for 100k GPUs); ``graph`` builds the
 same structure as a networkx graph on first use, and tests check the two agree.
@@ -12,6 +19,7 @@ same structure as a networkx graph on first use, and tests check the two agree.
 from __future__ import annotations
 
 import enum
+import math
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -51,25 +59,58 @@ class GroupLinks(BaseModel):
     scaleout_latency_s: float
 
 
+def _nearest(value: int, step: int, most: int | None = None) -> str:
+    """The multiples of ``step`` either side of ``value``, positive and at most ``most``.
+
+    >>> _nearest(6, 4), _nearest(2, 4), _nearest(70, 4, 72)
+    ('4 or 8', '4', '68 or 72')
+    """
+    lower = value // step * step
+    fits = [x for x in (lower, lower + step) if x > 0 and (most is None or x <= most)]
+    return " or ".join(str(x) for x in fits)
+
+
 class Cluster(BaseModel):
     """``num_gpus`` GPUs built from ``spec``, some of which may have failed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     spec: ClusterSpec
-    num_gpus: int = Field(gt=0, description="Total GPUs, a whole number of NVLink domains.")
+    num_gpus: int = Field(gt=0, description="GPUs the job uses, a whole number of hosts.")
+    gpus_per_domain: int | None = Field(
+        default=None,
+        gt=0,
+        description="GPUs the job uses in each NVLink domain, a whole number of hosts; None = every GPU of "
+        "the domain. The rest of a domain is idle: spares inside the domain for the failure tools.",
+    )
     failed_gpus: frozenset[int] = Field(default=frozenset(), description="Ids of GPUs that are down.")
 
     @model_validator(mode="after")
     def _check(self) -> Cluster:
-        unit = max(self.spec.domain_size, self.spec.gpus_per_node)
-        if self.num_gpus % unit:
-            lower, upper = self.num_gpus // unit * unit, (self.num_gpus // unit + 1) * unit
+        s = self.spec
+        node, domain = s.gpus_per_node, s.domain_size
+        if self.num_gpus % node:
             raise ValueError(
-                f"{self.num_gpus} GPUs is not a multiple of {self.spec.name}'s "
-                f"{'NVLink domain' if unit == self.spec.domain_size else 'host'} size {unit}; "
-                f"use {lower or upper} or {upper}"
+                f"{self.num_gpus} GPUs is not a multiple of {s.name}'s host size {node} "
+                f"({self.num_gpus} % {node} = {self.num_gpus % node}); use {_nearest(self.num_gpus, node)}"
             )
+        used = self.gpus_per_domain
+        if used is not None:
+            if used > domain:
+                raise ValueError(
+                    f"{used} GPUs per domain is more than {s.name}'s NVLink domain size {domain}; use {domain} or fewer"
+                )
+            if domain < node:
+                if used != domain:
+                    raise ValueError(
+                        f"{used} GPUs per domain cannot be: {s.name}'s NVLink domains ({domain} GPUs) lie inside "
+                        f"one {node}-GPU host, so a job uses all of a domain; use {domain}"
+                    )
+            elif used % node:
+                raise ValueError(
+                    f"{used} GPUs per domain is not a multiple of {s.name}'s host size {node} "
+                    f"({used} % {node} = {used % node}); use {_nearest(used, node, domain)}"
+                )
         bad = sorted(g for g in self.failed_gpus if not 0 <= g < self.num_gpus)
         if bad:
             raise ValueError(f"failed GPU ids {bad[:5]} are outside 0..{self.num_gpus - 1}")
@@ -81,18 +122,65 @@ class Cluster(BaseModel):
         return self.spec.gpu_spec
 
     @property
+    def used_per_domain(self) -> int:
+        """GPUs the job uses in each NVLink domain but perhaps the last (``u`` above)."""
+        return self.gpus_per_domain or self.spec.domain_size
+
+    @property
     def num_domains(self) -> int:
-        return self.num_gpus // self.spec.domain_size
+        """NVLink domains the job uses, the last perhaps only in part."""
+        return -(-self.num_gpus // self.used_per_domain)
 
     @property
     def num_nodes(self) -> int:
+        """Hosts the job uses."""
         return self.num_gpus // self.spec.gpus_per_node
 
+    @property
+    def tp_domain_size(self) -> int:
+        """The largest group of consecutive ids that stays inside one domain wherever it is aligned:
+        the gcd of the used domain sizes. 128 GPUs of gb200-nvl72 use domains of 72 and 56, so 8;
+        with 64 used per domain, 64 and 64, so 64. A TP degree must divide it.
+
+        >>> from topologies.clusters import CLUSTERS
+        >>> nvl72 = CLUSTERS["gb200-nvl72"]
+        >>> [Cluster(spec=nvl72, num_gpus=n, gpus_per_domain=u).tp_domain_size for n, u in
+        ...  [(128, None), (128, 64), (64, None), (8, None), (144, None)]]
+        [8, 64, 64, 8, 72]
+        """
+        return math.gcd(min(self.used_per_domain, self.num_gpus), self.num_gpus)
+
+    def used_in_domain(self, domain: int) -> int:
+        """GPUs the job uses in ``domain``: ``used_per_domain``, fewer in a partial last domain."""
+        return min(self.used_per_domain, self.num_gpus - domain * self.used_per_domain)
+
+    def idle_in_domain(self, domain: int) -> int:
+        """GPUs of ``domain`` that the job does not use: its in-domain spares."""
+        return self.spec.domain_size - self.used_in_domain(domain)
+
+    def spare_gpus(self, domain: int) -> range:
+        """Ids of ``domain``'s idle GPUs. They follow the job's ids, domain by domain (ids
+        num_gpus and up); they are no part of the job (``tier``, ``group_links`` and ``graph``
+        are about ids below num_gpus) until a re-plan moves a rank onto one.
+
+        >>> from topologies.clusters import CLUSTERS
+        >>> c = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128, gpus_per_domain=64)
+        >>> c.spare_gpus(0), c.spare_gpus(1)
+        (range(128, 136), range(136, 144))
+        """
+        start = self.num_gpus + domain * (self.spec.domain_size - self.used_per_domain)
+        return range(start, start + self.idle_in_domain(domain))
+
     def domain_of(self, gpu: int) -> int:
-        return gpu // self.spec.domain_size
+        return gpu // self.used_per_domain
+
+    def position_of(self, gpu: int) -> int:
+        """Physical position of a job GPU, counting the idle GPUs of the domains before it."""
+        return gpu + gpu // self.used_per_domain * (self.spec.domain_size - self.used_per_domain)
 
     def node_of(self, gpu: int) -> int:
-        return gpu // self.spec.gpus_per_node
+        """Physical host: hosts of idle GPUs keep their numbers, so ids of used hosts may skip."""
+        return self.position_of(gpu) // self.spec.gpus_per_node
 
     def rail_of(self, gpu: int) -> int:
         return gpu % self.spec.gpus_per_node
@@ -105,7 +193,9 @@ class Cluster(BaseModel):
         return [g for g in range(self.num_gpus) if g not in self.failed_gpus]
 
     def with_failures(self, failed: set[int] | frozenset[int]) -> Cluster:
-        return Cluster(spec=self.spec, num_gpus=self.num_gpus, failed_gpus=frozenset(failed))
+        return Cluster(
+            spec=self.spec, num_gpus=self.num_gpus, gpus_per_domain=self.gpus_per_domain, failed_gpus=frozenset(failed)
+        )
 
     # ---- tiers and bandwidth -----------------------------------------------------------
     def tier(self, a: int, b: int) -> Tier:
@@ -129,13 +219,21 @@ class Cluster(BaseModel):
 
         The tier is NVLINK inside one domain, LEAF inside one scalable unit (a hierarchical
         collective moves data between domains rail by rail, member i of each domain talking to
-        member i of the others, so each message stays under one leaf), SPINE otherwise.
+        member i of the others, so each message stays under one leaf), SPINE otherwise. Domains
+        are the job's (``domain_of``), so a group across a partly used domain's edge crosses
+        InfiniBand:
+
+        >>> from topologies.clusters import CLUSTERS
+        >>> c = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128)  # domains of 72 and 56
+        >>> links = c.group_links(range(64, 80))
+        >>> links.tier.name, links.domains, links.per_domain
+        ('LEAF', 2, 8)
         """
         ids = np.asarray(gpus, dtype=np.int64)
         if ids.size == 0:
             raise ValueError("a group needs at least one GPU")
-        _, per_domain = np.unique(ids // self.spec.domain_size, return_counts=True)
-        units = np.unique(ids // self.spec.gpus_per_node // self.spec.nodes_per_leaf)
+        _, per_domain = np.unique(self.domain_of(ids), return_counts=True)
+        units = np.unique(self.node_of(ids) // self.spec.nodes_per_leaf)
         if ids.size == 1:
             tier = Tier.SAME_GPU
         elif per_domain.size == 1:
@@ -193,7 +291,8 @@ class Cluster(BaseModel):
 
         Vertices are tuples: ("gpu", g), ("host", n), ("nvswitch", d), ("nic", g),
         ("leaf", unit, rail), ("spine", k). Edges carry ``bw_bytes_per_s`` (one way) and
-        ``kind``. GPU vertices carry ``failed``.
+        ``kind``. GPU vertices carry ``failed``. Only the job's GPUs are vertices; hosts keep
+        their physical numbers (``node_of``), as the leaf a GPU's NIC plugs into depends on them.
         """
         import networkx as nx
 
@@ -213,7 +312,7 @@ class Cluster(BaseModel):
             (("nic", i), ("leaf", *self.leaf_of(i)), {"kind": "ib", "bw_bytes_per_s": s.scaleout_bw_bytes_per_s})
             for i in gpus
         )
-        units = -(-self.num_nodes // s.nodes_per_leaf)
+        units = self.node_of(self.num_gpus - 1) // s.nodes_per_leaf + 1  # hosts count idle ones too
         uplink = s.nodes_per_leaf * s.scaleout_bw_bytes_per_s / s.spine_oversubscription / s.gpus_per_node
         g.add_edges_from(
             (("leaf", u, r), ("spine", k), {"kind": "ib", "bw_bytes_per_s": uplink})
