@@ -41,7 +41,15 @@ ModelOpt = Annotated[
 ClusterOpt = Annotated[
     str, typer.Option("--cluster", "-c", help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path.")
 ]
-GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs, a multiple of the NVLink domain size.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs, a multiple of the host size.")]
+GpusPerDomainOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-domain",
+        min=1,
+        help="GPUs used per NVLink domain (default: all); the rest are in-domain spares.",
+    ),
+]
 SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
 BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Compute precision.")]
@@ -116,6 +124,7 @@ def _inputs(
     model: str,
     cluster: str,
     gpus: int,
+    gpus_per_domain: int | None,
     seq_len: int,
     global_batch: int,
     dtype: Dtype,
@@ -126,7 +135,7 @@ def _inputs(
     from topologies import Cluster, resolve_cluster_spec
 
     model_spec = resolve_model(model)
-    cluster_obj = Cluster(spec=resolve_cluster_spec(cluster), num_gpus=gpus)
+    cluster_obj = Cluster(spec=resolve_cluster_spec(cluster), num_gpus=gpus, gpus_per_domain=gpus_per_domain)
     training = TrainingSpec(
         seq_len=seq_len,
         global_batch=global_batch,
@@ -172,6 +181,7 @@ def plan(
     model: ModelOpt,
     cluster: ClusterOpt,
     gpus: GpusOpt,
+    gpus_per_domain: GpusPerDomainOpt = None,
     seq_len: SeqOpt = 8192,
     global_batch: BatchOpt = 1024,
     dtype: DtypeOpt = Dtype.bf16,
@@ -196,7 +206,9 @@ def plan(
     """
     from ntp_planner.planner import make_plan
 
-    inputs = _inputs(model, cluster, gpus, seq_len, global_batch, dtype, flash_attention, distributed_optimizer)
+    inputs = _inputs(
+        model, cluster, gpus, gpus_per_domain, seq_len, global_batch, dtype, flash_attention, distributed_optimizer
+    )
     result = make_plan(*inputs, headroom=headroom, top=top, per_layer=per_layer, objective=objective, strategy=strategy)
     if output:
         result.save(output)
@@ -216,6 +228,7 @@ def estimate(
     model: ModelOpt,
     cluster: ClusterOpt,
     gpus: GpusOpt,
+    gpus_per_domain: GpusPerDomainOpt = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 1,
     dp: Annotated[int | None, typer.Option("--dp", help="Data-parallel degree; default GPUs / (tp pp cp).")] = None,
@@ -255,7 +268,9 @@ def estimate(
     """
     from cost_models import ParallelLayout, estimate_step
 
-    inputs = _inputs(model, cluster, gpus, seq_len, global_batch, dtype, flash_attention, distributed_optimizer)
+    inputs = _inputs(
+        model, cluster, gpus, gpus_per_domain, seq_len, global_batch, dtype, flash_attention, distributed_optimizer
+    )
     if dp is None:
         if gpus % (tp * pp * cp):
             raise ValueError(f"GPUs({gpus}) is not divisible by tp({tp}) * pp({pp}) * cp({cp}) = {tp * pp * cp}")

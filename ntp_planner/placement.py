@@ -5,13 +5,14 @@ cp * (dp_i + dp * pp_i)). A "pipeline column" is one (cp_i, dp_i) coordinate: th
 that pass activations to one another. Rules:
 
 - every TP group fills one aligned slot of ``tp`` GPUs inside an NVLink domain
-  (GPUs [k tp, (k+1) tp) of the domain), all healthy; failed GPUs are never used;
+  (GPUs [k tp, (k+1) tp) of the GPUs the job uses there), all healthy; failed GPUs are never used;
 - the TP groups of a pipeline column take slots at the same offset within their hosts, so TP
   rank i of every stage sits on the same rail and pipeline sends stay under one leaf switch;
 - data-parallel peers are distinct GPUs, each with its own NIC.
 
 On a healthy cluster this is the identity (rank r on GPU r), which satisfies the rules whenever
-tp divides the domain and tp * cp * dp is a multiple of the host size; the cost model assumes it.
+tp divides every used domain (``tp_domain_size``) and tp * cp * dp is a multiple of the host
+size; the cost model assumes it.
 
 Worked example, dgx-h100 with 16 GPUs (two hosts = two domains of 8), tp=2, dp=4, pp=2:
 TP groups {0,1} {2,3} {4,5} {6,7} | {8,9} {10,11} {12,13} {14,15}; DP groups {0,2,4,6}
@@ -37,8 +38,8 @@ def place_ranks(world_size: int, tp: int, pp: int, cluster: Cluster) -> list[int
     per_node = cluster.spec.gpus_per_node
     slots: dict[int, list[int]] = {}  # offset within host -> free slot starts, ascending
     for d in range(cluster.num_domains):
-        base = d * cluster.spec.domain_size
-        for start in range(base, base + cluster.spec.domain_size - tp + 1, tp):
+        base = d * cluster.used_per_domain
+        for start in range(base, base + cluster.used_in_domain(d) - tp + 1, tp):
             if not any(g in cluster.failed_gpus for g in range(start, start + tp)):
                 slots.setdefault(start % per_node if tp < per_node else 0, []).append(start)
     columns = world_size // (tp * pp)
@@ -71,4 +72,4 @@ def place_ranks(world_size: int, tp: int, pp: int, cluster: Cluster) -> list[int
 
 def _identity_ok(world_size: int, tp: int, pp: int, cluster: Cluster) -> bool:
     stride = world_size // pp
-    return cluster.spec.domain_size % tp == 0 and (pp == 1 or stride % cluster.spec.gpus_per_node == 0)
+    return cluster.tp_domain_size % tp == 0 and (pp == 1 or stride % cluster.spec.gpus_per_node == 0)

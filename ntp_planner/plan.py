@@ -30,10 +30,18 @@ class ClusterInputs(BaseModel):
 
     spec: ClusterSpec
     num_gpus: int
+    gpus_per_domain: int | None = Field(
+        default=None, description="GPUs used in each NVLink domain; None (and plans older than it) = all."
+    )
     failed_gpus: list[int] = Field(default_factory=list)
 
     def build(self) -> Cluster:
-        return Cluster(spec=self.spec, num_gpus=self.num_gpus, failed_gpus=frozenset(self.failed_gpus))
+        return Cluster(
+            spec=self.spec,
+            num_gpus=self.num_gpus,
+            gpus_per_domain=self.gpus_per_domain,
+            failed_gpus=frozenset(self.failed_gpus),
+        )
 
 
 class RunnerUp(BaseModel):
@@ -121,11 +129,15 @@ class Plan(BaseModel):
 
 
 def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs) -> str:
+    """sha256 of the inputs; a field added later is left out while it holds its default, so
+    the inputs of older plans keep their hash."""
     blob = json.dumps(
         {
             "model": model.model_dump(mode="json"),
             "training": training.model_dump(mode="json"),
-            "cluster": cluster.model_dump(mode="json"),
+            "cluster": cluster.model_dump(
+                mode="json", exclude={"gpus_per_domain"} if cluster.gpus_per_domain is None else None
+            ),
         },
         sort_keys=True,
         separators=(",", ":"),

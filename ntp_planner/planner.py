@@ -33,7 +33,12 @@ def _plan(
     runners_up: list[RunnerUp],
     source: str,
 ) -> Plan:
-    inputs = ClusterInputs(spec=cluster.spec, num_gpus=cluster.num_gpus, failed_gpus=sorted(cluster.failed_gpus))
+    inputs = ClusterInputs(
+        spec=cluster.spec,
+        num_gpus=cluster.num_gpus,
+        gpus_per_domain=cluster.gpus_per_domain,
+        failed_gpus=sorted(cluster.failed_gpus),
+    )
     return Plan(
         per_layer_tp=list(layout.block_tp(model.num_layers)),
         model=model,

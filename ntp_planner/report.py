@@ -122,6 +122,17 @@ def megatron_line(plan: Plan) -> Text:
     )
 
 
+def domain_use(plan: Plan) -> list[Text]:
+    """How much of each NVLink domain the job uses, when not all of every one; else nothing.
+    E.g. "NVLink domains: 1 x 72 + 1 x 56 of 72 GPUs used (TP groups up to 8)"."""
+    c = plan.cluster.build()
+    full, last = divmod(c.num_gpus, c.used_per_domain)
+    if c.used_per_domain == c.spec.domain_size and not last:
+        return []
+    used = " + ".join(f"{k} x {u}" for k, u in ((full, c.used_per_domain), (1, last)) if k and u)
+    return [Text(f"NVLink domains: {used} of {c.spec.domain_size} GPUs used (TP groups up to {c.tp_domain_size})")]
+
+
 def plan_view(plan: Plan) -> Group:
     c = plan.cluster
     title = Text(
@@ -129,7 +140,12 @@ def plan_view(plan: Plan) -> Group:
         f"seq {plan.training.seq_len}, global batch {plan.training.global_batch}, {plan.training.dtype}",
         style="bold",
     )
-    parts = [title, Text(f"layout: {plan.layout.describe()}", style="bold green"), cost_tables(plan.predicted)]
+    parts = [
+        title,
+        *domain_use(plan),
+        Text(f"layout: {plan.layout.describe()}", style="bold green"),
+        cost_tables(plan.predicted),
+    ]
     if plan.layout.is_per_layer:
         parts += [degrees_table(plan), megatron_line(plan)]
     if plan.runners_up:
@@ -183,6 +199,7 @@ def explain_view(plan: Plan) -> Group:
     return Group(
         *extra,
         Text(f"{plan.model.name}: {plan.layout.describe()} ({plan.source})", style="bold"),
+        *domain_use(plan),
         cost_tables(plan.predicted),
         degrees_table(plan),
         megatron_line(plan),

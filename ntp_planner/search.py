@@ -61,8 +61,9 @@ def divisors(n: int) -> list[int]:
 def enumerate_layouts(
     model: ModelSpec, training: TrainingSpec, cluster: Cluster, space: SearchSpace = SearchSpace()
 ) -> list[ParallelLayout]:
-    """Every layout of ``space`` that obeys the model/cluster divisibility rules."""
-    n, domain, batch = cluster.num_gpus, cluster.spec.domain_size, training.global_batch
+    """Every layout of ``space`` that obeys the model/cluster divisibility rules. TP degrees
+    divide the job's NVLink domains (``tp_domain_size``), so every TP group stays in one."""
+    n, domain, batch = cluster.num_gpus, cluster.tp_domain_size, training.global_batch
     tps = [
         t
         for t in divisors(domain)

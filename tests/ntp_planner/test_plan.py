@@ -6,7 +6,7 @@ import pytest
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.placement import place_ranks
-from ntp_planner.plan import Plan
+from ntp_planner.plan import Plan, inputs_hash
 from ntp_planner.planner import make_plan, plan_from_layout
 from topologies import CLUSTERS, Cluster
 
@@ -51,6 +51,18 @@ def test_hash_changes_with_inputs(plan):
         top=1,
     )
     assert other.inputs_hash != plan.inputs_hash
+
+
+def test_plans_older_than_gpus_per_domain_still_load(plan, tmp_path):
+    path = tmp_path / "old.json"
+    data = json.loads(plan.model_dump_json())
+    del data["cluster"]["gpus_per_domain"]
+    path.write_text(json.dumps(data))
+    old = Plan.load(path)
+    assert old.cluster.gpus_per_domain is None and old.cluster.build().used_per_domain == 8
+    assert old.inputs_hash == plan.inputs_hash  # unset, the field leaves the hash as it was
+    partial = plan.cluster.model_copy(update={"gpus_per_domain": 8})
+    assert inputs_hash(plan.model, plan.training, partial) != plan.inputs_hash
 
 
 def test_schema_and_garbage_are_rejected(plan, tmp_path):
@@ -102,23 +114,26 @@ def check_placement(ranks, world, tp, pp, cluster):
 
 
 @pytest.mark.parametrize(
-    ("name", "gpus", "tp", "pp", "failed"),
+    ("name", "gpus", "tp", "pp", "failed", "per_domain"),
     [
-        ("dgx-h100", 64, 8, 2, {1, 37, 60}),
-        ("dgx-h100", 64, 2, 4, {3, 17, 18, 40}),
-        ("dgx-h100", 64, 4, 2, set()),
-        ("gb200-nvl72", 144, 8, 2, {1, 77, 100}),
-        ("gb200-nvl72", 144, 36, 2, set()),
-        ("gb200-nvl72", 288, 4, 4, {0, 5, 150, 151, 287}),
+        ("dgx-h100", 64, 8, 2, {1, 37, 60}, None),
+        ("dgx-h100", 64, 2, 4, {3, 17, 18, 40}, None),
+        ("dgx-h100", 64, 4, 2, set(), None),
+        ("gb200-nvl72", 144, 8, 2, {1, 77, 100}, None),
+        ("gb200-nvl72", 144, 36, 2, set(), None),
+        ("gb200-nvl72", 288, 4, 4, {0, 5, 150, 151, 287}, None),
+        ("gb200-nvl72", 128, 8, 2, {1, 77, 100}, None),  # domains of 72 and 56
+        ("gb200-nvl72", 128, 16, 2, {1, 77, 100}, 64),
+        ("gb200-nvl72", 256, 32, 2, set(), 64),
     ],
 )
-def test_placement_rules(name, gpus, tp, pp, failed):
-    cluster = Cluster(spec=CLUSTERS[name], num_gpus=gpus, failed_gpus=frozenset(failed))
-    size = cluster.spec.domain_size
+def test_placement_rules(name, gpus, tp, pp, failed, per_domain):
+    cluster = Cluster(spec=CLUSTERS[name], num_gpus=gpus, gpus_per_domain=per_domain, failed_gpus=frozenset(failed))
+    size = per_domain or cluster.spec.domain_size
     slots = sum(
         all(g not in failed for g in range(s, s + tp))
         for d in range(cluster.num_domains)
-        for s in range(d * size, (d + 1) * size - tp + 1, tp)
+        for s in range(d * size, min((d + 1) * size, gpus) - tp + 1, tp)
     )
     world = slots * tp // 2  # half the healthy slots leave room for the same-rail rule
     world -= world % (tp * pp)
@@ -126,6 +141,15 @@ def test_placement_rules(name, gpus, tp, pp, failed):
     check_placement(ranks, world, tp, pp, cluster)
     if not failed:
         assert ranks == list(range(world))
+
+
+def test_placement_skips_the_tail_of_a_partial_domain():
+    """128 GPUs of gb200-nvl72 are domains of 72 and 56: TP16 slots start at 0, 16, 32, 48 and at
+    72, 88, 104; GPUs 64-71 and 120-127 hold no whole slot."""
+    cluster = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128)
+    assert place_ranks(112, 16, 1, cluster) == [*range(64), *range(72, 120)]
+    with pytest.raises(ValueError, match="only 7 TP groups of 16 healthy GPUs"):
+        place_ranks(128, 16, 1, cluster)
 
 
 def test_placement_reports_shortage():

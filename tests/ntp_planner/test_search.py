@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec, check_layout, estimate_step
-from ntp_planner.search import SearchSpace, no_fit_message, search
+from ntp_planner.search import SearchSpace, enumerate_layouts, no_fit_message, search
 from topologies import CLUSTERS, Cluster
 
 
@@ -92,3 +92,18 @@ def test_llama3_405b_on_16k_h100_lands_in_the_published_mfu_band():
     best = result.ranked[0]
     assert 0.35 <= best.cost.mfu <= 0.55, best.layout.describe()
     assert best.layout.tp == 8
+
+
+@pytest.mark.parametrize(
+    ("gpus", "per_domain", "tps"),
+    [
+        (128, None, {1, 2, 4, 8}),  # domains of 72 and 56: gcd 8
+        (128, 64, {1, 2, 4, 8, 16, 32, 64}),  # two domains of 64
+        (64, None, {1, 2, 4, 8, 16, 32, 64}),  # one domain of 64
+        (144, None, {1, 2, 4, 8}),  # 72 = 8 x 9; llama3-70b's 64 heads rule out 3, 6, 9, ...
+    ],
+)
+def test_tp_degrees_divide_the_used_domains(gpus, per_domain, tps):
+    cluster = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=gpus, gpus_per_domain=per_domain)
+    found = enumerate_layouts(MODELS["llama3-70b"], TrainingSpec(seq_len=4096, global_batch=128), cluster)
+    assert {layout.tp for layout in found} == tps
