@@ -378,7 +378,7 @@ def replan(
 
     from ntp_planner.plan import Plan
     from ntp_planner.replan import BATCH_MODES, POLICIES, Replanner
-    from topologies.failures import BLASTS, explicit_failures, random_failures
+    from topologies.failures import BLASTS, explicit_failures, lost_domains, random_failures
 
     _check_choice(policy, POLICIES, "--policy")
     _check_choice(batch, BATCH_MODES, "--batch")
@@ -387,12 +387,14 @@ def replan(
         raise ValueError("give exactly one of --failed (GPU ids) or --failed-fraction (a share of GPUs)")
     p = Plan.load(plan_file)
     cluster = p.cluster.build()
+    down = frozenset()
     if failed is not None:
         ids = _parse_ints(failed, "--failed")
         lost = explicit_failures(cluster, ids)
     else:
         lost = random_failures(cluster, failed_fraction, np.random.default_rng(seed), blast)
-    result = Replanner(p, max_power).replan(lost, policy, spares, fallback, batch)
+        down = lost_domains(cluster, lost, blast)
+    result = Replanner(p, max_power).replan(lost, policy, spares, fallback, batch, domains_down=down)
     if output:
         from ntp_planner.plan import write_atomic
 

@@ -16,6 +16,13 @@ drop baseline packs too). Policies (shared/reference/ntp.md):
 - ``spares``: idle spare domains replace the worst degraded groups while they last; the rest is
   handled by a fallback policy.
 
+Before any policy, in-domain spares: a job that uses part of each NVLink domain
+(``Cluster.gpus_per_domain``, or a partial last domain) leaves idle GPUs there. A domain whose
+failed GPUs number at most its idle GPUs stays healthy: the job remaps the TP ranks of the failed
+GPUs onto idle GPUs of the same domain (``topologies.failures.in_domain_cover``), lowest failed
+ids first. Only the failures beyond the idle count degrade groups. A domain lost whole
+(``domains_down``, a domain-wide blast) has no idle GPUs left to give.
+
 Global batch ``flexible`` shrinks with lost samples; ``fixed`` pauses the job (throughput 0)
 when the replicas cannot reach the target batch within a healthy step.
 """
@@ -31,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.degraded import degraded_step_time, power_for_speed, speed_at_power, work_ratio
 from ntp_planner.plan import Plan
+from topologies.failures import in_domain_cover
 
 Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "spares")
@@ -69,7 +77,12 @@ class ReplanResult(BaseModel):
     fallback: str | None
     batch: BatchMode
     failed_gpus: int
-    degraded_groups: int = Field(description="TP groups with at least one failed GPU (before spares).")
+    in_domain_spares_used: int = Field(
+        default=0, description="Failed GPUs whose TP ranks moved onto idle GPUs of their own NVLink domain."
+    )
+    degraded_groups: int = Field(
+        description="TP groups with a failed GPU no in-domain spare stood in for (before spare domains)."
+    )
     spares_used: int
     throughput_relative: float = Field(description="Samples per second relative to the healthy job.")
     global_batch_target: int
@@ -104,6 +117,7 @@ class Replanner:
             raise ValueError(f"--max-power {max_power} must be at least 1 (1 = no boost)")
         lay = plan.layout
         self.plan, self.lay, self.max_power = plan, lay, max_power
+        self.cluster = plan.cluster.build()
         self.n = lay.tp
         self.slots_per_replica = lay.pp * lay.cp
         # placement[rank], rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i)) -> [pp, dp, cp, tp]
@@ -172,9 +186,11 @@ class Replanner:
         batch: BatchMode = "flexible",
         detail: bool = True,
         count_idle: bool = False,
+        domains_down: frozenset[int] = frozenset(),
     ) -> ReplanResult | float:
         """Re-plan for ``failed`` GPUs. With ``detail=False`` return only throughput_relative
-        (with ``count_idle``, ``last_idle`` then holds the idle healthy GPUs, for the simulator)."""
+        (with ``count_idle``, ``last_idle`` then holds the idle healthy GPUs, for the simulator).
+        ``domains_down``: domains lost whole, whose idle GPUs cannot stand in."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if fallback not in ("dp-drop", "ntp", "ntp-pw"):
@@ -182,7 +198,9 @@ class Replanner:
         if spares < 0:
             raise ValueError(f"--spares {spares} must be zero or more")
         lay, n, R = self.lay, self.n, self.slots_per_replica
-        ids = np.fromiter(failed, dtype=np.int64, count=len(failed))
+        ids, covered, spare_ids = in_domain_cover(
+            self.cluster, np.fromiter(failed, np.int64, len(failed)), domains_down
+        )
         fails = (
             np.isin(self.grid, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.pp * lay.dp * lay.cp, np.int64)
         )
@@ -193,7 +211,7 @@ class Replanner:
         used_spares = 0
         decider = policy
         if policy == "spares":
-            per_domain = max(1, self.plan.cluster.spec.domain_size // n)
+            per_domain = max(1, self.cluster.used_per_domain // n)  # a spare domain is used like the others
             replace = min(n_degraded, spares * per_domain)
             degraded = degraded[replace:]
             used_spares = -(-replace // per_domain)
@@ -227,6 +245,7 @@ class Replanner:
             decider if policy == "spares" else None,
             batch,
             failed,
+            dict(zip(covered.tolist(), spare_ids.tolist(), strict=True)),
             n_degraded,
             used_spares,
             throughput,
@@ -237,8 +256,21 @@ class Replanner:
         )
 
     def _result(
-        self, policy, fallback, batch, failed, n_degraded, used_spares, throughput, reached, paused, order, outs
+        self,
+        policy,
+        fallback,
+        batch,
+        failed,
+        stand_in,
+        n_degraded,
+        used_spares,
+        throughput,
+        reached,
+        paused,
+        order,
+        outs,
     ) -> ReplanResult:
+        """The detailed result; ``stand_in`` maps covered failed GPUs to their in-domain spares."""
         lay, n, R = self.lay, self.n, self.slots_per_replica
         groups = self.grid.reshape(lay.pp * lay.dp * lay.cp, n)  # physical groups, index (s * dp + r) * cp + c
         rank_to_gpu: list[int | None] = [None] * (lay.tp * lay.cp * lay.dp * lay.pp)
@@ -248,7 +280,8 @@ class Replanner:
             for j in range(R):
                 s, c = divmod(j, lay.cp)
                 g = int(order[r * R + j])
-                alive = [] if g < 0 else [int(x) for x in groups[g] if int(x) not in failed]
+                gpus = [] if g < 0 else [stand_in.get(int(x), int(x)) for x in groups[g]]
+                alive = [x for x in gpus if x not in failed]
                 degree = out.stage_tp[s] if g >= 0 else 0
                 for i, gpu in enumerate(alive[:degree]):
                     rank_to_gpu[i + n * (c + lay.cp * (r + lay.dp * s))] = gpu
@@ -272,6 +305,7 @@ class Replanner:
             fallback=fallback,
             batch=batch,
             failed_gpus=len(failed),
+            in_domain_spares_used=len(stand_in),
             degraded_groups=n_degraded,
             spares_used=used_spares,
             throughput_relative=throughput,

@@ -236,11 +236,15 @@ def replan_view(r) -> Group:
     """Summary, the replicas that are not healthy, the reshard traffic."""
     head = Table(show_header=False, box=None)
     head.add_row("policy", r.policy + (f" (then {r.fallback})" if r.fallback else ""))
-    head.add_row(
-        "failed GPUs",
-        f"{r.failed_gpus} in {r.degraded_groups} TP groups"
-        + (f"; {r.spares_used} spare domains used" if r.spares_used else ""),
+    covered = r.in_domain_spares_used
+    failed = (
+        f"{r.failed_gpus}; {r.degraded_groups} TP groups degraded after in-domain spares"
+        if covered
+        else f"{r.failed_gpus} in {r.degraded_groups} TP groups"
     )
+    head.add_row("failed GPUs", failed + (f"; {r.spares_used} spare domains used" if r.spares_used else ""))
+    if covered:
+        head.add_row("in-domain spares used", f"{covered} (idle GPUs of the failed GPUs' own NVLink domains)")
     head.add_row(
         "throughput kept", f"{r.throughput_relative:.2%}" + ("  (PAUSED: batch below target)" if r.paused else "")
     )

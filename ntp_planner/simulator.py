@@ -11,7 +11,9 @@ The run starts in steady state (failures from before time 0 still in repair coun
 Time is cut into bins; the failed units per blast type in each bin form the failure state, whose
 throughput comes from the NTP re-planning code (``Replanner``), computed once per distinct state
 and cached. The state places failed units in distinct NVLink domains (collisions are rare at
-the fractions that matter).
+the fractions that matter). Failures hit the job's GPUs; when the job uses part of each domain,
+a unit that fails no more GPUs than its domain has idle is covered by those in-domain spares
+(``topologies.failures.in_domain_cover``), except a domain-wide failure, which takes the idle GPUs too.
 
 Strategies:
 - ``restart``: synchronous checkpoint-restart; every failure costs detection + restart + the
@@ -279,24 +281,34 @@ class _Tables:
 
     def __init__(self, plan: Plan, cfg: SimConfig):
         self.replanner = Replanner(plan)
-        self.cfg, self.domain = cfg, plan.cluster.spec.domain_size
-        self.node = min(plan.cluster.spec.gpus_per_node, self.domain)
-        self.num_domains = plan.cluster.num_gpus // self.domain
+        self.cfg, self.cluster = cfg, self.replanner.cluster
+        self.node = min(self.cluster.spec.gpus_per_node, self.cluster.used_per_domain)
         self.cache: dict[tuple[str, str, int], tuple[float, int]] = {}
 
     def get(self, strategy: str, batch: str, state: tuple[int, ...]) -> tuple[float, int]:
         """State = failed units (one GPU, a host, a domain, two GPUs of a domain), each unit in its
-        own NVLink domain."""
+        own NVLink domain; a failed domain is every GPU the job uses there, and its idle GPUs."""
         key = (strategy, batch, state)
         if key not in self.cache:
-            failed, d = set(), 0
-            for count, width in zip(state, (1, self.node, self.domain, 2), strict=True):
+            c = self.cluster
+            failed, down, d = set(), set(), 0
+            for kind, count in enumerate(state):
                 for _ in range(count):
-                    if d < self.num_domains:
-                        failed.update(range(d * self.domain, d * self.domain + width))
+                    if d < c.num_domains:
+                        width = min((1, self.node, c.used_per_domain, 2)[kind], c.used_in_domain(d))
+                        failed.update(range(d * c.used_per_domain, d * c.used_per_domain + width))
+                        if kind == 2:
+                            down.add(d)
                     d += 1
             tp = self.replanner.replan(
-                frozenset(failed), strategy, self.cfg.spares, "dp-drop", batch, detail=False, count_idle=True
+                frozenset(failed),
+                strategy,
+                self.cfg.spares,
+                "dp-drop",
+                batch,
+                detail=False,
+                count_idle=True,
+                domains_down=frozenset(down),
             )
             self.cache[key] = (tp, self.replanner.last_idle)
         return self.cache[key]
@@ -321,20 +333,29 @@ def simulate(
     bin_h = cfg.days * 24 / bins
     run_s = cfg.days * 86400
     tables = _Tables(plan, cfg)
-    per_domain = max(1, plan.cluster.spec.domain_size // plan.layout.tp)
+    cluster = tables.cluster
+    used = cluster.used_per_domain  # job GPUs per domain (the last may hold fewer)
+    per_domain = max(1, used // plan.layout.tp)
     stats: dict[str, list[dict[str, np.ndarray]]] = {s: [] for s in strategies}
     trace = Trace(bin_h, np.zeros(0), {}, {})
-    node = min(plan.cluster.spec.gpus_per_node, plan.cluster.spec.domain_size)
+    node = tables.node
+    in_domain = cluster.spec.domain_size - used  # idle GPUs of each domain (the last may have more)
     for first in range(0, cfg.trials, CHUNK):
         size = min(CHUNK, cfg.trials - first)
         part = cfg.model_copy(update={"trials": size})
         ev = draw_events(part, n, plan.cluster.spec.gpus_per_node, rng)
         units = [failed_counts(ev.take(ev.blast == b), size, bins, bin_h) for b in range(len(BLASTS))]
-        gpus_down = units[0] + units[1] * node + units[2] * plan.cluster.spec.domain_size
+        gpus_down = units[0] + units[1] * node + units[2] * used
         # two single-GPU failures in one domain form one doubly degraded domain
-        pairs = failed_counts(pair_overlaps(ev, plan.cluster.spec.domain_size), size, bins, bin_h)
+        pairs = failed_counts(pair_overlaps(ev, used), size, bins, bin_h)
         singles = units[0] - 2 * pairs
-        domains_down = singles + pairs + units[1] + units[2]
+        # domains with more failed GPUs than idle ones (a whole domain always): each needs a spare
+        domains_down = (
+            units[2]
+            + (singles if in_domain < 1 else 0)
+            + (units[1] if in_domain < node else 0)
+            + (pairs if in_domain < 2 else 0)
+        )
         # one integer per failure state; each distinct state is re-planned once
         parts = [singles, units[1], units[2], pairs]
         radix = [int(x.max(initial=0)) + 1 for x in parts]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ntp_planner.plan import Plan
 from ntp_planner.replan import POLICIES, BatchMode, Replanner
-from topologies.failures import Blast, random_failures
+from topologies.failures import Blast, lost_domains, random_failures
 
 
 class SweepRow(BaseModel):
@@ -52,8 +52,10 @@ def sweep(
         losses = {p: np.empty(samples) for p in policies}
         for i in range(samples):
             failed = random_failures(cluster, fraction, rng, blast)
+            down = lost_domains(cluster, failed, blast)
             for p in policies:
-                losses[p][i] = 1 - replanner.replan(failed, p, spares, fallback, batch, detail=False)
+                kept = replanner.replan(failed, p, spares, fallback, batch, detail=False, domains_down=down)
+                losses[p][i] = 1 - kept
             if progress:
                 progress()
         for p in policies:

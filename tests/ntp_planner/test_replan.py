@@ -20,7 +20,7 @@ from ntp_planner.cli import app
 from ntp_planner.planner import plan_from_layout
 from ntp_planner.replan import Replanner
 from topologies import CLUSTERS, Cluster
-from topologies.failures import explicit_failures, random_failures
+from topologies.failures import explicit_failures, lost_domains, random_failures
 
 # A model whose heads (56) and FFN columns (28,672) split evenly over 8 and over 7 GPUs, so one
 # failure in a TP8 group means exactly 8/7 more work per surviving GPU.
@@ -309,3 +309,81 @@ def test_every_replan_option_reaches_the_result(plan_file, command, option):
 def test_sweep_validates_max_power(plan_file):
     result = CliRunner().invoke(app, ["sweep", str(plan_file), "--samples", "2", "--max-power", "0.5"])
     assert result.exit_code == 2 and "--max-power 0.5 must be at least 1" in result.stderr
+
+
+# ---- in-domain spares: jobs that use part of each NVLink domain ---------------------------------
+
+
+def nvl72_plan(per_domain=64, gpus=128):
+    """SEVEN at tp8 dp16 on gb200-nvl72, 8 sequences per replica: one TP8 group per replica."""
+    layout = ParallelLayout(tp=8, dp=gpus // 8, global_batch=gpus, sequence_parallel=True)
+    cluster = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=gpus, gpus_per_domain=per_domain)
+    return plan_from_layout(SEVEN, TrainingSpec(seq_len=4096, global_batch=gpus), cluster, layout)
+
+
+def test_idle_gpus_of_a_domain_stand_in_for_failed_ones():
+    """64 of 72 GPUs per domain: 8 idle in each, ids 128-135 (domain 0) and 136-143 (domain 1)."""
+    replanner = Replanner(nvl72_plan())
+    r = replanner.replan(frozenset({3, 10, 17}), "ntp")
+    assert (r.throughput_relative, r.in_domain_spares_used, r.degraded_groups) == (1.0, 3, 0)
+    assert {x.status for x in r.replicas} == {"healthy"}
+    assert (r.rank_to_gpu[3], r.rank_to_gpu[10], r.rank_to_gpu[17]) == (128, 129, 130)
+    assert r.rank_to_gpu[:3] == [0, 1, 2] and not {3, 10, 17} & set(r.rank_to_gpu)
+    # 9 failures in domain 0: the 8 idle GPUs cover the lowest 8, GPU 60 leaves group 56-63 at TP7
+    nine = frozenset({0, 8, 16, 24, 32, 40, 48, 56, 60})
+    r = replanner.replan(nine, "ntp")
+    assert (r.in_domain_spares_used, r.degraded_groups) == (8, 1)
+    assert [x.stage_tp for x in r.replicas if x.status != "healthy"] == [[7]]
+    assert replanner.replan(nine, "dp-drop").throughput_relative == 15 / 16
+
+
+def test_only_the_partial_last_domain_has_spares():
+    """128 GPUs of gb200-nvl72 by default: domain 0 uses all 72, domain 1 uses 56 and has 16 idle."""
+    r = Replanner(nvl72_plan(per_domain=None)).replan(frozenset({5, 100}), "dp-drop")
+    assert (r.in_domain_spares_used, r.degraded_groups, r.throughput_relative) == (1, 1, 15 / 16)
+    # packing: healthy groups 1-15 become replicas 0-14, so GPU 100 (group 12, TP rank 4) holds
+    # rank 11 * 8 + 4 = 92, on spare 128 now; group 0 is the dropped replica 15
+    assert r.rank_to_gpu[92] == 128 and r.rank_to_gpu[120:] == [None] * 8
+
+
+def test_a_domain_lost_whole_has_no_spares():
+    replanner = Replanner(nvl72_plan())
+    domain1 = frozenset(range(64, 128))
+    whole = replanner.replan(domain1, "dp-drop", domains_down=frozenset({1}))
+    assert (whole.in_domain_spares_used, whole.degraded_groups, whole.throughput_relative) == (0, 8, 0.5)
+    # as plain failures, the 8 idle GPUs would cover GPUs 64-71 and keep their replica
+    assert replanner.replan(domain1, "dp-drop").throughput_relative == 9 / 16
+    cluster = replanner.cluster
+    assert lost_domains(cluster, domain1, "domain") == {1} and lost_domains(cluster, domain1, "gpu") == set()
+
+
+def test_random_domain_failures_hit_only_the_jobs_gpus():
+    cluster = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128)  # domains of 72 and 56
+    seen = {frozenset(random_failures(cluster, 0.5, np.random.default_rng(seed), "domain")) for seed in range(20)}
+    assert seen == {frozenset(range(72)), frozenset(range(72, 128))}
+
+
+def test_cli_replan_reports_in_domain_spares(tmp_path):
+    path = tmp_path / "nvl64.json"
+    nvl72_plan().save(path)
+    runner = CliRunner()
+    data = json.loads(runner.invoke(app, ["replan", str(path), "--failed", "3,10,17", "--json"]).stdout)
+    assert (data["in_domain_spares_used"], data["throughput_relative"]) == (3, 1.0)
+    text = runner.invoke(app, ["replan", str(path), "--failed", "3,10,17"]).stdout
+    assert "failed GPUs            3; 0 TP groups degraded after in-domain spares" in text
+    assert "in-domain spares used  3 (idle GPUs of the failed GPUs' own NVLink domains)" in text
+    blast = runner.invoke(app, ["replan", str(path), "--failed-fraction", "0.5", "--blast", "domain", "--json"])
+    assert json.loads(blast.stdout)["in_domain_spares_used"] == 0 and json.loads(blast.stdout)["failed_gpus"] == 64
+    full = tmp_path / "full.json"
+    two_replicas().save(full)
+    assert "in-domain" not in runner.invoke(app, ["replan", str(full), "--failed", "3"]).stdout
+
+
+def test_sweep_of_domain_blasts_gets_no_in_domain_spares():
+    from ntp_planner.sweep import sweep
+
+    # one of the two domains fails whole in every sample: its 8 replicas drop, idle GPUs or not
+    rows = sweep(nvl72_plan(), [0.5], 4, ["dp-drop"], np.random.default_rng(0), blast="domain")
+    assert (rows[0].mean_loss, rows[0].p5_loss, rows[0].p95_loss) == (0.5, 0.5, 0.5)
+    singles = sweep(nvl72_plan(), [8 / 128], 4, ["dp-drop"], np.random.default_rng(0), blast="gpu")
+    assert singles[0].p95_loss == 0.0  # 8 single failures: no domain has more than its 8 idle GPUs

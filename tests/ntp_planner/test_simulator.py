@@ -14,6 +14,7 @@ from ntp_planner.planner import plan_from_layout
 from ntp_planner.simulator import (
     LLAMA3_RATE_PER_GPU_HOUR,
     SimConfig,
+    _Tables,
     draw_events,
     failed_counts,
     simulate,
@@ -271,3 +272,33 @@ def test_every_failure_option_reaches_the_simulation(plan_file, option):
     changed = runner.invoke(app, [*base, *option])
     assert changed.exit_code == 0, changed.output
     assert json.loads(changed.stdout)["ntp"] != plain
+
+
+def _nvl72_plan(per_domain):
+    """llama3-8b at tp8 dp16 on 128 GB200s, 8 sequences per replica."""
+    layout = ParallelLayout(tp=8, dp=16, global_batch=128, sequence_parallel=True, distributed_optimizer=True)
+    cluster = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128, gpus_per_domain=per_domain)
+    return plan_from_layout(MODELS["llama3-8b"], TrainingSpec(seq_len=4096, global_batch=128), cluster, layout)
+
+
+def test_in_domain_spares_cover_failures_up_to_the_idle_gpus():
+    """64 of 72 GPUs per domain: 8 idle GPUs in each of the 2 domains, 8 TP8 groups per domain."""
+    tables = _Tables(_nvl72_plan(64), SimConfig())
+    assert tables.get("dp-drop", "flexible", (1, 0, 0, 1)) == (1.0, 0)  # a GPU, a pair: covered
+    assert tables.get("dp-drop", "flexible", (0, 2, 0, 0)) == (1.0, 0)  # a 4-GPU tray in each domain
+    assert tables.get("dp-drop", "flexible", (0, 0, 1, 0)) == (0.5, 0)  # a domain takes its idle GPUs too
+    full = _Tables(_nvl72_plan(None), SimConfig())  # 72 and 56 GPUs: only domain 1 has spares (16)
+    # the single lands in domain 0: its replica drops and leaves 7 healthy GPUs idle
+    assert full.get("dp-drop", "flexible", (1, 0, 0, 0)) == (15 / 16, 7)
+    assert full.get("dp-drop", "flexible", (0, 0, 0, 2)) == (15 / 16, 6)  # the second pair is covered
+
+
+def test_single_gpu_failures_cost_only_the_stalls_with_in_domain_spares():
+    cfg = SimConfig(days=30, trials=50, failure_rate_per_gpu_hour=1e-4)
+    spared, _ = simulate(_nvl72_plan(64), cfg, ["dp-drop", "restart"], np.random.default_rng(4))
+    r = spared["dp-drop"].mean
+    # throughput stays 1 between failures: capacity goodput is time goodput, no idle GPUs
+    assert r.capacity_goodput == pytest.approx(r.goodput, rel=1e-12) and r.idle_gpu_hours == 0
+    assert spared["restart"].mean.spares_needed == 0  # pairs and trays fit in 8 idle GPUs too
+    bare, _ = simulate(_nvl72_plan(None), cfg, ["dp-drop"], np.random.default_rng(4))
+    assert bare["dp-drop"].mean.capacity_goodput < bare["dp-drop"].mean.goodput
