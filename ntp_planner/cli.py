@@ -301,9 +301,11 @@ def estimate(
     if json_out:
         sys.stdout.write(cost.model_dump_json(indent=1) + "\n")
     else:
-        from ntp_planner.report import cost_tables
+        from ntp_planner.report import cost_tables, domain_use
 
         _print(f"[bold]{model_spec.name}[/bold]: {layout.describe()}")
+        for line in domain_use(cluster_obj):
+            _print(line)
         _print(cost_tables(cost))
         if not cost.fits():
             need, have = cost.memory_per_gpu_bytes / 1e9, cost.hbm_bytes / 1e9

@@ -11,6 +11,7 @@ from rich.text import Text
 from cost_models.model import ModelSpec
 from cost_models.step import StepCost
 from ntp_planner.plan import Plan, RunnerUp
+from topologies.cluster import Cluster
 from topologies.clusters import ClusterSpec
 
 TIME_LABELS = {
@@ -122,10 +123,9 @@ def megatron_line(plan: Plan) -> Text:
     )
 
 
-def domain_use(plan: Plan) -> list[Text]:
+def domain_use(c: Cluster) -> list[Text]:
     """How much of each NVLink domain the job uses, when not all of every one; else nothing.
     E.g. "NVLink domains: 1 x 72 + 1 x 56 of 72 GPUs used (TP groups up to 8)"."""
-    c = plan.cluster.build()
     full, last = divmod(c.num_gpus, c.used_per_domain)
     if c.used_per_domain == c.spec.domain_size and not last:
         return []
@@ -142,7 +142,7 @@ def plan_view(plan: Plan) -> Group:
     )
     parts = [
         title,
-        *domain_use(plan),
+        *domain_use(plan.cluster.build()),
         Text(f"layout: {plan.layout.describe()}", style="bold green"),
         cost_tables(plan.predicted),
     ]
@@ -199,7 +199,7 @@ def explain_view(plan: Plan) -> Group:
     return Group(
         *extra,
         Text(f"{plan.model.name}: {plan.layout.describe()} ({plan.source})", style="bold"),
-        *domain_use(plan),
+        *domain_use(plan.cluster.build()),
         cost_tables(plan.predicted),
         degrees_table(plan),
         megatron_line(plan),

@@ -347,6 +347,7 @@ def test_estimate_stores_gpus_per_domain(tmp_path):
     result = run("estimate", *NVL72, "-n", 128, "--gpus-per-domain", 64, "--tp", 8, "-o", out)
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["cluster"]["gpus_per_domain"] == 64
+    assert "NVLink domains: 2 x 64 of 72 GPUs used (TP groups up to 64)" in result.stdout
     zero = run("estimate", *NVL72, "-n", 128, "--gpus-per-domain", 0)
     assert zero.exit_code == 2 and "Invalid value for '--gpus-per-domain'" in zero.output  # typer's min=1
 
