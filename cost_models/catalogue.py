@@ -1,8 +1,11 @@
 """Built-in models, as data: one dict of shape numbers per model, expanded by family defaults.
 
 Sources: Llama 3 shapes from Meta's released config.json files (and arXiv 2407.21783 Table 3);
-GPT-3 from Brown et al. 2020 Table 2.1 with Megatron's padded vocabulary 51,200; Mixtral and
-DeepSeekMoE 16B from their config.json files; the Megatron family from Narayanan et al. SC'21
+Llama 2 from its config.json files (arXiv 2307.09288); GPT-3 from Brown et al. 2020 Table 2.1
+with Megatron's padded vocabulary 51,200, its 5B and 20B sizes from NeMo's GPTConfig5B /
+GPTConfig20B; Nemotron-3 8B/22B and Nemotron-4 15B/340B from NeMo's ``nemotron.py`` configs
+(squared-ReLU MLP, 256K vocabulary, arXiv 2406.11704); Mixtral and DeepSeekMoE 16B from their
+config.json files; the Megatron family from Narayanan et al. SC'21
 Table 1 (shared/reference/calibration.md); ntp-480b from the NTP paper's simulated model
 (shared/reference/ntp.md), whose vocabulary the paper does not state: we use Megatron GPT's 51,200.
 """
@@ -44,6 +47,32 @@ def _gpt(name: str, hidden: int, layers: int, heads: int, **kw) -> ModelSpec:
     )
 
 
+_NEMOTRON = dict(
+    family="nemotron",
+    gated_mlp=False,
+    norm="layernorm",
+    position="rope",
+    bias=False,
+    dropout=0.0,
+    tie_embeddings=False,
+    vocab_size=256000,
+    max_position_embeddings=4096,
+)
+
+
+def _nemotron(name: str, hidden: int, ffn: int, layers: int, heads: int, kv: int) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        hidden_size=hidden,
+        ffn_hidden_size=ffn,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hidden // heads,
+        **_NEMOTRON,
+    )
+
+
 def _llama(
     name: str, hidden: int, ffn: int, layers: int, heads: int, kv: int, vocab: int, max_pos: int, **kw
 ) -> ModelSpec:
@@ -79,6 +108,15 @@ MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
         _gpt("gpt3-175b", 12288, 96, 96),
+        _gpt("gpt3-5b", 4096, 24, 32),
+        _gpt("gpt3-20b", 6144, 44, 48),
+        _llama("llama2-7b", 4096, 11008, 32, 32, 32, 32000, 4096),
+        _llama("llama2-13b", 5120, 13824, 40, 40, 40, 32000, 4096),
+        _llama("llama2-70b", 8192, 28672, 80, 64, 8, 32000, 4096),
+        _nemotron("nemotron-8b", 4096, 16384, 32, 32, 32),
+        _nemotron("nemotron-22b", 6144, 24576, 40, 48, 48),
+        _nemotron("nemotron4-15b", 6144, 24576, 32, 48, 8),
+        _nemotron("nemotron-340b", 18432, 73728, 96, 96, 8),
         _llama("llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192),
         _llama("llama3-70b", 8192, 28672, 80, 64, 8, 128256, 8192),
         _llama("llama3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072),

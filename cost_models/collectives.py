@@ -6,7 +6,14 @@ size of the full buffer on each GPU. Inside one NVLink domain a ring moves
 runs hierarchically (NCCL's NVLS/tree-ring hybrids behave alike): reduce-scatter inside the
 domain, all-reduce of the 1/m shard across domains with every member using its own NIC, then
 all-gather inside the domain. Latency terms use a tree's 2 log2(n) steps, since NCCL switches to
-trees where latency matters.
+trees (and, for reduce-scatter and all-gather across many nodes, its PAT algorithm) where latency
+matters.
+
+What grows with scale: the latency term (log2 of the group), the tier a group's traffic crosses
+(``GroupLinks.tier``: NVLink, one leaf switch on one rail, or spines, where ``spine_efficiency``
+applies), and, in ``cost_models.data_parallel``, the number of buckets a data-parallel group
+reduces (Megatron's bucket grows with dp) and the compute left to hide them behind as the
+micro-batches per replica fall.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import math
 
 from cost_models.efficiency import Efficiency
-from topologies.cluster import GroupLinks
+from topologies.cluster import GroupLinks, Tier
 
 
 def _nvl_bw(links: GroupLinks, eff: Efficiency) -> float:
@@ -22,7 +29,10 @@ def _nvl_bw(links: GroupLinks, eff: Efficiency) -> float:
 
 
 def _net_bw(links: GroupLinks, eff: Efficiency) -> float:
-    return links.scaleout_bw_bytes_per_s * eff.scaleout_efficiency
+    """NIC bandwidth a collective sustains: NCCL's efficiency on InfiniBand, less again when the
+    group spans scalable units and its traffic crosses spine switches."""
+    spine = eff.spine_efficiency if links.tier == Tier.SPINE else 1.0
+    return links.scaleout_bw_bytes_per_s * eff.scaleout_efficiency * spine
 
 
 def _latency(links: GroupLinks) -> float:

@@ -1,9 +1,13 @@
-"""FLOPs and memory traffic of every op of one layer, per GPU, for one micro-batch forward.
+"""FLOPs and memory traffic of every op of one layer, per GPU, for one micro-batch.
 
 Conventions (Narayanan et al. SC'21, appendix): a GEMM of (m x k) by (k x n) costs 2mkn FLOPs;
 backward costs twice forward (input gradient + weight gradient). ``tokens`` is the tokens one
 GPU holds: micro_batch * seq_len / cp. TP degree ``tp`` splits heads, MLP columns and the
 vocabulary; when tp exceeds the KV heads, each rank keeps one replicated KV head.
+
+Each ``Op`` is one kernel of forward; ``fwd`` and ``bwd`` say how many times its cost is paid
+in forward and in backward (a GEMM: once and twice; fused attention: once and 2.5 times; the
+cast of an output gradient: only in backward).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cost_models.model import LayerKind, ModelSpec
+from cost_models.training import LOW_PRECISION_BYTES
 
 ACT_BYTES = 2  # activations are 16-bit in fp16, bf16 and fp8 training (fp8 only inside GEMMs)
 
@@ -28,6 +33,9 @@ class Op:
     k: int = 0
     mem_bytes: float = 0.0
     batch: int = 1  # independent GEMMs of this shape (attention heads)
+    fwd: float = 1.0  # times its cost is paid in forward
+    bwd: float = 2.0  # ... and in backward
+    low_precision: bool = True  # a GEMM that runs in the training's fp8/fp4 format (not the LM head)
 
 
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
@@ -35,8 +43,67 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     return max(1, model.num_kv_heads // tp)
 
 
-def gemm(name: str, m: int, n: int, k: int, batch: int = 1) -> Op:
-    return Op(name=name, kind="gemm", flops=2.0 * m * n * k * batch, m=m, n=n, k=k, batch=batch)
+def gemm(name: str, m: int, n: int, k: int, batch: int = 1, low_precision: bool = True) -> Op:
+    return Op(
+        name=name, kind="gemm", flops=2.0 * m * n * k * batch, m=m, n=n, k=k, batch=batch, low_precision=low_precision
+    )
+
+
+# Bytes per element of one cast to a low-precision format (read 16-bit, write row-wise and
+# column-wise copies): Transformer Engine's cast_transpose. Hopper writes both (1 + 1 byte);
+# Blackwell reads per-tensor fp8 column-wise and writes one copy; mxfp8 and nvfp4 quantise rows
+# and columns separately (plus 1-byte scales per 32 or 16 values), nvfp4 adding a random Hadamard
+# transform pass on the weight-gradient operands; neither fuses into the producing kernel (MXFP8
+# computes rows and columns from the 16-bit tensor separately: two reads). A cast fused into the
+# kernel that produces the tensor (LayerNorm -> QKV/FC1 input, activation -> FC2 input, dact ->
+# FC1 output gradient)
+# costs nothing extra with delayed scaling; current scaling cannot fuse it (it needs the amax of
+# the finished tensor first) and reads every tensor once more for the amax
+# (Transformer Engine docs: fp8_current_scaling, performance_considerations).
+def cast_bytes(dtype: str, architecture: str, fused: bool, recipe: str) -> float:
+    if dtype == "nvfp4":
+        return 2 + 2 * LOW_PRECISION_BYTES["nvfp4"] + 2.5
+    if dtype == "mxfp8":  # rows and columns are each quantised from the 16-bit tensor: two reads
+        return 2 * 2 + 2 * LOW_PRECISION_BYTES["mxfp8"]
+    unfused = 2 + 1 + (1 if architecture == "hopper" else 0)
+    if recipe == "current":
+        return unfused + 2
+    return 0.0 if fused else unfused
+
+
+def cast_ops(
+    model: ModelSpec,
+    kind: LayerKind,
+    tokens: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype: str,
+    architecture: str,
+    recipe: str,
+) -> list[Op]:
+    """The casts a low-precision layer adds: each linear's input in forward, its output gradient
+    in backward. Under sequence parallelism the QKV and FC1 inputs are cast on the local
+    1/tp of the tokens, then gathered in fp8."""
+    h, q, kvw = model.hidden_size, model.q_width // tp, 2 * kv_heads_per_rank(model, tp) * model.head_dim
+    gathered = tokens / tp if sequence_parallel else tokens
+    inputs, grads = [], []  # (elements, fused)
+    if kind.attention:
+        inputs += [(gathered * h, True), (tokens * q, False)]  # QKV (after LayerNorm), out-proj
+        grads += [(tokens * (q + kvw), False), (tokens * h, False)]
+    up = 2 if model.gated_mlp else 1
+    # (width, copies of each token): a dense MLP; an MoE layer's routed experts see every token
+    # top_k times after dispatch, its shared expert once
+    mlps = [(model.moe_ffn_hidden_size, model.moe_top_k), (model.moe_shared_ffn_hidden_size, 1)] if kind.moe else []
+    for width, copies in mlps or [(kind.ffn, 1)]:
+        if width:
+            f = width / tp
+            # FC1 (after LayerNorm), FC2 (after the activation)
+            inputs += [(gathered * copies * h, True), (tokens * copies * f, True)]
+            grads += [(tokens * copies * up * f, True), (tokens * copies * h, False)]
+    fwd = sum(n * cast_bytes(dtype, architecture, fused, recipe) for n, fused in inputs)
+    bwd = sum(n * cast_bytes(dtype, architecture, fused, recipe) for n, fused in grads)
+    ops = [Op("cast-inputs", "memory", mem_bytes=fwd, fwd=1.0, bwd=0.0)] if fwd else []
+    return ops + ([Op("cast-grads", "memory", mem_bytes=bwd, fwd=0.0, bwd=1.0)] if bwd else [])
 
 
 def attention_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, flash: bool) -> list[Op]:
@@ -54,8 +121,10 @@ def attention_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp:
     if model.position == "rope":
         ops.append(Op("rotary", "memory", mem_bytes=2 * ACT_BYTES * tokens * (heads + kv) * d))
     scores = micro_batch * heads * seq_len * (seq_len // cp)
-    if flash:
-        ops.append(Op("attention-core", "flash", flops=2.0 * scores * d))
+    if flash:  # executes the causal half of the scores; backward recomputes them
+        ops.append(Op("attention-core", "flash", flops=2.0 * scores * d, bwd=2.5))
+        if cp > 1:
+            ops.append(cp_correction_op(tokens, heads * d, kv * d, cp))
     else:
         ops.append(gemm("attention-scores", seq_len // cp, seq_len, d, batch=micro_batch * heads))
         softmax = 4 * scores + (5 * scores if model.dropout else 0)
@@ -63,6 +132,17 @@ def attention_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp:
         ops.append(gemm("attention-values", seq_len // cp, d, seq_len, batch=micro_batch * heads))
     ops.append(gemm("out-proj", tokens, h, heads * d))
     return ops
+
+
+def cp_correction_op(tokens: int, q: int, kv: int, cp: int) -> Op:
+    """Context parallelism's ring attention (Transformer Engine's ``AttnFuncWithCPAndKVP2P``)
+    computes cp partial outputs and merges them: forward writes each step's 16-bit output and
+    folds it into an fp32 running output (2 + 2 + 8 bytes per output element and step);
+    backward accumulates each step's query and key/value gradients in fp32 (2 + 8 bytes per
+    element and step). ``fwd`` counts one unit, ``bwd`` the backward's share of it."""
+    fwd = cp * 12.0 * tokens * q
+    bwd = cp * 10.0 * tokens * (q + 2 * kv)
+    return Op("cp-merge", "memory", mem_bytes=fwd, bwd=bwd / fwd)
 
 
 def mlp_ops(
@@ -119,9 +199,16 @@ def layer_ops(
     ep: int,
     sequence_parallel: bool,
     flash: bool,
+    dtype: str = "bf16",
+    architecture: str = "hopper",
+    fp8_recipe: str = "delayed",
+    grad_bytes: float = 4.0,
 ) -> list[Op]:
-    """Every op of one transformer layer (an index or a LayerKind) for one micro-batch forward
-    on one GPU."""
+    """Every op of one transformer layer (an index or a LayerKind) for one micro-batch on one
+    GPU: its GEMMs, attention, memory-bound passes, the casts of low-precision training, and the
+    accumulation of weight gradients into the main-gradient buffer (Megatron's gradient
+    accumulation fusion: the weight-gradient GEMM reads and writes the buffer, ``grad_bytes``
+    each way, for every micro-batch)."""
     kind = layer if isinstance(layer, LayerKind) else model.layer_kind(layer)
     tokens = micro_batch * seq_len // cp
     ops = attention_ops(model, micro_batch, seq_len, tp, cp, flash) if kind.attention else []
@@ -131,6 +218,10 @@ def layer_ops(
         ops += mlp_ops(model, tokens, tp, kind.ffn)
     sublayers = kind.attention + (kind.moe or kind.ffn > 0)
     ops += norm_residual_ops(model, tokens, tp if sequence_parallel else 1, sublayers)
+    if dtype in LOW_PRECISION_BYTES:
+        ops += cast_ops(model, kind, tokens, tp, sequence_parallel, dtype, architecture, fp8_recipe)
+    weights = sum(op.n * op.k * op.batch for op in ops if op.kind == "gemm" and not op.name.startswith("attention"))
+    ops.append(Op("main-grad-accumulate", "memory", mem_bytes=2 * grad_bytes * weights, fwd=0.0, bwd=1.0))
     return ops
 
 
@@ -140,30 +231,68 @@ def padded_vocab(model: ModelSpec, tp: int) -> int:
     return -(-model.vocab_size // unit) * unit
 
 
-def head_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int) -> list[Op]:
-    """Final norm, logits GEMM over the vocabulary shard, and fp32 cross entropy (reads the
-    logits, writes fp32 softmax: about 10 bytes per logit)."""
+def head_ops(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    grad_bytes: float = 4.0,
+    fused_cross_entropy: bool = True,
+) -> list[Op]:
+    """Final norm, logits GEMM over the vocabulary shard (16-bit even in fp8 training, as
+    Megatron runs the output layer), fp32 cross entropy, and the output weight's gradient
+    accumulated into the main-gradient buffer."""
     tokens = micro_batch * seq_len // cp
     vocab = padded_vocab(model, tp) // tp
-    return [
+    accumulate = Op(
+        "main-grad-accumulate", "memory", mem_bytes=2 * grad_bytes * vocab * model.hidden_size, fwd=0, bwd=1
+    )
+    return [accumulate] + [
         Op("final-norm", "memory", mem_bytes=2 * ACT_BYTES * tokens * model.hidden_size),
-        gemm("logits", tokens, vocab, model.hidden_size),
-        Op("cross-entropy", "memory", mem_bytes=10.0 * tokens * vocab),
+        gemm("logits", tokens, vocab, model.hidden_size, low_precision=False),
+        cross_entropy_op(tokens * vocab, fused_cross_entropy),
     ]
 
 
-def embedding_ops(model: ModelSpec, micro_batch: int, seq_len: int, cp: int) -> list[Op]:
-    """Embedding lookup: gather rows and write the activations (no FLOPs)."""
+def cross_entropy_op(logits: float, fused: bool) -> Op:
+    """Bytes the loss moves per logit.
+
+    Megatron's unfused vocabulary-parallel cross entropy (``tensor_parallel/cross_entropy.py``):
+    forward casts the logits to fp32 (read 2, write 4 bytes), takes the max (read 4), subtracts
+    it and exponentiates in place (read 4 + write 4, twice), sums (read 4) and normalises in place
+    (read 4, write 4): 38 bytes; backward scales the saved softmax and casts it back to 16 bits
+    (read 4, write 4, read 4, write 2): 14 bytes. A fused kernel (Transformer Engine's) reads the
+    16-bit logits twice (online max and sum, then loss and gradient) and writes the gradient in
+    their place: 6 bytes forward, and backward scales it (read 2, write 2): 4 bytes.
+    """
+    fwd, bwd = (6.0, 4.0) if fused else (38.0, 14.0)
+    return Op("cross-entropy", "memory", mem_bytes=fwd * logits, bwd=bwd / fwd)
+
+
+def embedding_ops(
+    model: ModelSpec, micro_batch: int, seq_len: int, cp: int, tp: int = 1, grad_bytes: float = 4.0
+) -> list[Op]:
+    """Embedding lookup: gather rows and write the activations (no FLOPs). Backward scatters
+    the token gradients into a dense 16-bit gradient of the vocabulary shard and accumulates it
+    into the main-gradient buffer."""
     tokens = micro_batch * seq_len // cp
-    return [Op("embedding", "memory", mem_bytes=2 * ACT_BYTES * tokens * model.hidden_size)]
+    rows = padded_vocab(model, tp) // tp * model.hidden_size
+    return [
+        Op("embedding", "memory", mem_bytes=2 * ACT_BYTES * tokens * model.hidden_size),
+        Op("embedding-grad", "memory", mem_bytes=(ACT_BYTES + 2 * grad_bytes) * rows, fwd=0, bwd=1),
+    ]
 
 
-def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int) -> float:
-    """Model FLOPs of one step (forward + backward, no recompute, full s^2 attention), the MFU
-    numerator. For GPT models this is Narayanan's 72 B L s h^2 (1 + s/6h + V/12hL)."""
+def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int, causal: bool = False) -> float:
+    """Model FLOPs of one step (forward + backward, no recompute), the MFU numerator. Attention
+    counts the full s x s scores (Narayanan's 72 B L s h^2 (1 + s/6h + V/12hL) for GPT models,
+    Megatron-LM up to core 0.11 and NeMo's tables) or, with ``causal``, only their unmasked
+    half (Megatron-LM from core 0.12, Megatron-Bridge's tables)."""
     tokens = global_batch * seq_len
     h = model.hidden_size
-    attn = 2 * h * (model.q_width + 2 * model.kv_width) + 2 * model.q_width * h + 4 * seq_len * model.q_width
+    core = (2 if causal else 4) * seq_len * model.q_width
+    attn = 2 * h * (model.q_width + 2 * model.kv_width) + 2 * model.q_width * h + core
     moe_mlp = 2 * h * model.num_experts + 2 * model.mlp_matrices * h * (
         model.moe_top_k * model.moe_ffn_hidden_size + model.moe_shared_ffn_hidden_size
     )

@@ -4,7 +4,8 @@ It lives in cost_models because the step estimator reads it, and ntp_planner (wh
 over layouts) imports it from here; the dependency arrow points one way.
 
 Rank order (one rule, used everywhere): ``tp`` varies fastest, then ``cp``, then ``dp``, then
-``pp`` (Megatron's default "tp-cp-ep-dp-pp"; ``ep`` is carved out of ``dp x cp``). A rank's
+``pp`` (Megatron's default "tp-cp-ep-dp-pp"; ``ep`` takes consecutive ranks of the flattened
+``cp x dp`` ranks, the expert data-parallel group the rest). A rank's
 coordinates are ``rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i))``. Worked example, tp=2, dp=2,
 pp=2 on 8 GPUs: TP groups {0,1} {2,3} {4,5} {6,7}; DP groups {0,2} {1,3} {4,6} {5,7};
 pipelines {0,4} {1,5} {2,6} {3,7}.
@@ -17,9 +18,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_models.model import ModelSpec
+from cost_models.pipeline_layout import (
+    chunks_from_stages,
+    describe_chunks,
+    even_split,
+    stage_chunk_spans,
+    stage_totals,
+)
 from cost_models.training import TrainingSpec
 
 Recompute = Literal["none", "selective", "full"]
+Zero = Literal[0, 1, 2, 3]
 
 
 class ParallelLayout(BaseModel):
@@ -37,18 +46,58 @@ class ParallelLayout(BaseModel):
     vpp: int = Field(default=1, ge=1, description="Virtual (interleaved) stages per pipeline rank.")
     sequence_parallel: bool = Field(default=False, description="Shard norms/dropout over TP (needs tp > 1).")
     recompute: Recompute = Field(default="none", description="Activation recomputation granularity.")
-    distributed_optimizer: bool = Field(default=False, description="Shard optimizer state over DP.")
-    pp_layers: tuple[int, ...] | None = Field(
-        default=None, description="Layers per pipeline stage; None = even, leading stages one more."
+    zero: Zero = Field(
+        default=0,
+        description="How model state is sharded over the data-parallel group dp x cp: 0 replicated, 1 optimizer "
+        "state (Megatron's distributed optimizer), 2 also gradients, 3 also parameters (FSDP).",
+    )
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="ZeRO-3: free gathered parameters after forward and gather them again for backward; False "
+        "keeps them until backward (more memory, one all-gather per micro-batch fewer).",
+    )
+    chunk_layers: tuple[int, ...] | None = Field(
+        default=None,
+        description="Transformer layers in each model chunk, in model order (pp * vpp entries): chunk c runs on "
+        "stage c % pp as its virtual chunk c // pp; the embedding is in chunk 0, the loss in the last. "
+        "None = an even split, leading chunks one more.",
     )
     overlap_grad_reduce: bool = Field(default=True, description="Overlap the DP gradient reduction with backward.")
     tp_comm_overlap: bool = Field(default=False, description="Overlap TP collectives with GEMMs (userbuffers).")
     overlap_p2p: bool = Field(default=True, description="Overlap pipeline sends/receives with compute.")
+    p2p_scatter_gather: bool = Field(
+        default=False,
+        description="Split each pipeline send over the tp ranks and all-gather it over NVLink on arrival "
+        "(Megatron-LM before Megatron-Core; Narayanan et al. 2021, section 4.1). Sequence parallelism "
+        "splits the sends anyway.",
+    )
     layer_tp: tuple[int, ...] | None = Field(
         default=None,
         description="Per-block TP degrees (embedding, each layer, LM head), each dividing tp, which is then "
         "the stage width; None = every block at tp. A block at degree t runs tp/t copies inside the stage.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data):
+        """``distributed_optimizer=True`` means zero 1; ``pp_layers`` (layers per stage) becomes
+        ``chunk_layers``, each stage's layers split evenly over its virtual chunks."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "distributed_optimizer" in data:
+            flag = data.pop("distributed_optimizer")
+            if "zero" not in data:
+                data["zero"] = 1 if flag else 0
+        stages = data.pop("pp_layers", None)
+        if stages is not None and data.get("chunk_layers") is None:
+            pp, vpp = data.get("pp", 1), data.get("vpp", 1)
+            if not isinstance(stages, list | tuple) or len(stages) != pp:
+                size = len(stages) if isinstance(stages, list | tuple) else "?"
+                raise ValueError(f"pp_layers has {size} entries but pp = {pp}")
+            if isinstance(vpp, int) and vpp >= 1 and all(isinstance(n, int) for n in stages):
+                data["chunk_layers"] = chunks_from_stages(tuple(stages), vpp)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ParallelLayout:
@@ -61,10 +110,22 @@ class ParallelLayout(BaseModel):
             )
         if self.vpp > 1 and self.pp == 1:
             raise ValueError(f"interleaving (vpp={self.vpp}) needs pp > 1")
-        if self.pp_layers is not None and len(self.pp_layers) != self.pp:
-            raise ValueError(f"pp_layers has {len(self.pp_layers)} entries but pp = {self.pp}")
-        if self.pp_layers is not None and min(self.pp_layers) < 1:
-            raise ValueError(f"every pipeline stage needs at least one layer, got {list(self.pp_layers)}")
+        if not self.reshard_after_forward and self.zero < 3:
+            raise ValueError(
+                f"keeping weights after forward only applies to ZeRO-3 (this layout is ZeRO-{self.zero}); "
+                "drop --keep-params-after-forward or pass --zero 3"
+            )
+        if self.chunk_layers is not None:
+            chunks = self.pp * self.vpp
+            if len(self.chunk_layers) != chunks:
+                raise ValueError(
+                    f"chunk_layers has {len(self.chunk_layers)} entries but pp({self.pp}) * vpp({self.vpp}) = {chunks}"
+                )
+            if min(self.chunk_layers) < 0:
+                raise ValueError(f"a chunk cannot hold a negative number of layers: {list(self.chunk_layers)}")
+            empty = [s for s, n in enumerate(stage_totals(self.chunk_layers, self.pp)) if n == 0]
+            if empty:
+                raise ValueError(f"every pipeline stage needs at least one layer; stage(s) {empty} hold none")
         return self
 
     @property
@@ -76,16 +137,37 @@ class ParallelLayout(BaseModel):
         """Micro-batches each pipeline runs per step: global / (micro * dp)."""
         return self.global_batch // (self.micro_batch * self.dp)
 
+    @property
+    def distributed_optimizer(self) -> bool:
+        """Optimizer state is sharded over the data-parallel group (ZeRO-1 or more)."""
+        return self.zero >= 1
+
+    def chunks(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers of every model chunk (model order, pp * vpp entries).
+
+        >>> ParallelLayout(pp=2, vpp=2, global_batch=8).chunks(10)
+        (3, 3, 2, 2)
+        """
+        if self.chunk_layers is not None:
+            return self.chunk_layers
+        return even_split(num_layers, self.pp * self.vpp)
+
     def stage_layers(self, num_layers: int) -> tuple[int, ...]:
-        """Transformer layers on each pipeline stage.
+        """Transformer layers on each pipeline stage (the sum of its chunks).
 
         >>> ParallelLayout(pp=4, global_batch=8).stage_layers(10)
         (3, 3, 2, 2)
         """
-        if self.pp_layers is not None:
-            return self.pp_layers
-        base, extra = divmod(num_layers, self.pp)
-        return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
+        return stage_totals(self.chunks(num_layers), self.pp)
+
+    def stage_chunks(self, stage: int, num_layers: int) -> list[tuple[int, int, int]]:
+        """(chunk index, first layer, layer count) of every chunk stage ``stage`` holds, in the
+        order the stage runs them for one micro-batch.
+
+        >>> ParallelLayout(pp=2, vpp=2, global_batch=8).stage_chunks(1, 10)
+        [(1, 3, 3), (3, 8, 2)]
+        """
+        return stage_chunk_spans(self.pp, self.vpp, self.chunk_layers, stage, num_layers)
 
     def block_tp(self, num_layers: int) -> tuple[int, ...]:
         """Degree of every block: [embedding, layer 0 .. layer L-1, LM head]."""
@@ -96,16 +178,21 @@ class ParallelLayout(BaseModel):
         return self.layer_tp is not None and any(t != self.tp for t in self.layer_tp)
 
     def describe(self) -> str:
-        """Compact one-line form, e.g. 'tp8 pp4 dp32 mb1 vpp2 sp rc-full distopt'; per-layer
+        """Compact one-line form, e.g. 'tp8 pp4 dp32 mb1 vpp2 sp rc-full zero1'; per-layer
         degrees show as 'tp2-8/8' (degrees 2 to 8 in stages of 8), uneven splits as
-        'pp4(19/20/21/20)' (or 'pp16(uneven)' beyond 8 stages).
+        'pp4(19/20/21/20)' (or 'pp16(uneven)' beyond 8 stages), and interleaved chunks that are
+        not an even split as 'pp8(chunks 1/2*62/1)'.
 
         >>> ParallelLayout(pp=2, dp=4, global_batch=8, pp_layers=(3, 5)).describe()
         'tp1 pp2(3/5) dp4 mb1'
         """
         pp = f"pp{self.pp}"
-        if self.pp_layers is not None and len(set(self.pp_layers)) > 1:
-            pp += f"({'/'.join(map(str, self.pp_layers))})" if self.pp <= 8 else "(uneven)"
+        if self.chunk_layers is not None:
+            stages = stage_totals(self.chunk_layers, self.pp)
+            if self.vpp > 1 and self.chunk_layers != chunks_from_stages(stages, self.vpp):
+                pp += f"(chunks {describe_chunks(self.chunk_layers)})"
+            elif len(set(stages)) > 1:
+                pp += f"({'/'.join(map(str, stages))})" if self.pp <= 8 else "(uneven)"
         parts = [
             f"tp{self.tp}" if not self.is_per_layer else f"tp{_degree_summary(self.layer_tp)}/{self.tp}",
             pp,
@@ -116,8 +203,11 @@ class ParallelLayout(BaseModel):
         parts += [f"mb{self.micro_batch}"] + ([f"vpp{self.vpp}"] if self.vpp > 1 else [])
         parts += ["sp"] if self.sequence_parallel else []
         parts += [f"rc-{self.recompute}"] if self.recompute != "none" else []
-        parts += ["distopt"] if self.distributed_optimizer else []
+        parts += [ZERO_TAGS[self.zero]] if self.zero else []
         return " ".join(parts)
+
+
+ZERO_TAGS = {1: "distopt", 2: "zero2", 3: "fsdp"}
 
 
 def _degree_summary(degrees: tuple[int, ...] | None) -> str:
@@ -174,16 +264,29 @@ def check_layout(
             raise ValueError(f"ffn_hidden_size({m.ffn_hidden_size}) % tp({lay.tp}) != 0; tp must divide the MLP width")
     if lay.pp > m.num_layers:
         raise ValueError(f"pp({lay.pp}) > layers({m.num_layers}); each stage needs at least one layer")
-    stages = lay.stage_layers(m.num_layers)
-    if sum(stages) != m.num_layers:
-        raise ValueError(f"pp_layers sum to {sum(stages)} but the model has {m.num_layers} layers")
-    if lay.vpp > 1 and min(stages) < lay.vpp:
+    chunks = lay.chunks(m.num_layers)
+    if sum(chunks) != m.num_layers:
+        raise ValueError(f"the pipeline chunks hold {sum(chunks)} layers but the model has {m.num_layers}")
+    last = len(chunks) - 1
+    empty = [c for c, n in enumerate(chunks) if n == 0 and c not in (0, last)]
+    if empty:
         raise ValueError(
-            f"vpp({lay.vpp}) > layers on the smallest stage ({min(stages)}); each virtual stage needs a layer"
+            f"pp({lay.pp}) * vpp({lay.vpp}) = {len(chunks)} chunks for {m.num_layers} layers leave chunk(s) "
+            f"{empty[:5]} empty (only the first and last may hold just the embedding or the loss); lower vpp"
+        )
+    if lay.vpp > 1 and lay.num_micro_batches % lay.pp:
+        raise ValueError(
+            f"the interleaved schedule needs micro-batches per step ({lay.num_micro_batches}) to be a multiple of "
+            f"pp({lay.pp}) (Megatron-Core); change the global batch, micro-batch or dp, or drop vpp"
         )
     if lay.cp > 1 and training.seq_len % (2 * lay.cp):
         raise ValueError(
             f"seq_len({training.seq_len}) % (2 * cp({lay.cp})) != 0; causal CP splits the sequence in 2*cp chunks"
+        )
+    if lay.sequence_parallel and (training.seq_len // lay.cp) % lay.tp:
+        raise ValueError(
+            f"seq_len({training.seq_len}) / cp({lay.cp}) is not divisible by tp({lay.tp}); sequence parallelism "
+            "splits each sequence chunk over the TP ranks (choose a multiple, or --no-sequence-parallel)"
         )
     if lay.ep > 1:
         if not m.is_moe:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from cost_models.flops import ACT_BYTES, kv_heads_per_rank, padded_vocab
 from cost_models.model import LayerKind, ModelSpec
+from cost_models.training import LOW_PRECISION_BYTES
 
 
 @dataclass(frozen=True)
@@ -26,18 +27,78 @@ class StateBytes:
     weights: float
     grads: float
     optimizer: float
+    low_precision_weights: float = 0.0  # fp8/fp4 copies of the GEMM weights (Transformer Engine's cache)
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer
+        return self.weights + self.grads + self.optimizer + self.low_precision_weights
 
 
-def state_bytes(params: float, dtype: str, dp: int, distributed_optimizer: bool) -> StateBytes:
-    """Weights, gradients and Adam state for ``params`` parameters held by one GPU."""
-    grad = 2.0 if dtype == "fp16" else 4.0
-    opt = 16.0 if dtype == "fp16" else 12.0
-    shard = dp if distributed_optimizer else 1
-    return StateBytes(weights=2.0 * params, grads=grad * params, optimizer=opt * params / shard)
+def optimizer_bytes_per_param(grad_bytes: float, precision_aware: bool = False) -> float:
+    """Adam's state per parameter: fp32 master weight, m and v (12 bytes), plus an fp32 copy of
+    the gradient when gradients are kept in 16 bits (Megatron's table: 16 for fp16). A
+    precision-aware optimizer keeps 16-bit remainders of the master weights (which with the
+    16-bit weights make them whole) and reads 16-bit gradients directly: 2 + 4 + 4 bytes."""
+    if precision_aware:
+        return 10.0
+    return 12.0 + (4.0 if grad_bytes < 4 else 0.0)
+
+
+def state_bytes(
+    params: float,
+    dtype: str,
+    dp: int,
+    distributed_optimizer: bool | None = None,
+    *,
+    zero: int | None = None,
+    grad_bytes: float | None = None,
+    param_bytes: float = 2.0,
+    lp_copy_bytes: float = 0.0,
+    gemm_params: float = 0.0,
+    precision_aware: bool = False,
+) -> StateBytes:
+    """Weights, gradients, Adam state and low-precision weight copies for ``params`` parameters
+    held by one GPU, ``dp`` data-parallel ranks sharing them (dp x cp, times in-stage copies).
+
+    ZeRO level (Megatron-FSDP's sharding strategies): 0 keeps everything on every rank, 1 shards
+    the optimizer state (the distributed optimizer), 2 also the gradients, 3 also the weights.
+    Megatron's table for bf16 with fp32 gradients: 18 bytes per parameter, 6 + 12/d with the
+    distributed optimizer; fp16 with fp16 gradients: 20 and 4 + 16/d.
+    ``gemm_params`` of them are GEMM weights, which low-precision training caches at
+    ``lp_copy_bytes`` each.
+    """
+    level = zero if zero is not None else (1 if distributed_optimizer else 0)
+    grad = grad_bytes if grad_bytes is not None else (2.0 if dtype == "fp16" else 4.0)
+    opt = optimizer_bytes_per_param(grad, precision_aware)
+    return StateBytes(
+        weights=param_bytes * params / (dp if level >= 3 else 1),
+        grads=grad * params / (dp if level >= 2 else 1),
+        optimizer=opt * params / (dp if level >= 1 else 1),
+        low_precision_weights=lp_copy_bytes * gemm_params / (dp if level >= 3 else 1),
+    )
+
+
+def saved_input_bytes(dtype: str) -> float:
+    """Bytes per element a linear layer saves of its input for the weight gradient: 16-bit, or
+    Transformer Engine's column-wise low-precision cast of it (fp8 1; mxfp8 1 + a scale byte per
+    32 values; nvfp4 half a byte + a scale byte per 16, after the random Hadamard transform)."""
+    return LOW_PRECISION_BYTES.get(dtype, ACT_BYTES)
+
+
+def low_precision_copy_bytes(dtype: str, architecture: str, fp8_params: bool) -> float:
+    """Bytes per GEMM weight that Transformer Engine keeps besides the weight itself: the cast
+    copy it reuses across micro-batches (``is_first_microbatch``), row-wise for forward and
+    column-wise (transposed) for the input gradient. Hopper needs the transpose stored; Blackwell
+    reads per-tensor fp8 column-wise natively; block-scaled formats quantise rows and columns
+    separately (scales: 1 byte per 32 values for mxfp8, per 16 for nvfp4). With low-precision
+    primary weights (``fp8_params``) the row-wise copy is the weight itself.
+    """
+    if dtype not in LOW_PRECISION_BYTES:
+        return 0.0
+    rows = cols = LOW_PRECISION_BYTES[dtype]
+    if dtype == "fp8" and architecture != "hopper":
+        cols = 0.0
+    return cols if fp8_params else rows + cols
 
 
 def embedding_params_per_gpu(model: ModelSpec, tp: int) -> float:
@@ -82,6 +143,7 @@ def activation_bytes_per_layer(
     recompute: str,
     flash: bool,
     cp: int = 1,
+    linear_input_bytes: float = ACT_BYTES,
 ) -> float:
     """Bytes one layer stores for backward, for one micro-batch on one GPU.
 
@@ -91,6 +153,12 @@ def activation_bytes_per_layer(
     activation input(s) and down-projection input; core attention (dropped by selective
     recompute): scores 2 a s T, dropout mask and output 3 a s T, or only the log-sum-exp of a
     flash kernel. Full recompute keeps only the layer input, 2Th (split under SP).
+
+    Low-precision training (``linear_input_bytes`` from ``saved_input_bytes``, 1 for fp8):
+    Transformer Engine saves the inputs of its linear layers as their low-precision (column-wise)
+    cast, for the weight gradient: the QKV, MLP and down-projection inputs take that many bytes;
+    the attention output is kept in 16 bits for the fused attention's backward and, besides, as
+    the output projection's low-precision input.
     """
     kind = layer if isinstance(layer, LayerKind) else model.layer_kind(layer)
     tokens = micro_batch * seq_len / cp
@@ -98,21 +166,24 @@ def activation_bytes_per_layer(
     rep_div = tp if sequence_parallel else 1
     if recompute == "full":
         return ACT_BYTES * tokens * h / rep_div
+    lin = linear_input_bytes
+    extra_out = lin if lin < ACT_BYTES else 0.0  # the out-projection's own low-precision input
     drop = 1 if model.dropout else 0
     sublayers = kind.attention + (kind.moe or kind.ffn > 0)
-    replicated = sublayers * (2 * ACT_BYTES + drop) * tokens * h
+    replicated = sublayers * (ACT_BYTES + lin + drop) * tokens * h
     heads, kv = model.num_heads // tp, kv_heads_per_rank(model, tp)
     split = 0.0
     if kind.attention:
-        split += ACT_BYTES * tokens * (heads + 2 * kv) * d + ACT_BYTES * tokens * heads * d
+        split += ACT_BYTES * tokens * (heads + 2 * kv) * d + (ACT_BYTES + extra_out) * tokens * heads * d
+    up = 2 if model.gated_mlp else 1  # up-projection outputs saved for the activation's backward
     if kind.moe:
         routed = tokens * model.moe_top_k
         f = model.moe_ffn_hidden_size / tp
-        split += ACT_BYTES * routed * h + (3 if model.gated_mlp else 2) * ACT_BYTES * routed * f
+        split += lin * routed * h + (up * ACT_BYTES + lin) * routed * f
         if model.moe_shared_ffn_hidden_size:
-            split += (3 if model.gated_mlp else 2) * ACT_BYTES * tokens * model.moe_shared_ffn_hidden_size / tp
+            split += (up * ACT_BYTES + lin) * tokens * model.moe_shared_ffn_hidden_size / tp
     elif kind.ffn:
-        split += (3 if model.gated_mlp else 2) * ACT_BYTES * tokens * kind.ffn / tp
+        split += (up * ACT_BYTES + lin) * tokens * kind.ffn / tp
     if not kind.attention:
         core = 0.0
     elif flash:
@@ -120,21 +191,33 @@ def activation_bytes_per_layer(
     else:
         scores = micro_batch * heads * seq_len * seq_len / cp
         core = ACT_BYTES * scores + (3 * scores if drop else 0)
-    if recompute == "selective":
-        core = 0.0
+    if recompute == "selective":  # core attention recomputed: its output is not kept in 16 bits
+        core = -(ACT_BYTES * tokens * heads * d if kind.attention and extra_out else 0.0)
     return replicated / rep_div + split + core
 
 
 def in_flight_micro_batches(stage: int, pp: int, num_micro_batches: int, vpp: int) -> float:
-    """Micro-batches whose activations stage ``stage`` holds at the 1F1B peak: pp - stage,
-    times (1 + (pp-1)/(pp vpp)) for the first stage under interleaving (Korthikanti eq. 5)."""
-    held = min(pp - stage, num_micro_batches)
-    if vpp > 1:
-        held *= 1 + (pp - 1) / (pp * vpp)
-    return held
+    """Micro-batches' worth of this stage's activations held at the schedule's peak.
+
+    1F1B: stage r holds pp - r micro-batches. Interleaved 1F1B (Megatron-Core ``schedules.py``):
+    rank r runs 2 (pp - r - 1) + (vpp - 1) pp warm-up chunk forwards and holds one more, each
+    chunk 1/vpp of the stage, which for the first stage is pp (1 + (pp - 1) / (pp vpp))
+    (Korthikanti et al. eq. 5).
+
+    >>> in_flight_micro_batches(0, 8, 64, 8), in_flight_micro_batches(7, 8, 64, 8)
+    (8.875, 7.125)
+    """
+    if vpp == 1:
+        return float(min(pp - stage, num_micro_batches))
+    chunk_forwards = 2 * (pp - stage - 1) + (vpp - 1) * pp + 1
+    return min(chunk_forwards / vpp, float(num_micro_batches))
 
 
-def head_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, cp: int) -> float:
-    """Last stage: final-norm input and fp32 logits for the loss, one micro-batch at a time."""
+def head_activation_bytes(
+    model: ModelSpec, seq_len: int, micro_batch: int, tp: int, cp: int, fused_cross_entropy: bool = False
+) -> float:
+    """Last stage: final-norm input and the logits for the loss, one micro-batch at a time: 16-bit
+    logits that a fused loss overwrites with their gradient, or fp32 softmax probabilities."""
     tokens = micro_batch * seq_len / cp
-    return ACT_BYTES * tokens * model.hidden_size + 4.0 * tokens * padded_vocab(model, tp) / tp
+    per_logit = ACT_BYTES if fused_cross_entropy else 4.0
+    return ACT_BYTES * tokens * model.hidden_size + per_logit * tokens * padded_vocab(model, tp) / tp

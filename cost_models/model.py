@@ -2,7 +2,8 @@
 
 GPT-style (Megatron GPT, GPT-3): multi-head attention, 2-matrix GELU MLP, LayerNorm with
 biases, learned positions, dropout. Llama-style: grouped-query attention, 3-matrix SwiGLU MLP,
-RMSNorm, rotary positions, no biases, no dropout. MoE layers replace the MLP with ``num_experts``
+RMSNorm, rotary positions, no biases, no dropout. Nemotron-style: squared-ReLU 2-matrix MLP,
+LayerNorm, rotary positions, no biases, no dropout, a 256K vocabulary. MoE layers replace the MLP with ``num_experts``
 expert MLPs of width ``moe_ffn_hidden_size`` of which each token visits ``moe_top_k``.
 """
 
@@ -38,7 +39,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Catalogue name or file stem.")
-    family: Literal["gpt", "llama"] = Field(description="Architecture family, for display.")
+    family: Literal["gpt", "llama", "nemotron"] = Field(description="Architecture family, for display.")
     hidden_size: int = Field(gt=0, description="Model width h.")
     ffn_hidden_size: int = Field(gt=0, description="Dense MLP width f.")
     num_layers: int = Field(gt=0, description="Transformer layers L.")

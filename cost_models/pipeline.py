@@ -40,5 +40,5 @@ def pipeline_time(stage_time_s: list[float], num_micro_batches: int, vpp: int) -
 
 def p2p_bytes(tokens: int, hidden: int, tp: int, act_bytes: int = 2) -> float:
     """Bytes one GPU sends to the next stage per micro-batch: the activation s b h, split over
-    the tp ranks (Megatron's scatter-gather optimisation, or sequence parallelism)."""
+    ``tp`` (the TP degree under sequence parallelism, else 1)."""
     return act_bytes * tokens * hidden / tp

@@ -27,6 +27,23 @@ class Dtype(str, Enum):
     fp16 = "fp16"
     bf16 = "bf16"
     fp8 = "fp8"
+    mxfp8 = "mxfp8"
+    nvfp4 = "nvfp4"
+
+
+class Fp8Recipe(str, Enum):
+    delayed = "delayed"
+    current = "current"
+
+
+class AttentionKernel(str, Enum):
+    cudnn = "cudnn"
+    flash2 = "flash2"
+
+
+class GradReduce(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
 
 
 class RecomputeOpt(str, Enum):
@@ -52,7 +69,32 @@ GpusPerDomainOpt = Annotated[
 ]
 SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
 BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")]
-DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Compute precision.")]
+DtypeOpt = Annotated[
+    Dtype, typer.Option("--dtype", help="GEMM format: fp16, bf16, fp8 (Hopper+), mxfp8 or nvfp4 (Blackwell).")
+]
+Fp8RecipeOpt = Annotated[
+    Fp8Recipe, typer.Option("--fp8-recipe", help="fp8 scaling: delayed (amax history) or current (tensorwise).")
+]
+Fp8ParamsOpt = Annotated[
+    bool, typer.Option("--fp8-params", help="Keep weights in the fp8/fp4 format (Megatron --fp8-param-gather).")
+]
+GradReduceOpt = Annotated[
+    GradReduce | None,
+    typer.Option("--grad-reduce", help="Gradient buffer and reduction: fp32 or bf16 (default: fp32 for bf16 only)."),
+]
+PrecisionAwareOpt = Annotated[
+    bool,
+    typer.Option(
+        "--precision-aware-optimizer", help="Adam keeps 16-bit master-weight remainders (10 bytes of state/param)."
+    ),
+]
+AttentionKernelOpt = Annotated[
+    AttentionKernel,
+    typer.Option("--attention-kernel", help="Fused attention: cudnn (TE's default) or flash2 (FlashAttention-2)."),
+]
+FusedLossOpt = Annotated[
+    bool, typer.Option("--fused-cross-entropy/--unfused-cross-entropy", help="Fused loss kernel (TE) or Megatron's.")
+]
 FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention", help="Fused attention kernels.")]
 DistOptOpt = Annotated[
     bool, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state over DP.")
@@ -130,18 +172,28 @@ def _inputs(
     dtype: Dtype,
     flash: bool,
     distributed_optimizer: bool,
+    **precision,
 ):
+    """The three inputs of a plan. ``precision`` holds the remaining TrainingSpec fields
+    (fp8_recipe, fp8_params, grad_reduce, precision_aware_optimizer, fused_cross_entropy)."""
     from cost_models import TrainingSpec, resolve_model
     from topologies import Cluster, resolve_cluster_spec
 
     model_spec = resolve_model(model)
     cluster_obj = Cluster(spec=resolve_cluster_spec(cluster), num_gpus=gpus, gpus_per_domain=gpus_per_domain)
+    grad = precision.pop("grad_reduce", None)
+    recipe = precision.pop("fp8_recipe", Fp8Recipe.delayed)
+    kernel = precision.pop("attention_kernel", AttentionKernel.cudnn)
     training = TrainingSpec(
         seq_len=seq_len,
         global_batch=global_batch,
         dtype=dtype.value,
         flash_attention=flash,
         distributed_optimizer=distributed_optimizer,
+        fp8_recipe=recipe.value,
+        grad_reduce_in_fp32=None if grad is None else grad == GradReduce.fp32,
+        attention_kernel=kernel.value,
+        **precision,
     )
     cluster_obj.gpu.peak_flops_per_s(training.dtype)  # fp8 on a GPU without it fails here, clearly
     return model_spec, training, cluster_obj
@@ -185,9 +237,21 @@ def plan(
     seq_len: SeqOpt = 8192,
     global_batch: BatchOpt = 1024,
     dtype: DtypeOpt = Dtype.bf16,
+    fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
+    fp8_params: Fp8ParamsOpt = False,
+    grad_reduce: GradReduceOpt = None,
+    precision_aware_optimizer: PrecisionAwareOpt = False,
+    fused_cross_entropy: FusedLossOpt = True,
     flash_attention: FlashOpt = True,
+    attention_kernel: AttentionKernelOpt = AttentionKernel.cudnn,
     distributed_optimizer: DistOptOpt = True,
     headroom: HeadroomOpt = 0.1,
+    max_zero: Annotated[
+        int,
+        typer.Option(
+            "--max-zero", min=0, max=3, help="Most sharding to try: 1 distributed optimizer, 2 +grads, 3 FSDP."
+        ),
+    ] = 3,
     top: Annotated[int, typer.Option("--top", help="Layouts to keep: the best and top-1 runners-up.")] = 5,
     per_layer: Annotated[
         bool,
@@ -200,16 +264,35 @@ def plan(
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Search every uniform layout and show the fastest that fits.
+    """Search every layout, per-layer TP degrees included, and show the fastest that fits.
 
     Example: ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 --seq-len 8192 -o plan.json
     """
     from ntp_planner.planner import make_plan
 
     inputs = _inputs(
-        model, cluster, gpus, gpus_per_domain, seq_len, global_batch, dtype, flash_attention, distributed_optimizer
+        model,
+        cluster,
+        gpus,
+        gpus_per_domain,
+        seq_len,
+        global_batch,
+        dtype,
+        flash_attention,
+        distributed_optimizer,
+        fp8_recipe=fp8_recipe,
+        fp8_params=fp8_params,
+        grad_reduce=grad_reduce,
+        precision_aware_optimizer=precision_aware_optimizer,
+        fused_cross_entropy=fused_cross_entropy,
+        attention_kernel=attention_kernel,
     )
-    result = make_plan(*inputs, headroom=headroom, top=top, per_layer=per_layer, objective=objective, strategy=strategy)
+    from ntp_planner.search import SearchSpace
+
+    space = SearchSpace(zeros=tuple(range(1, max_zero + 1)) or (0,))
+    result = make_plan(
+        *inputs, headroom=headroom, top=top, space=space, per_layer=per_layer, objective=objective, strategy=strategy
+    )
     if output:
         result.save(output)
     if json_out:
@@ -237,28 +320,60 @@ def estimate(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
     vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaving).")] = 1,
     pp_layers: Annotated[str | None, typer.Option("--pp-layers", help="Layers per stage, e.g. 13,13,12,12.")] = None,
+    pp_layout: Annotated[
+        str | None,
+        typer.Option("--pp-layout", help="Megatron layout string, e.g. 'Et*3|(tt|)*29,t|L' (E, t, L, |, *n)."),
+    ] = None,
+    account_for_embedding: Annotated[
+        bool, typer.Option("--account-for-embedding", help="The embedding counts as a pipeline layer.")
+    ] = False,
+    account_for_loss: Annotated[
+        bool, typer.Option("--account-for-loss", help="The loss (LM head) counts as a pipeline layer.")
+    ] = False,
     recompute: Annotated[
         RecomputeOpt, typer.Option("--recompute", help="Activation recomputation.")
     ] = RecomputeOpt.none,
     sequence_parallel: Annotated[
-        bool, typer.Option("--sequence-parallel", help="Shard norms/dropout over TP.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--sequence-parallel/--no-sequence-parallel", help="Shard norms/dropout over TP (default: when tp > 1)."
+        ),
+    ] = None,
     distributed_optimizer: Annotated[
-        bool, typer.Option("--distributed-optimizer", help="Shard optimizer state over DP.")
-    ] = False,
+        bool | None,
+        typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state (default: on)."),
+    ] = None,
+    zero: Annotated[
+        int | None,
+        typer.Option("--zero", min=0, max=3, help="Shard over dp x cp: 1 optimizer (default), 2 +grads, 3 +weights."),
+    ] = None,
+    reshard_after_forward: Annotated[
+        bool,
+        typer.Option("--reshard-after-forward/--keep-params-after-forward", help="ZeRO-3: gather weights again."),
+    ] = True,
     overlap_grad_reduce: Annotated[
         bool, typer.Option("--overlap-grad-reduce/--no-overlap-grad-reduce", help="Overlap DP sync with backward.")
     ] = True,
     overlap_p2p: Annotated[
         bool, typer.Option("--overlap-p2p/--no-overlap-p2p", help="Overlap pipeline sends with compute.")
     ] = True,
+    p2p_scatter_gather: Annotated[
+        bool,
+        typer.Option("--p2p-scatter-gather", help="Split pipeline sends over TP without SP (Megatron-LM 2021)."),
+    ] = False,
     tp_comm_overlap: Annotated[
         bool, typer.Option("--tp-comm-overlap", help="Overlap TP collectives with GEMMs.")
     ] = False,
     seq_len: SeqOpt = 8192,
     global_batch: BatchOpt = 1024,
     dtype: DtypeOpt = Dtype.bf16,
+    fp8_recipe: Fp8RecipeOpt = Fp8Recipe.delayed,
+    fp8_params: Fp8ParamsOpt = False,
+    grad_reduce: GradReduceOpt = None,
+    precision_aware_optimizer: PrecisionAwareOpt = False,
+    fused_cross_entropy: FusedLossOpt = True,
     flash_attention: FlashOpt = True,
+    attention_kernel: AttentionKernelOpt = AttentionKernel.cudnn,
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -269,12 +384,43 @@ def estimate(
     from cost_models import ParallelLayout, estimate_step
 
     inputs = _inputs(
-        model, cluster, gpus, gpus_per_domain, seq_len, global_batch, dtype, flash_attention, distributed_optimizer
+        model,
+        cluster,
+        gpus,
+        gpus_per_domain,
+        seq_len,
+        global_batch,
+        dtype,
+        flash_attention,
+        distributed_optimizer is not False,
+        fp8_recipe=fp8_recipe,
+        fp8_params=fp8_params,
+        grad_reduce=grad_reduce,
+        precision_aware_optimizer=precision_aware_optimizer,
+        fused_cross_entropy=fused_cross_entropy,
+        attention_kernel=attention_kernel,
     )
+    positive = min(tp, pp, cp, vpp) >= 1  # otherwise ParallelLayout below names the bad degree
     if dp is None:
-        if gpus % (tp * pp * cp):
+        if positive and gpus % (tp * pp * cp):
             raise ValueError(f"GPUs({gpus}) is not divisible by tp({tp}) * pp({pp}) * cp({cp}) = {tp * pp * cp}")
-        dp = gpus // (tp * pp * cp)
+        dp = gpus // (tp * pp * cp) if positive else 1
+    chunks = (
+        _pipeline_chunks(inputs[0].num_layers, pp, vpp, pp_layers, pp_layout, account_for_embedding, account_for_loss)
+        if positive
+        else None
+    )
+    if pp_layout is not None and chunks is not None:
+        if vpp != 1 and vpp != len(chunks) // pp:
+            raise ValueError(
+                f"--vpp {vpp} disagrees with --pp-layout, which has {len(chunks)} chunks = pp({pp}) x "
+                f"{len(chunks) // pp}; drop --vpp (the layout sets it)"
+            )
+        vpp = len(chunks) // pp
+    if distributed_optimizer is False and zero is not None and zero >= 1:
+        raise ValueError(
+            f"--no-distributed-optimizer asks for ZeRO-0 but --zero {zero} shards the optimizer; pass one of them"
+        )
     layout = ParallelLayout(
         tp=tp,
         pp=pp,
@@ -284,12 +430,14 @@ def estimate(
         micro_batch=micro_batch,
         global_batch=global_batch,
         vpp=vpp,
-        pp_layers=_parse_layers(pp_layers),
+        chunk_layers=chunks,
         recompute=recompute.value,
-        sequence_parallel=sequence_parallel,
-        distributed_optimizer=distributed_optimizer,
+        sequence_parallel=sequence_parallel if sequence_parallel is not None else tp > 1,
+        zero=zero if zero is not None else int(distributed_optimizer is not False and dp * cp > 1),
+        reshard_after_forward=reshard_after_forward,
         overlap_grad_reduce=overlap_grad_reduce,
         overlap_p2p=overlap_p2p,
+        p2p_scatter_gather=p2p_scatter_gather,
         tp_comm_overlap=tp_comm_overlap,
     )
     model_spec, training, cluster_obj = inputs
@@ -308,8 +456,39 @@ def estimate(
             _print(line)
         _print(cost_tables(cost))
         if not cost.fits():
-            need, have = cost.memory_per_gpu_bytes / 1e9, cost.hbm_bytes / 1e9
-            _print(f"[red]does not fit: needs {need:.1f} GB of {have:.0f} GB per GPU[/red]")
+            need, have = cost.memory_per_gpu_bytes / 2**30, cost.hbm_bytes / 2**30
+            _print(f"[red]does not fit: needs {need:.1f} GiB of {have:.1f} GiB per GPU[/red]")
+
+
+def _pipeline_chunks(
+    num_layers: int,
+    pp: int,
+    vpp: int,
+    pp_layers: str | None,
+    pp_layout: str | None,
+    embedding: bool,
+    loss: bool,
+) -> tuple[int, ...] | None:
+    """Layers per model chunk from the one pipeline option given: a Megatron layout string,
+    layers per stage, or the embedding / loss counted as layers; None for an even split."""
+    from cost_models.pipeline_layout import chunks_from_stages, megatron_split, parse_layout
+
+    given = [name for name, v in (("--pp-layout", pp_layout), ("--pp-layers", pp_layers)) if v is not None]
+    given += [name for name, on in (("--account-for-embedding", embedding), ("--account-for-loss", loss)) if on]
+    if pp_layout is not None and len(given) > 1:
+        raise ValueError(f"--pp-layout fixes the whole split; drop {', '.join(given[1:])}")
+    if pp_layers is not None and (embedding or loss):
+        raise ValueError("--pp-layers gives every stage's layers; drop --account-for-embedding/--account-for-loss")
+    if pp_layout is not None:
+        return parse_layout(pp_layout, pp)
+    if pp_layers is not None:
+        stages = _parse_layers(pp_layers)
+        if len(stages) != pp:
+            raise ValueError(f"--pp-layers has {len(stages)} entries but --pp is {pp}")
+        return chunks_from_stages(stages, vpp)
+    if embedding or loss:
+        return megatron_split(num_layers, pp, vpp, embedding, loss)
+    return None
 
 
 def _parse_layers(text: str | None) -> tuple[int, ...] | None:
@@ -561,12 +740,19 @@ def simulate(
 
     from ntp_planner.plan import Plan
     from ntp_planner.replan import BATCH_MODES
-    from ntp_planner.simulator import LLAMA3_RATE_PER_GPU_HOUR, FailureClass, SimConfig, plot_simulation
+    from ntp_planner.simulator import (
+        LLAMA3_RATE_PER_GPU_HOUR,
+        FailureClass,
+        SimConfig,
+        check_strategies,
+        plot_simulation,
+    )
     from ntp_planner.simulator import simulate as run_simulation
     from topologies.failures import BLASTS
 
     _check_choice(batch, BATCH_MODES, "--batch")
     names = [x.strip() for x in strategies.split(",") if x.strip()]
+    check_strategies(names)
     rate = LLAMA3_RATE_PER_GPU_HOUR if failure_rate is None else failure_rate
     if rate < 0:
         raise ValueError(f"--failure-rate {rate} must be zero or more failures per GPU-hour")
@@ -833,7 +1019,25 @@ def _with_progress(work, steps: int, quiet: bool):
 
 
 def main() -> None:
-    app()
+    """The ``ntp`` entry point. A usage error (an unknown option, a value out of range) ends in one
+    line on stderr and exit code 2, like every other bad input; bare ``ntp`` prints the help."""
+    from typer._click.exceptions import NoArgsIsHelpError
+    from typer.exceptions import TyperException
+
+    try:
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help())
+        code = 0
+    except TyperException as exc:
+        where = exc.ctx.command_path if getattr(exc, "ctx", None) else "ntp"
+        message = " ".join(exc.format_message().split()).rstrip(".")
+        typer.echo(f"error: {message}; run `{where} --help` for the options.", err=True)
+        code = getattr(exc, "exit_code", 2)
+    except typer.Abort:
+        typer.echo("aborted.", err=True)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

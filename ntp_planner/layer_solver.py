@@ -26,6 +26,8 @@ from functools import lru_cache
 
 import numpy as np
 
+MEMORY_RTOL = 1e-9  # sums of the same floats in another order differ in the last bits
+
 
 @dataclass(frozen=True)
 class ChainProblem:
@@ -50,6 +52,11 @@ class ChainProblem:
 
     def memory(self, degrees: tuple[int, ...]) -> float:
         return sum(self.memory_bytes[i][t] for i, t in enumerate(degrees))
+
+    def fits(self, memory_bytes: float) -> bool:
+        """Within the budget, up to the rounding of summing floats (relative 1e-9): every solver
+        and every check uses this one test."""
+        return memory_bytes <= self.budget_bytes * (1 + MEMORY_RTOL)
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,7 @@ def _run_milp(c, a_rows, lo, hi, integrality, upper):
 
 
 def _memory_row(budget: float) -> tuple[float, float]:
-    return (-np.inf, budget if math.isfinite(budget) else np.inf)
+    return (-np.inf, budget * (1 + MEMORY_RTOL) if math.isfinite(budget) else np.inf)
 
 
 def _solve_binary(p: ChainProblem) -> ChainSolution | None:
@@ -225,7 +232,7 @@ def solve_counts(p: ChainProblem) -> ChainSolution | None:
         picks = np.column_stack([np.repeat(picks, len(keep), axis=0), np.tile(np.arange(len(keep)), len(picks))])
         front = _front(cost, mem)
         cost, mem, picks = cost[front], mem[front], picks[front]
-    fits = np.flatnonzero(mem <= p.budget_bytes * (1 + 1e-12))
+    fits = np.flatnonzero(mem <= p.budget_bytes * (1 + MEMORY_RTOL))
     if fits.size == 0:
         return None
     best = fits[np.argmin(cost[fits])]

@@ -11,10 +11,13 @@ candidate:
 2. ``StagePlanner.solve`` finds the best degrees for one stage under its memory budget: the
    fastest degree per block when that fits (exact when switches are free or solved by the graph
    solver), the MILP otherwise.
-3. ``partition`` chooses each stage's layer count by dynamic programming over stage boundaries,
-   keeping the Pareto front of (slowest stage, sum of stages) so the pipeline time
-   (m - 1/v) T_max + sum T / v is minimised exactly over counts within ``window`` layers of an
-   even split.
+3. Without interleaving, ``partition`` chooses each stage's layer count by dynamic programming
+   over stage boundaries, keeping the Pareto front of (slowest stage, sum of stages) so the
+   pipeline time (m - 1/v) T_max + sum T / v is minimised exactly over counts within ``window``
+   layers of an even split. With interleaving a stage holds chunks s, s + pp, ... of the model
+   (Megatron's placement), so the candidate splits are Megatron's: even, or with the embedding
+   and/or the loss counted as a layer (``chunk_splits``); each stage's degrees are solved on
+   the layers its chunks really hold.
 
 ``search_per_layer`` visits candidates in order of a lower bound (perfect balance, fastest
 degree everywhere, no memory limit) and stops once the bound reaches the best step time found,
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from cost_models.layout import ParallelLayout, block_degree_ok, sub_batch
 from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
+from cost_models.pipeline_layout import even_split, megatron_splits, stage_totals
 from cost_models.step import (
     EMBED,
     HEAD,
@@ -37,6 +41,7 @@ from cost_models.step import (
     CostEnv,
     estimate_step,
     pass_cache_key,
+    range_blocks,
     stage_blocks,
 )
 from cost_models.training import TrainingSpec
@@ -93,14 +98,18 @@ class StagePlanner:
         self._rows: dict[tuple, tuple[dict[int, float], dict[int, float], float]] = {}
 
     def blocks(self, stage: int, start: int, count: int) -> list[tuple[int, Block]]:
-        return stage_blocks(self.model, self.layout, stage, start, count)
+        """The blocks of ``stage`` holding layers start..start+count-1 (no interleaving)."""
+        return range_blocks(self.model, self.layout, stage, start, count)
 
     def problem(self, stage: int, start: int, count: int) -> ChainProblem:
+        return self.problem_for(stage, self.blocks(stage, start, count))
+
+    def problem_for(self, stage: int, blocks: list[tuple[int, Block]]) -> ChainProblem:
         env, lay = self.env, self.layout
         held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
         time_s, memory = [], []
         working = 0.0
-        for index, block in self.blocks(stage, start, count):
+        for index, block in blocks:
             key = (block, tuple(self.degrees[index]), held)
             if key not in self._rows:
                 mem_row = {}
@@ -120,17 +129,27 @@ class StagePlanner:
         return ChainProblem(tuple(time_s), tuple(memory), switch, budget_bytes=self.usable - working)
 
     def solve(self, stage: int, start: int, count: int) -> ChainSolution | None:
+        """Best degrees for layers start..start+count-1 on ``stage`` (no interleaving)."""
         lay = self.layout
-        held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
         if self.single_kind:  # every layer alike: the count says it all
             kinds = (count,)
         elif lay.sequence_parallel:  # free switches: only how many layers of each kind matters
             kinds = tuple(sorted(self.model.kind_counts(start, start + count).items()))
         else:
             kinds = tuple(self.model.layer_kind(i) for i in range(start, start + count))
+        return self._solve_memo(stage, kinds, lambda: self.blocks(stage, start, count))
+
+    def solve_blocks(self, stage: int, blocks: list[tuple[int, Block]]) -> ChainSolution | None:
+        """Best degrees for an explicit list of the stage's blocks (its interleaved chunks)."""
+        kinds = tuple((b, tuple(self.degrees[i])) for i, b in blocks)
+        return self._solve_memo(stage, ("blocks", kinds), lambda: blocks)
+
+    def _solve_memo(self, stage: int, kinds: tuple, blocks) -> ChainSolution | None:
+        lay = self.layout
+        held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
         key = (held, stage == 0, stage == lay.pp - 1, kinds)
         if key not in self._memo:
-            p = self.problem(stage, start, count)
+            p = self.problem_for(stage, blocks())
             free = not any(p.switch_s.values())
             if free:
                 fastest = tuple(
@@ -140,7 +159,7 @@ class StagePlanner:
                 guess = ChainSolution(fastest, p.objective(fastest), p.memory(fastest))
             else:
                 guess = solve_graph(p)
-            if guess.memory_bytes <= p.budget_bytes:
+            if p.fits(guess.memory_bytes):
                 self._memo[key] = guess
             elif free and _splits(p) <= MAX_ENUMERATED_SPLITS:
                 self._memo[key] = solve_counts(p)
@@ -156,10 +175,40 @@ class Partition:
     pipeline_s: float
 
 
+def chunk_splits(num_layers: int, pp: int, vpp: int) -> list[tuple[int, ...]]:
+    """Megatron's splits of an interleaved pipeline: even (leading chunks one layer more), and
+    those that count the embedding and/or the loss as a layer where the slots divide evenly."""
+    splits = [even_split(num_layers, pp * vpp)]
+    for chunks in megatron_splits(num_layers, pp, vpp).values():
+        if min(stage_totals(chunks, pp)) >= 1 and chunks not in splits:
+            splits.append(chunks)
+    return splits
+
+
+def interleaved_partition(planner: StagePlanner, chunks: tuple[int, ...]) -> Partition | None:
+    """Degrees per stage for a fixed interleaved split ``chunks``; None when a stage does not
+    fit memory."""
+    lay = planner.layout.model_copy(update={"chunk_layers": chunks})
+    m, v = lay.num_micro_batches, lay.vpp
+    sols = []
+    for stage in range(lay.pp):
+        sol = planner.solve_blocks(stage, stage_blocks(planner.model, lay, stage))
+        if sol is None:
+            return None
+        sols.append(sol)
+    tmax, tsum = max(x.time_s for x in sols), sum(x.time_s for x in sols)
+    return Partition(chunks, tuple(sols), (m - 1 / v) * tmax + tsum / v)
+
+
 def partition(planner: StagePlanner, window: int = 2) -> Partition | None:
-    """Layers per stage (within ``window`` of an even split) and degrees per stage minimising
-    the pipeline time; None when no split fits memory."""
+    """Layers per chunk and degrees per stage minimising the pipeline time; None when no split
+    fits memory. Without interleaving: counts per stage within ``window`` of an even split, by
+    dynamic programming. With it: the best of Megatron's splits (``chunk_splits``)."""
     lay, L = planner.layout, planner.model.num_layers
+    if lay.vpp > 1:
+        parts = [interleaved_partition(planner, c) for c in chunk_splits(L, lay.pp, lay.vpp)]
+        parts = [p for p in parts if p is not None]
+        return min(parts, key=lambda p: p.pipeline_s) if parts else None
     pp, m = lay.pp, lay.num_micro_batches
     v = lay.vpp if pp > 1 else 1
     lo, hi = max(1, L // pp - window), -(-L // pp) + window
@@ -203,17 +252,17 @@ def _pareto(entries):
 
 
 def assemble(planner: StagePlanner, part: Partition) -> ParallelLayout:
-    """The layout with per-block degrees and the chosen per-stage layer counts."""
-    degrees = [0] * (planner.model.num_layers + 2)
-    start = 0
-    for stage, (n, sol) in enumerate(zip(part.counts, part.solutions, strict=True)):
-        for (index, _), t in zip(planner.blocks(stage, start, n), sol.degrees, strict=True):
+    """The layout with per-block degrees on the layers each stage really holds and the chosen
+    split (``part.counts``: layers per stage without interleaving, per chunk with it)."""
+    model, lay = planner.model, planner.layout
+    chunks = tuple(part.counts)  # without interleaving a stage is one chunk
+    split = lay.model_copy(update={"chunk_layers": chunks})
+    degrees = [0] * (model.num_layers + 2)
+    for stage, sol in enumerate(part.solutions):
+        for (index, _), t in zip(stage_blocks(model, split, stage), sol.degrees, strict=True):
             degrees[index] = t
-        start += n
-    even = planner.layout.stage_layers(planner.model.num_layers)
-    return planner.layout.model_copy(
-        update={"layer_tp": tuple(degrees), "pp_layers": None if part.counts == even else part.counts}
-    )
+    even = lay.model_copy(update={"chunk_layers": None}).chunks(model.num_layers)
+    return split.model_copy(update={"layer_tp": tuple(degrees), "chunk_layers": None if chunks == even else chunks})
 
 
 def lower_bound(env: CostEnv, degrees: list[list[int]]) -> float:
@@ -240,7 +289,10 @@ def first_stage_bound(planner: StagePlanner, window: int) -> float:
     from below by Lagrangian relaxation, switches ignored); the pipeline can be no faster than
     m - 1/v times that."""
     lay, L = planner.layout, planner.model.num_layers
-    fewest = max(1, L // lay.pp - window, lay.vpp)
+    if lay.vpp > 1:  # the fewest layers stage 0 holds in any of Megatron's splits
+        fewest = min(stage_totals(c, lay.pp)[0] for c in chunk_splits(L, lay.pp, lay.vpp))
+    else:
+        fewest = max(1, L // lay.pp - window)
     v = lay.vpp if lay.pp > 1 else 1
     return (lay.num_micro_batches - 1 / v) * lagrangian_bound(planner.problem(0, 0, fewest))
 
@@ -283,8 +335,8 @@ def search_per_layer(
         if part is None:
             continue
         layout = assemble(planner, part)
-        if not layout.is_per_layer:
-            continue  # the uniform search already has it
+        if len(set(layout.layer_tp)) == 1:
+            continue  # one degree everywhere: the uniform search already has it (with more replicas)
         cost = estimate_step(model, training, layout, cluster, pass_caches=pass_caches)
         if cost.fits(headroom):
             found.append(Candidate(layout=layout, cost=cost))
@@ -327,24 +379,17 @@ def explain_degrees(
     layer_degrees = list(degrees[1:-1])
     majority = max(sorted(set(layer_degrees)), key=layer_degrees.count)
     env = CostEnv(model, training, layout, cluster)
-    counts = layout.stage_layers(L)
     runs: list[DegreeRun] = []
-    start = 0
-    for stage, n in enumerate(counts):
-        blocks = (
-            ([0] if stage == 0 else [])
-            + list(range(start + 1, start + n + 1))
-            + ([L + 1] if stage == layout.pp - 1 else [])
-        )
+    for stage in range(layout.pp):
+        blocks = [index for index, _ in stage_blocks(model, layout, stage)]
         held = in_flight_micro_batches(stage, layout.pp, layout.num_micro_batches, layout.vpp)
         group: list[int] = []
         for b in blocks + [None]:
-            if group and (b is None or degrees[b] != degrees[group[0]]):
+            if group and (b is None or degrees[b] != degrees[group[0]] or b != group[-1] + 1):
                 runs.append(_run(env, stage, group, degrees[group[0]], majority, held))
                 group = []
             if b is not None:
                 group.append(b)
-        start += n
     return majority, runs
 
 
@@ -367,7 +412,7 @@ def _run(env: CostEnv, stage: int, group: list[int], t: int, majority: int, held
             why += f"; memory admits no more layers at degree {t}"
     else:
         why = (
-            f"memory: saves {saved / 1e9:.2f} GB per block on stage {stage}, whose memory binds "
+            f"memory: saves {saved / 2**30:.2f} GiB per block on stage {stage}, whose memory binds "
             f"({(here - there) * 1e3:.2f} ms slower per micro-batch than degree {majority})"
         )
     return DegreeRun(stage, first, last, t, why)
@@ -385,9 +430,13 @@ def rebalance_uniform(
     env = CostEnv(model, training, layout, cluster)
     planner = StagePlanner(env, [[layout.tp]] * (model.num_layers + 2), headroom)
     part = partition(planner, window)
-    if part is None or part.counts == layout.stage_layers(model.num_layers):
+    if (
+        part is None
+        or tuple(part.counts) == layout.chunks(model.num_layers)
+        or (layout.vpp == 1 and tuple(part.counts) == layout.stage_layers(model.num_layers))
+    ):
         return None
-    rebalanced = layout.model_copy(update={"pp_layers": part.counts})
+    rebalanced = layout.model_copy(update={"chunk_layers": tuple(part.counts)})
     cost = estimate_step(model, training, rebalanced, cluster)
     if not cost.fits(headroom) or cost.step_time_s >= candidate.cost.step_time_s:
         return None

@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cost_models.layout import ParallelLayout
 from cost_models.model import ModelSpec
@@ -20,7 +20,7 @@ from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
 from topologies.clusters import ClusterSpec, first_error
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ZeRO levels, model chunks, number formats (a version-1 plan must be re-made)
 
 
 class ClusterInputs(BaseModel):
@@ -68,6 +68,48 @@ class GoodputEntry(BaseModel):
     effective_tokens_per_s: float = Field(description="tokens_per_s x capacity_goodput.")
 
 
+class ChunkPlacement(BaseModel):
+    """One model chunk of the pipeline: where it runs and which blocks it holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    chunk: int = Field(description="Index in model order (0 holds the embedding, the last the LM head and loss).")
+    stage: int = Field(description="Pipeline stage that runs it: chunk % pp.")
+    virtual_chunk: int = Field(description="Which of the stage's interleaved chunks it is: chunk // pp.")
+    layers: list[int] = Field(description="Transformer layers it holds (0-based), in order.")
+    embedding: bool = Field(description="It holds the embedding.")
+    loss: bool = Field(description="It holds the LM head and the loss.")
+    tp: list[int] = Field(description="TP degree of each block it holds: [embedding], layers, [LM head].")
+
+
+def chunk_placements(layout: ParallelLayout, num_layers: int) -> list[ChunkPlacement]:
+    """Where every layer lives: the layout's chunks in model order, each on stage c % pp as its
+    virtual chunk c // pp, with the TP degree of every block.
+
+    >>> [(c.stage, c.virtual_chunk, c.layers) for c in chunk_placements(ParallelLayout(pp=2, vpp=2, global_batch=8), 6)]
+    [(0, 0, [0, 1]), (1, 0, [2, 3]), (0, 1, [4]), (1, 1, [5])]
+    """
+    degrees = layout.block_tp(num_layers)
+    last = layout.pp * layout.vpp - 1
+    out = []
+    for stage in range(layout.pp):
+        for chunk, start, count in layout.stage_chunks(stage, num_layers):
+            blocks = ([0] if chunk == 0 else []) + list(range(start + 1, start + count + 1))
+            blocks += [num_layers + 1] if chunk == last else []
+            out.append(
+                ChunkPlacement(
+                    chunk=chunk,
+                    stage=stage,
+                    virtual_chunk=chunk // layout.pp,
+                    layers=list(range(start, start + count)),
+                    embedding=chunk == 0,
+                    loss=chunk == last,
+                    tp=[degrees[b] for b in blocks],
+                )
+            )
+    return sorted(out, key=lambda c: c.chunk)
+
+
 class Plan(BaseModel):
     """A layout for one model on one cluster, with its predicted cost."""
 
@@ -82,6 +124,12 @@ class Plan(BaseModel):
     layout: ParallelLayout
     placement: list[int] = Field(description="GPU id of each rank, in the project's rank order.")
     per_layer_tp: list[int] = Field(description="TP degree of every block: embedding, each layer, LM head.")
+    pipeline: list[ChunkPlacement] = Field(
+        default_factory=list,
+        description="Which layers every model chunk holds and on which stage and virtual chunk it runs, with "
+        "their TP degrees: the one description of where layers live that the cost model, the exporters and "
+        "the executor share (filled from the layout when absent).",
+    )
     predicted: StepCost
     runners_up: list[RunnerUp] = Field(default_factory=list)
     megatron: RunnerUp | None = Field(
@@ -93,6 +141,17 @@ class Plan(BaseModel):
     goodput_ranking: list[GoodputEntry] = Field(
         default_factory=list, description="Candidates by effective tokens/s under failures (objective goodput)."
     )
+
+    @model_validator(mode="after")
+    def _pipeline_matches_layout(self) -> Plan:
+        expected = chunk_placements(self.layout, self.model.num_layers)
+        if not self.pipeline:
+            object.__setattr__(self, "pipeline", expected)
+        elif self.pipeline != expected:
+            raise ValueError(
+                "pipeline does not match the layout's chunks and degrees; re-create the plan instead of editing it"
+            )
+        return self
 
     @property
     def megatron_gap(self) -> float:
@@ -151,7 +210,12 @@ def write_atomic(path: Path, text: str) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise ValueError(f"cannot write {path}: folder {folder} does not exist.")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    if path.is_dir():
+        raise ValueError(f"cannot write {path}: it is a folder; give a file name, e.g. {path / 'plan.json'}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror.lower()} in {folder}; pick a writable folder") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

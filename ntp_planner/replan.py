@@ -113,8 +113,8 @@ class Replanner:
     """Everything about a plan that does not depend on which GPUs failed, computed once."""
 
     def __init__(self, plan: Plan, max_power: float = 1.3):
-        if max_power < 1:
-            raise ValueError(f"--max-power {max_power} must be at least 1 (1 = no boost)")
+        if not 1 <= max_power < math.inf:  # also refuses nan
+            raise ValueError(f"--max-power {max_power} must be a finite number of at least 1 (1 = no boost)")
         lay = plan.layout
         self.plan, self.lay, self.max_power = plan, lay, max_power
         self.cluster = plan.cluster.build()

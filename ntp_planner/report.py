@@ -28,8 +28,11 @@ TIME_LABELS = {
 }
 
 
+MEMORY_LABELS = {"low_precision_weights": "fp8/fp4 weight copies"}
+
+
 def gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    return f"{n / 2**30:.1f} GiB"
 
 
 def models_table(models: list[ModelSpec]) -> Table:
@@ -74,7 +77,8 @@ def cost_tables(cost: StepCost) -> Group:
     """Headline numbers, time breakdown and memory breakdown."""
     head = Table(show_header=False, box=None)
     head.add_row("step time", f"{cost.step_time_s:.3f} s")
-    head.add_row("MFU", f"{cost.mfu:.1%}")
+    head.add_row("MFU (full attention)", f"{cost.mfu:.1%}")
+    head.add_row("MFU (causal attention)", f"{cost.mfu_causal:.1%}")
     head.add_row("tokens/s", f"{cost.tokens_per_s:,.0f}")
     head.add_row("memory per GPU", f"{gb(cost.memory_per_gpu_bytes)} of {gb(cost.hbm_bytes)}")
     time = Table(title="Where the time goes")
@@ -89,7 +93,8 @@ def cost_tables(cost: StepCost) -> Group:
     mem.add_column("bytes", justify="right")
     mem.add_column("share", justify="right")
     for k, v in cost.memory_breakdown_bytes.items():
-        mem.add_row(k.replace("_", " "), gb(v), f"{v / cost.memory_per_gpu_bytes:.1%}")
+        if v > 0 or k != "low_precision_weights":
+            mem.add_row(MEMORY_LABELS.get(k, k.replace("_", " ")), gb(v), f"{v / cost.memory_per_gpu_bytes:.1%}")
     return Group(head, time, mem)
 
 

@@ -1,8 +1,10 @@
 """Exhaustive search over uniform layouts, ranked by predicted step time.
 
 The space searched is exactly ``SearchSpace``: every combination of its candidate values that
-passes ``check_layout`` and fits memory. Nothing inside that space is pruned by heuristics, so
-the search equals brute-force enumeration (tests/ntp_planner/test_search.py checks this).
+passes ``check_layout`` and fits memory, each at the first ZeRO level of ``zeros`` that fits
+(sharding more of the model state only adds communication, so a layout escalates only when
+memory asks). Nothing inside that space is pruned by heuristics, so the search equals
+brute-force enumeration (tests/ntp_planner/test_search.py checks this).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ class SearchSpace(BaseModel):
         default=None, description="Context-parallel degrees; None = 1, plus 2 from 8K tokens, plus 4 and 8 from 32K."
     )
     max_pp: int = Field(default=128, description="Largest pipeline degree tried.")
+    zeros: tuple[int, ...] = Field(
+        default=(1, 2, 3),
+        min_length=1,
+        description="ZeRO levels tried in order, the first that fits kept (when the training allows sharding and "
+        "dp x cp > 1): 1 the distributed optimizer, 2 also gradients, 3 also parameters (FSDP).",
+    )
 
 
 class Candidate(BaseModel):
@@ -80,11 +88,12 @@ def enumerate_layouts(
             if pp > min(model.num_layers, space.max_pp):
                 break
             dp = n // (tp * cp * pp)
-            smallest_stage = model.num_layers // pp
             eps = [e for e in divisors(dp * cp) if model.num_experts % e == 0] if model.is_moe else [1]
             for mb, vpp, rc, ep in product(space.micro_batches, space.vpps, space.recomputes, eps):
-                if batch % (mb * dp) or (vpp > 1 and (pp == 1 or smallest_stage < vpp)):
+                if batch % (mb * dp):
                     continue
+                if vpp > 1 and (pp == 1 or pp * vpp > model.num_layers or (batch // (mb * dp)) % pp):
+                    continue  # every chunk needs a layer; interleaving needs micro-batches % pp == 0
                 out.append(
                     ParallelLayout(
                         tp=tp,
@@ -97,10 +106,24 @@ def enumerate_layouts(
                         vpp=vpp,
                         sequence_parallel=tp > 1,
                         recompute=rc,
-                        distributed_optimizer=training.distributed_optimizer and dp > 1,
+                        zero=first_zero(training, space, dp * cp),
                     )
                 )
     return out
+
+
+def first_zero(training: TrainingSpec, space: SearchSpace, dp_shards: int) -> int:
+    """The ZeRO level a layout starts at: the first of ``space.zeros``, or 0 when the training
+    forbids sharding or no rank shares the model state."""
+    return space.zeros[0] if training.distributed_optimizer and dp_shards > 1 else 0
+
+
+def escalations(layout: ParallelLayout, space: SearchSpace) -> list[ParallelLayout]:
+    """The layout at each later ZeRO level of ``space.zeros``, in order."""
+    if layout.zero == 0 or layout.zero not in space.zeros:
+        return []
+    later = space.zeros[space.zeros.index(layout.zero) + 1 :]
+    return [layout.model_copy(update={"zero": z}) for z in later]
 
 
 def search(
@@ -118,8 +141,11 @@ def search(
     pass_caches = {} if pass_caches is None else pass_caches
     fitting, rejected, least = [], 0, None
     layouts = enumerate_layouts(model, training, cluster, space)
-    for layout in layouts:
-        cost = estimate_step(model, training, layout, cluster, efficiency, pass_caches)
+    for base in layouts:
+        for layout in [base, *escalations(base, space)]:
+            cost = estimate_step(model, training, layout, cluster, efficiency, pass_caches)
+            if cost.fits(headroom):
+                break
         cand = Candidate(layout=layout, cost=cost)
         if least is None or cost.memory_per_gpu_bytes < least.cost.memory_per_gpu_bytes:
             least = cand
@@ -146,8 +172,8 @@ def no_fit_message(result: SearchResult, model: ModelSpec, cluster: Cluster, hea
     missing = c.cost.memory_per_gpu_bytes - usable
     return (
         f"{model.name} fits no layout on {cluster.num_gpus} x {cluster.gpu.name}: the leanest, "
-        f"{c.layout.describe()}, needs {c.cost.memory_per_gpu_bytes / 1e9:.1f} GB per GPU on stage {stage} "
-        f"(its tightest) but {usable / 1e9:.1f} GB is usable ({c.cost.hbm_bytes / 1e9:.0f} GB x "
-        f"(1 - headroom {headroom:g})), {missing / 1e9:.1f} GB short ({missing:,.0f} bytes); "
+        f"{c.layout.describe()}, needs {c.cost.memory_per_gpu_bytes / 2**30:.1f} GiB per GPU on stage {stage} "
+        f"(its tightest) but {usable / 2**30:.1f} GiB is usable ({c.cost.hbm_bytes / 2**30:.0f} GiB x "
+        f"(1 - headroom {headroom:g})), {missing / 2**30:.1f} GiB short ({missing:,.0f} bytes); "
         "add GPUs, shorten the sequence or lower --headroom"
     )

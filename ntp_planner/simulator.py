@@ -41,7 +41,7 @@ LLAMA3_RATE_PER_GPU_HOUR = 419 / (16384 * 54 * 24)
 
 
 class FailureClass(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     share: float = Field(gt=0, le=1, description="Share of failures in this class.")
@@ -69,9 +69,9 @@ DEFAULT_CLASSES = (
 class SimConfig(BaseModel):
     """Inputs of a simulation besides the plan."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    days: float = Field(default=30, gt=0, description="Length of the run.")
+    days: float = Field(default=30, gt=0, le=3650, description="Length of the run (at most ten years).")
     trials: int = Field(default=1000, ge=1, description="Independent runs simulated.")
     failure_rate_per_gpu_hour: float = Field(default=LLAMA3_RATE_PER_GPU_HOUR, ge=0)
     distribution: str = Field(
@@ -319,13 +319,20 @@ class _Tables:
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs], dtype=float)
 
 
+def check_strategies(strategies: list[str]) -> None:
+    """ValueError unless ``strategies`` names at least one strategy, each a known one."""
+    if not strategies:
+        raise ValueError(f"no strategy to simulate; choose from {', '.join(STRATEGIES)}")
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+
+
 def simulate(
     plan: Plan, cfg: SimConfig, strategies: list[str], rng: np.random.Generator, progress=None
 ) -> tuple[dict[str, StrategyResult], Trace]:
     """Simulate ``cfg.trials`` runs of ``plan``; statistics per strategy and one trial's trace."""
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
-        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+    check_strategies(strategies)
     n = plan.cluster.num_gpus
     interval = checkpoint_interval_s(cfg, n)
     productive = interval / (interval + cfg.checkpoint_write_s)

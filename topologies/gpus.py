@@ -1,15 +1,36 @@
-"""GPU catalogue: peak dense tensor throughput, HBM, power. Every figure carries its source.
+"""GPU catalogue: peak dense tensor throughput, SMs, HBM, power. Every figure carries its source.
 
 Peak FLOP/s are *dense* (no 2:4 sparsity) tensor-core rates as printed on NVIDIA datasheets,
-which quote sparse rates with an asterisk; we halve those. Byte sizes are decimal (80 GB =
-80e9 bytes) as datasheets print them.
+which quote sparse rates with an asterisk; we halve those. Bandwidths are decimal (3.35 TB/s =
+3.35e12 bytes/s). HBM capacities are binary: HBM is built from stacks of 2^k GiB (an H100's
+"80GB" is five 16 GiB stacks, 80 GiB = 85.9e9 bytes; CUDA reports about 79.2 GiB of it free
+to allocate, PyTorch's out-of-memory message reads "total capacity of 79.1x GiB"), so the
+datasheet figure is taken in GiB and the runtime's own share is reserved by the cost model.
+
+Training number formats and the tensor cores that run them (``FORMATS``): fp16/bf16 everywhere;
+``fp8`` with one scale per tensor (Transformer Engine's delayed or current scaling) from Hopper
+on; the block-scaled formats ``mxfp8`` (one scale per 32 values) and ``nvfp4`` (one per 16) only
+on Blackwell, whose tensor cores apply the scales.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from topologies.naming import lookup
+
+Architecture = Literal["ampere", "hopper", "blackwell"]
+
+# format -> (architectures whose tensor cores run it, GPUSpec field with its peak)
+FORMATS: dict[str, tuple[tuple[str, ...], str]] = {
+    "fp16": (("ampere", "hopper", "blackwell"), "bf16_flops_per_s"),
+    "bf16": (("ampere", "hopper", "blackwell"), "bf16_flops_per_s"),
+    "fp8": (("hopper", "blackwell"), "fp8_flops_per_s"),
+    "mxfp8": (("blackwell",), "fp8_flops_per_s"),
+    "nvfp4": (("blackwell",), "fp4_flops_per_s"),
+}
 
 
 class GPUSpec(BaseModel):
@@ -18,22 +39,38 @@ class GPUSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Catalogue name, e.g. 'H100-SXM'.")
+    architecture: Architecture = Field(description="Tensor-core generation; decides the number formats.")
+    sm_count: int = Field(gt=0, description="Streaming multiprocessors (GEMM tiles run one per SM at a time).")
     bf16_flops_per_s: float = Field(gt=0, description="Dense fp16/bf16 tensor-core peak, FLOP/s.")
     fp8_flops_per_s: float | None = Field(
         default=None, gt=0, description="Dense fp8 tensor-core peak, FLOP/s; None if unsupported."
     )
-    hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
+    fp4_flops_per_s: float | None = Field(
+        default=None, gt=0, description="Dense fp4 tensor-core peak, FLOP/s; None if unsupported."
+    )
+    hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes (the datasheet's GB are GiB).")
     hbm_bw_bytes_per_s: float = Field(gt=0, description="HBM bandwidth in bytes/s.")
     tdp_watts: float = Field(gt=0, description="Thermal design power (max board power), W.")
     sources: dict[str, str] = Field(description="Field name -> where the figure comes from.")
 
+    def supports(self, dtype: str) -> bool:
+        return self.architecture in FORMATS[dtype][0] and getattr(self, FORMATS[dtype][1]) is not None
+
     def peak_flops_per_s(self, dtype: str) -> float:
-        """Dense peak for a training dtype ('fp16', 'bf16' or 'fp8')."""
-        if dtype == "fp8":
-            if self.fp8_flops_per_s is None:
-                raise ValueError(f"{self.name} has no fp8 tensor cores; use --dtype bf16 or fp16.")
-            return self.fp8_flops_per_s
-        return self.bf16_flops_per_s
+        """Dense tensor-core peak for a training format (``FORMATS``): the rate its GEMMs run at.
+
+        >>> GPUS["B200"].peak_flops_per_s("nvfp4") / GPUS["B200"].peak_flops_per_s("bf16")
+        4.0
+        """
+        if dtype not in FORMATS:
+            raise ValueError(f"unknown number format {dtype!r}; use one of {', '.join(FORMATS)}.")
+        if not self.supports(dtype):
+            runs = [f for f in FORMATS if self.supports(f)]
+            raise ValueError(
+                f"{self.name} ({self.architecture}) has no {dtype} tensor cores; it runs {', '.join(runs)}. "
+                "Pick one of those with --dtype."
+            )
+        return getattr(self, FORMATS[dtype][1])
 
 
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM4 80GB column"
@@ -41,81 +78,113 @@ _H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM column; sparse r
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM column; sparse rate / 2"
 _B200 = "NVIDIA HGX B200 specifications (2024), per-GPU figures; sparse rate / 2"
 _GB200 = "NVIDIA GB200 NVL72 specifications (2024), individual Blackwell GPU; sparse rate / 2"
+GIB = 2**30
+_BINARY = "read as GiB (HBM stacks are binary)"
+_SM_A100 = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): A100 has 108 SMs"
+_SM_H100 = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): H100 SXM5 has 132 SMs"
+_SM_B200 = "Chips and Cheese, 'Nvidia's B200: Keeping the CUDA Juggernaut Rolling' (2025): 74 SMs per die, 148 per GPU"
 
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
         GPUSpec(
             name="A100-SXM4-80GB",
+            architecture="ampere",
+            sm_count=108,
             bf16_flops_per_s=312e12,
             fp8_flops_per_s=None,
-            hbm_bytes=80e9,
+            hbm_bytes=80 * GIB,
             hbm_bw_bytes_per_s=2.039e12,
             tdp_watts=400,
             sources={
                 "bf16_flops_per_s": f"{_A100}: BF16/FP16 Tensor Core 312 TFLOPS (dense)",
                 "fp8_flops_per_s": "Ampere has no FP8 tensor cores (A100 datasheet lists none)",
-                "hbm_bytes": f"{_A100}: 80GB HBM2e",
+                "fp4_flops_per_s": "Ampere has no FP4 tensor cores",
+                "sm_count": _SM_A100,
+                "architecture": _SM_A100,
+                "hbm_bytes": f"{_A100}: 80GB HBM2e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_A100}: 2,039 GB/s",
                 "tdp_watts": f"{_A100}: max TDP 400W",
             },
         ),
         GPUSpec(
             name="H100-SXM",
+            architecture="hopper",
+            sm_count=132,
             bf16_flops_per_s=989.4e12,
             fp8_flops_per_s=1978.9e12,
-            hbm_bytes=80e9,
+            hbm_bytes=80 * GIB,
             hbm_bw_bytes_per_s=3.35e12,
             tdp_watts=700,
             sources={
                 "bf16_flops_per_s": f"{_H100}: BF16 1,979 TFLOPS sparse",
                 "fp8_flops_per_s": f"{_H100}: FP8 3,958 TFLOPS sparse",
-                "hbm_bytes": f"{_H100}: 80GB HBM3",
+                "fp4_flops_per_s": f"{_H100}: no FP4 row (FP4 tensor cores arrive with Blackwell)",
+                "sm_count": _SM_H100,
+                "architecture": _SM_H100,
+                "hbm_bytes": f"{_H100}: 80GB HBM3, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_H100}: 3.35 TB/s",
                 "tdp_watts": f"{_H100}: up to 700W (configurable)",
             },
         ),
         GPUSpec(
             name="H200",
+            architecture="hopper",
+            sm_count=132,
             bf16_flops_per_s=989.4e12,
             fp8_flops_per_s=1978.9e12,
-            hbm_bytes=141e9,
+            hbm_bytes=141 * GIB,
             hbm_bw_bytes_per_s=4.8e12,
             tdp_watts=700,
             sources={
                 "bf16_flops_per_s": f"{_H200}: BF16 1,979 TFLOPS sparse",
                 "fp8_flops_per_s": f"{_H200}: FP8 3,958 TFLOPS sparse",
-                "hbm_bytes": f"{_H200}: 141GB HBM3e",
+                "fp4_flops_per_s": f"{_H200}: no FP4 row (FP4 tensor cores arrive with Blackwell)",
+                "sm_count": f"{_SM_H100}; the H200 is the same GH100 configuration with HBM3e (H200 datasheet)",
+                "architecture": f"{_H200}: NVIDIA Hopper architecture",
+                "hbm_bytes": f"{_H200}: 141GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_H200}: 4.8 TB/s",
                 "tdp_watts": f"{_H200}: up to 700W (configurable)",
             },
         ),
         GPUSpec(
             name="B200",
+            architecture="blackwell",
+            sm_count=148,
             bf16_flops_per_s=2.25e15,
             fp8_flops_per_s=4.5e15,
-            hbm_bytes=180e9,
+            fp4_flops_per_s=9e15,
+            hbm_bytes=180 * GIB,
             hbm_bw_bytes_per_s=7.7e12,
             tdp_watts=1000,
             sources={
                 "bf16_flops_per_s": f"{_B200}: FP16/BF16 4.5 PFLOPS sparse",
                 "fp8_flops_per_s": f"{_B200}: FP8/FP6 9 PFLOPS sparse",
-                "hbm_bytes": f"{_B200}: 180GB HBM3e",
+                "fp4_flops_per_s": f"{_B200}: FP4 18 PFLOPS sparse",
+                "sm_count": _SM_B200,
+                "architecture": f"{_B200}: NVIDIA Blackwell architecture",
+                "hbm_bytes": f"{_B200}: 180GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_B200}: 7.7 TB/s",
                 "tdp_watts": f"{_B200}: configurable up to 1,000W",
             },
         ),
         GPUSpec(
             name="GB200",
+            architecture="blackwell",
+            sm_count=148,
             bf16_flops_per_s=2.5e15,
             fp8_flops_per_s=5e15,
-            hbm_bytes=186e9,
+            fp4_flops_per_s=10e15,
+            hbm_bytes=186 * GIB,
             hbm_bw_bytes_per_s=8e12,
             tdp_watts=1200,
             sources={
                 "bf16_flops_per_s": f"{_GB200}: FP16/BF16 5 PFLOPS sparse",
                 "fp8_flops_per_s": f"{_GB200}: FP8/FP6 10 PFLOPS sparse",
-                "hbm_bytes": f"{_GB200}: 186GB HBM3e",
+                "fp4_flops_per_s": f"{_GB200}: FP4 20 PFLOPS sparse",
+                "sm_count": f"{_SM_B200}; assumed the same for the GB200's GPU (its higher peak comes from power)",
+                "architecture": f"{_GB200}: NVIDIA Blackwell architecture",
+                "hbm_bytes": f"{_GB200}: 186GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_GB200}: 8 TB/s",
                 "tdp_watts": f"{_GB200}: configurable up to 1,200W",
             },

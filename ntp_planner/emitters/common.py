@@ -44,15 +44,63 @@ def launch_geometry(plan: Plan) -> tuple[int, int]:
     return plan.cluster.num_gpus // per_node, per_node
 
 
+SHARDING_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP's names for ZeRO-2 / ZeRO-3
+
+
+def pipeline_split(layout: ParallelLayout, num_layers: int) -> dict:
+    """How Megatron-Core says where the layers live, in its config field names: nothing for an
+    equal split, the embedding / loss counted as layers, first and last stage counts (no
+    interleaving), or an explicit layout string."""
+    from cost_models.pipeline_layout import format_layout, megatron_splits
+
+    chunks = layout.chunks(num_layers)
+    vpp = {"virtual_pipeline_model_parallel_size": layout.vpp} if layout.vpp > 1 else {}
+    if layout.pp == 1 or len(set(chunks)) == 1:
+        return vpp
+    for (embedding, loss), split in megatron_splits(num_layers, layout.pp, layout.vpp).items():
+        if split == chunks:
+            flags = {"account_for_embedding_in_pipeline_split": embedding, "account_for_loss_in_pipeline_split": loss}
+            return {**{k: v for k, v in flags.items() if v}, **vpp}
+    counts = layout.stage_layers(num_layers)
+    middle = counts[1:-1]
+    if layout.vpp == 1 and len(middle) >= 1 and len(set(middle)) == 1:
+        fields = {}
+        if counts[0] != middle[0]:
+            fields["num_layers_in_first_pipeline_stage"] = counts[0]
+        if counts[-1] != middle[0]:
+            fields["num_layers_in_last_pipeline_stage"] = counts[-1]
+        return fields
+    return {"pipeline_model_parallel_layout": format_layout(chunks, layout.pp)}
+
+
+def sharding_fields(layout: ParallelLayout) -> dict:
+    """Megatron-Core DDP config fields for the layout's ZeRO level (Megatron-FSDP for 2 and 3)."""
+    fields = {
+        "use_distributed_optimizer": layout.zero >= 1,
+        "overlap_grad_reduce": layout.overlap_grad_reduce,
+        "overlap_param_gather": layout.overlap_grad_reduce and layout.zero >= 1,
+    }
+    if layout.zero >= 2:
+        fields.update(use_megatron_fsdp=True, data_parallel_sharding_strategy=SHARDING_STRATEGY[layout.zero])
+    return fields
+
+
+def sharding_warnings(layout: ParallelLayout, target: str) -> list[str]:
+    if layout.zero == 3 and not layout.reshard_after_forward:
+        return [
+            f"{target}'s Megatron-FSDP gathers the weights again for backward; the plan keeps them after forward "
+            "(torch FSDP2's reshard_after_forward=False), so expect one more all-gather per micro-batch"
+        ]
+    return []
+
+
 def mcore_fields(plan: Plan, layout: ParallelLayout) -> dict:
     """megatron-core TransformerConfig / parallelism field names for ``layout`` (NeMo 1.x forwards
     model.* keys of these names, Megatron-Bridge takes them under model.*)."""
     m = plan.model
-    counts = layout.stage_layers(m.num_layers)
     fields = {
         "tensor_model_parallel_size": layout.tp,
         "pipeline_model_parallel_size": layout.pp,
-        "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
         "context_parallel_size": layout.cp,
         "expert_model_parallel_size": layout.ep,
         "sequence_parallel": layout.sequence_parallel,
@@ -66,9 +114,7 @@ def mcore_fields(plan: Plan, layout: ParallelLayout) -> dict:
         "recompute_method": "uniform" if layout.recompute == "full" else None,
         "recompute_num_layers": 1 if layout.recompute == "full" else None,
     }
-    if layout.pp > 1 and len(set(counts)) > 1:
-        fields["num_layers_in_first_pipeline_stage"] = counts[0]
-        fields["num_layers_in_last_pipeline_stage"] = counts[-1]
+    fields.update(pipeline_split(layout, m.num_layers))
     if m.is_moe:
         fields.update(
             num_moe_experts=m.num_experts, moe_router_topk=m.moe_top_k, moe_ffn_hidden_size=m.moe_ffn_hidden_size
@@ -76,7 +122,28 @@ def mcore_fields(plan: Plan, layout: ParallelLayout) -> dict:
     return fields
 
 
-PRECISION_NAMES = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp8": "bf16-mixed"}
+PRECISION_NAMES = {
+    "bf16": "bf16-mixed",
+    "fp16": "16-mixed",
+    "fp8": "bf16-mixed",
+    "mxfp8": "bf16-mixed",
+    "nvfp4": "bf16-mixed",
+}
+
+
+def low_precision_fields(plan: Plan) -> dict:
+    """Megatron-Core / Transformer Engine fields of the plan's number format (config names)."""
+    t = plan.training
+    fields: dict = {}
+    if t.dtype == "fp8":
+        fields = {"fp8": "hybrid", "fp8_recipe": "tensorwise" if t.fp8_recipe == "current" else "delayed"}
+    elif t.dtype == "mxfp8":
+        fields = {"fp8": "e4m3", "fp8_recipe": "mxfp8"}
+    elif t.dtype == "nvfp4":
+        fields = {"fp4": "e2m1", "fp4_recipe": "nvfp4"}
+    if t.fp8_params and t.low_precision:
+        fields["fp4_param_gather" if t.dtype == "nvfp4" else "fp8_param_gather"] = True
+    return fields
 
 
 def comment_safe(text: str) -> str:

@@ -11,36 +11,64 @@ import json
 import shlex
 
 from cost_models.layout import ParallelLayout
-from ntp_planner.emitters.common import Export, comment_safe, expressible_layout, launch_geometry
+from ntp_planner.emitters.common import (
+    Export,
+    comment_safe,
+    expressible_layout,
+    launch_geometry,
+    low_precision_fields,
+    pipeline_split,
+    sharding_fields,
+    sharding_warnings,
+)
 from ntp_planner.plan import Plan
 
-PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format", "hybrid"]}
+PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16"], "mxfp8": ["--bf16"], "nvfp4": ["--bf16"]}
+# megatron-core config field -> Megatron-LM flag (emitters.common builds the fields)
+FLAGS = {
+    "virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
+    "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+    "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+    "pipeline_model_parallel_layout": "--pipeline-model-parallel-layout",
+    "use_distributed_optimizer": "--use-distributed-optimizer",
+    "overlap_grad_reduce": "--overlap-grad-reduce",
+    "overlap_param_gather": "--overlap-param-gather",
+    "use_megatron_fsdp": "--use-megatron-fsdp",
+    "data_parallel_sharding_strategy": "--data-parallel-sharding-strategy",
+    "fp8": "--fp8-format",
+    "fp8_recipe": "--fp8-recipe",
+    "fp4": "--fp4-format",
+    "fp4_recipe": "--fp4-recipe",
+    "fp8_param_gather": "--fp8-param-gather",
+    "fp4_param_gather": "--fp4-param-gather",
+}
+
+
+def flags(fields: dict) -> list[str]:
+    """Megatron-LM arguments for megatron-core config fields: True -> the switch, False/None ->
+    nothing, a value -> the flag and the value.
+
+    >>> flags({"pipeline_model_parallel_layout": "Ettt|tttttL", "use_megatron_fsdp": False})
+    ['--pipeline-model-parallel-layout', 'Ettt|tttttL']
+    """
+    out = []
+    for key, value in fields.items():
+        if value is True:
+            out.append(FLAGS[key])
+        elif value not in (False, None):
+            out += [FLAGS[key], str(value)]
+    return out
 
 
 def pipeline_split_args(layout: ParallelLayout, num_layers: int) -> list[str]:
-    """Uneven pipelines. With 3+ stages whose middle ones are equal: first/last-stage layer
-    counts. Otherwise a layout string, one '|'-separated segment per model chunk in model order
-    ('E' embedding, one 't' per layer, 'L' loss); with interleaving chunk j runs on pipeline rank
-    j % pp, so rank r's layers are cut into vpp chunks.
+    """Where the layers live, as Megatron-LM's pipeline flags (``common.pipeline_split``).
 
     >>> pipeline_split_args(ParallelLayout(pp=2, dp=1, global_batch=1, pp_layers=(3, 5)), 8)
     ['--pipeline-model-parallel-layout', 'Ettt|tttttL']
     """
-    counts = layout.stage_layers(num_layers)
-    if layout.pp == 1 or len(set(counts)) == 1:
-        return []
-    middle = counts[1:-1]
-    if len(middle) >= 1 and len(set(middle)) == 1 and layout.vpp == 1:
-        args = []
-        if counts[0] != middle[0]:
-            args += ["--decoder-first-pipeline-num-layers", str(counts[0])]
-        if counts[-1] != middle[0]:
-            args += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
-        return args
-    chunks = [[n // layout.vpp + (1 if k < n % layout.vpp else 0) for k in range(layout.vpp)] for n in counts]
-    segments = ["t" * chunks[j % layout.pp][j // layout.pp] for j in range(layout.pp * layout.vpp)]
-    segments[0], segments[-1] = "E" + segments[0], segments[-1] + "L"
-    return ["--pipeline-model-parallel-layout", "|".join(segments)]
+    return flags(pipeline_split(layout, num_layers))
 
 
 def megatron_args(
@@ -92,21 +120,19 @@ def megatron_args(
         ("--disable-bias-linear", not m.bias),
         ("--untie-embeddings-and-output-weights", not m.tie_embeddings),
         ("--sequence-parallel", layout.sequence_parallel),
-        ("--use-distributed-optimizer", layout.distributed_optimizer),
-        ("--overlap-grad-reduce", layout.overlap_grad_reduce and layout.distributed_optimizer),
-        ("--overlap-param-gather", layout.overlap_grad_reduce and layout.distributed_optimizer),
         ("--tp-comm-overlap", layout.tp_comm_overlap),
+        ("--grad-reduce-in-bf16", t.grad_bytes == 2 and t.dtype != "fp16"),
+        ("--use-precision-aware-optimizer", t.precision_aware_optimizer),
+        ("--cross-entropy-loss-fusion", t.fused_cross_entropy),
     ]
     args += [flag for flag, on in switches if on]
+    args += flags(sharding_fields(layout))
     if m.num_kv_heads < m.num_heads:
         args += ["--num-query-groups", str(m.num_kv_heads)]
-    args += PRECISION[t.dtype]
-    split = pipeline_split_args(layout, m.num_layers)
-    if layout.vpp > 1 and not split:  # a layout string already fixes the virtual stages
-        args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
+    args += PRECISION[t.dtype] + flags(low_precision_fields(plan))
     if layout.vpp > 1 and layout.overlap_p2p:
         args += ["--overlap-p2p-communication"]
-    args += split
+    args += pipeline_split_args(layout, m.num_layers)
     if layout.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif layout.recompute == "full":
@@ -228,6 +254,7 @@ def nonuniform_tp_settings(plan: Plan, replan) -> tuple[dict, list[str]]:
 
 def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
     layout, warnings = expressible_layout(plan, "Megatron-LM")
+    warnings += sharding_warnings(layout, "Megatron-LM")
     args = megatron_args(plan, layout, data_path, save_dir)
     out = Export(warnings=warnings)
     out.files["launch_megatron.sh"] = launch_script(plan, args)
@@ -275,6 +302,12 @@ def transformer_config_kwargs(args: list[str]) -> dict:
     )
     if "--num-virtual-stages-per-pipeline-rank" in values:
         kw["virtual_pipeline_model_parallel_size"] = num("--num-virtual-stages-per-pipeline-rank")
+    for flag in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
+        if flag in values:
+            kw[flag[2:].replace("-", "_")] = True
+    if "--fp8-format" in values:
+        kw["fp8"] = values["--fp8-format"]
+        kw["fp8_recipe"] = values.get("--fp8-recipe", "delayed")
     if "--decoder-first-pipeline-num-layers" in values:
         kw["num_layers_in_first_pipeline_stage"] = num("--decoder-first-pipeline-num-layers")
     if "--decoder-last-pipeline-num-layers" in values:

@@ -11,14 +11,20 @@ from ntp_planner.emitters.common import (
     expressible_layout,
     launch_geometry,
     mcore_fields,
+    sharding_warnings,
 )
 from ntp_planner.plan import Plan
+
+FSDP_STRATEGY = {2: "grad", 3: "full"}  # NeMo 1.x model.fsdp_sharding_strategy for ZeRO-2 / ZeRO-3
 
 
 def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
     layout, warnings = expressible_layout(plan, "NeMo")
+    warnings += sharding_warnings(layout, "NeMo")
     hosts, per_host = launch_geometry(plan)
     m, t = plan.model, plan.training
+    if t.dtype in ("mxfp8", "nvfp4"):
+        warnings.append(f"NeMo 1.x has no {t.dtype} recipe (Blackwell block scaling came with NeMo 2); exported as fp8")
     model = {
         **mcore_fields(plan, layout),
         "micro_batch_size": layout.micro_batch,
@@ -35,6 +41,13 @@ def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | 
         "activations_checkpoint_num_layers": 1 if layout.recompute == "full" else None,
         "optim": {"name": "distributed_fused_adam" if layout.distributed_optimizer else "fused_adam"},
     }
+    if t.grad_bytes == 2 and t.dtype != "fp16" and layout.distributed_optimizer:
+        model["optim"]["grad_sync_dtype"] = "bf16"
+    if t.low_precision:
+        model.update(fp8=True, fp8_hybrid=True, fp8_params=t.fp8_params)
+    if layout.zero >= 2:
+        model.update(fsdp=True, fsdp_sharding_strategy=FSDP_STRATEGY[layout.zero])
+        model["optim"]["name"] = "fused_adam"
     if data_path:
         model["data"] = {"data_prefix": [data_path]}
     config = {

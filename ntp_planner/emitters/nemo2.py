@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from ntp_planner.emitters.common import Export, comment_safe, expressible_layout, launch_geometry, mcore_fields
+from ntp_planner.emitters.common import (
+    Export,
+    comment_safe,
+    expressible_layout,
+    launch_geometry,
+    low_precision_fields,
+    mcore_fields,
+    sharding_fields,
+    sharding_warnings,
+)
 from ntp_planner.plan import Plan
 
 # NeMo 2.0 recipe modules for catalogue models (llm.<module>.pretrain_recipe)
@@ -23,13 +32,27 @@ STRATEGY_FIELDS = (
     "num_layers_in_first_pipeline_stage",
     "num_layers_in_last_pipeline_stage",
 )
+MODEL_FIELDS = (  # set on the model's TransformerConfig
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
 
 
 def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
     layout, warnings = expressible_layout(plan, "NeMo 2.0")
+    warnings += sharding_warnings(layout, "NeMo 2.0")
     hosts, per_host = launch_geometry(plan)
     fields = mcore_fields(plan, layout)
-    strategy = "\n".join(f"    strategy.{k} = {fields[k]!r}" for k in STRATEGY_FIELDS if k in fields)
+    lines = [f"    strategy.{k} = {fields[k]!r}" for k in STRATEGY_FIELDS if k in fields]
+    lines += [f"    recipe.model.config.{k} = {fields[k]!r}" for k in MODEL_FIELDS if k in fields]
+    ddp = sharding_fields(layout)
+    if ddp.pop("use_megatron_fsdp", False):
+        lines.append('    strategy.fsdp = "megatron"')
+    lines += [f"    strategy.ddp.{k} = {v!r}" for k, v in ddp.items()]
+    lines.append(f"    recipe.trainer.plugins.grad_reduce_in_fp32 = {plan.training.grad_bytes == 4!r}")
+    lines += [f"    recipe.trainer.plugins.{k} = {v!r}" for k, v in low_precision_fields(plan).items()]
+    strategy = "\n".join(lines)
     recipe = RECIPES.get(plan.model.name)
     dtype = "torch.float16" if plan.training.dtype == "fp16" else "torch.bfloat16"
     make = (
@@ -51,9 +74,6 @@ def configure(recipe):
     strategy = recipe.trainer.strategy
 {strategy}
     strategy.pipeline_dtype = {dtype}
-    strategy.ddp.use_distributed_optimizer = {layout.distributed_optimizer!r}
-    strategy.ddp.overlap_grad_reduce = {layout.overlap_grad_reduce and layout.distributed_optimizer!r}
-    strategy.ddp.overlap_param_gather = {layout.overlap_grad_reduce and layout.distributed_optimizer!r}
     recipe.data.micro_batch_size = {layout.micro_batch}
     recipe.data.global_batch_size = {layout.global_batch}
     recipe.data.seq_length = {plan.training.seq_len}

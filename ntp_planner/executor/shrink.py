@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cost_models.step import stage_blocks
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.plan import Plan
 from ntp_planner.replan import ReplanResult
@@ -60,13 +61,8 @@ def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: in
     if replan is not None:
         check_replan(plan, replan)
     blocks = list(lay.block_tp(L))
-    bounds, start = [], 1
-    for n in lay.stage_layers(L):
-        bounds.append((start, start + n))
-        start += n
-    plan_stage = [blocks[a:b] for a, b in bounds]
-    plan_stage[0] = [blocks[0], *plan_stage[0]]
-    plan_stage[-1] = [*plan_stage[-1], blocks[-1]]
+    # each stage's blocks in the order it runs them, chunk by chunk (the plan's ``pipeline``)
+    plan_stage = [[blocks[i] for i, _ in stage_blocks(model, lay, s)] for s in range(lay.pp)]
     micro = lay.num_micro_batches
     if replan is None:
         active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
@@ -210,7 +206,7 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> 
     skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
     if lay.sequence_parallel and lay.is_per_layer:
         skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
-    skipped += ["distributed optimizer (replicated AdamW, the same math)"] if lay.distributed_optimizer else []
+    skipped += [f"ZeRO-{lay.zero} sharding of the model state (replicated AdamW, the same math)"] if lay.zero else []
     skipped += ["selective recompute"] if lay.recompute == "selective" else []
     skipped += (
         [f"experts{f' and ep {lay.ep}' if lay.ep > 1 else ''} (MoE layers run as dense SwiGLU)"]

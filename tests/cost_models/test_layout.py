@@ -20,8 +20,9 @@ def check(domain=8, gpus=64, **kw):
         (dict(tp=3, dp=1, gpus=3, domain=3), r"heads\(64\) % tp\(3\) = 1"),
         (dict(tp=32, dp=2, domain=32), None),  # 64 heads, 8 KV heads: tp 32 replicates KV heads - valid
         (dict(tp=8, pp=128, gpus=1024, dp=1), r"pp\(128\) > layers\(80\)"),
-        (dict(tp=8, pp=8, vpp=11, dp=1), r"vpp\(11\) > layers on the smallest stage \(10\)"),
-        (dict(tp=8, pp=2, dp=4, pp_layers=(40, 41)), r"pp_layers sum to 81 but the model has 80 layers"),
+        (dict(tp=8, pp=8, vpp=11, dp=1), r"pp\(8\) \* vpp\(11\) = 88 chunks for 80 layers leave chunk\(s\) \[80, 81"),
+        (dict(tp=8, pp=2, dp=4, pp_layers=(40, 41)), r"the pipeline chunks hold 81 layers but the model has 80"),
+        (dict(tp=4, pp=4, dp=4, vpp=2, micro_batch=8), r"micro-batches per step \(2\) to be a multiple of pp\(4\)"),
         (dict(tp=8, ep=2, dp=8), r"ep\(2\) > 1 needs an MoE model"),
     ],
 )

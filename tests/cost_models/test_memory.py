@@ -1,10 +1,20 @@
 """Memory per GPU pinned to hand formulas: Megatron's bytes-per-parameter table and
-Korthikanti et al. 2022's activation formulas, for GPT-3 175B at TP8 PP8, s=2048, b=1, fp16."""
+Korthikanti et al. 2022's activation formulas, for GPT-3 175B at TP8 PP8, s=2048, b=1, fp16; every
+ZeRO level, low-precision weight copies, a Llama 3 8B layer in fp8, and micro-batches in flight."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec, estimate_step
-from cost_models.memory import activation_bytes_per_layer, stage_params, state_bytes
+from cost_models.memory import (
+    activation_bytes_per_layer,
+    in_flight_micro_batches,
+    low_precision_copy_bytes,
+    saved_input_bytes,
+    stage_params,
+    state_bytes,
+)
 from topologies import CLUSTERS, Cluster
 
 GPT3 = MODELS["gpt3-175b"]
@@ -71,3 +81,165 @@ def test_flash_attention_drops_the_quadratic_term():
     flash = activation_bytes_per_layer(GPT3, 0, S, B, T, False, "none", flash=True)
     # The 5 a s^2 b / t term goes; a 4-byte log-sum-exp per (token, head) stays.
     assert no_flash - flash == pytest.approx(5 * A * S * S * B / T - 4 * S * B * A / T)
+
+
+# ---- model state per parameter, every ZeRO level -----------------------------------------------
+D = 8  # data-parallel ranks sharing the state
+
+
+@pytest.mark.parametrize(
+    ("dtype", "grad_bytes", "zero", "precision_aware", "expected"),
+    [
+        # bf16 weights 2, fp32 grads 4, Adam fp32 master + m + v = 12 (Megatron's table: 18)
+        ("bf16", None, 0, False, (2, 4, 12)),  # 18
+        ("bf16", None, 1, False, (2, 4, 12 / D)),  # 6 + 12/d
+        ("bf16", None, 2, False, (2, 4 / D, 12 / D)),  # 2 + 16/d
+        ("bf16", None, 3, False, (2 / D, 4 / D, 12 / D)),  # 18/d
+        # fp16 weights 2, fp16 grads 2, and 16 bytes of fp32 state (+ main grad): 20
+        ("fp16", None, 0, False, (2, 2, 16)),  # 20
+        ("fp16", None, 1, False, (2, 2, 16 / D)),  # 4 + 16/d
+        ("fp16", None, 2, False, (2, 2 / D, 16 / D)),  # 2 + 18/d
+        ("fp16", None, 3, False, (2 / D, 2 / D, 16 / D)),  # 20/d
+        # bf16 weights with 16-bit gradients (the fp8 recipes): the optimizer adds an fp32 grad copy
+        ("bf16", 2.0, 0, False, (2, 2, 16)),
+        ("bf16", 2.0, 1, False, (2, 2, 16 / D)),
+        # precision-aware: 2-byte master remainders + fp32 m, v = 10, no fp32 grad copy
+        ("bf16", 2.0, 0, True, (2, 2, 10)),  # 14
+        ("bf16", 2.0, 1, True, (2, 2, 10 / D)),  # 4 + 10/d
+        ("bf16", None, 0, True, (2, 4, 10)),  # 16
+    ],
+)
+def test_state_bytes_per_parameter(dtype, grad_bytes, zero, precision_aware, expected):
+    state = state_bytes(1000.0, dtype, dp=D, zero=zero, grad_bytes=grad_bytes, precision_aware=precision_aware)
+    assert (state.weights, state.grads, state.optimizer) == pytest.approx(tuple(1000.0 * x for x in expected))
+    assert state.low_precision_weights == 0.0
+    assert state.total == pytest.approx(1000.0 * sum(expected))
+
+
+def test_state_bytes_zero_level_beats_the_legacy_flag():
+    # distributed_optimizer=True alone means ZeRO-1 (6 + 12/8 = 7.5 bytes); zero=0 overrides it (18).
+    assert state_bytes(1.0, "bf16", dp=8, distributed_optimizer=True).total == pytest.approx(7.5)
+    assert state_bytes(1.0, "bf16", dp=8, distributed_optimizer=True, zero=0).total == pytest.approx(18.0)
+
+
+@pytest.mark.parametrize(("zero", "expected"), [(0, 1800.0), (1, 1800.0), (2, 1800.0), (3, 1800.0 / 4)])
+def test_low_precision_copies_shard_only_under_zero3(zero, expected):
+    # 900 GEMM weights of 1000 parameters, 2 bytes of fp8 copies each on Hopper: 1800 bytes.
+    state = state_bytes(1000.0, "bf16", dp=4, zero=zero, grad_bytes=2.0, lp_copy_bytes=2.0, gemm_params=900.0)
+    assert state.low_precision_weights == pytest.approx(expected)
+
+
+def test_fp8_primary_weights_take_one_byte():
+    # param_bytes 1 (fp8 params): weights 1 byte each, sharded 4 ways under ZeRO-3.
+    assert state_bytes(1000.0, "bf16", dp=4, zero=1, param_bytes=1.0).weights == 1000.0
+    assert state_bytes(1000.0, "bf16", dp=4, zero=3, param_bytes=1.0).weights == 250.0
+
+
+@pytest.mark.parametrize(
+    ("dtype", "arch", "fp8_params", "expected"),
+    [
+        ("fp8", "hopper", False, 2.0),  # row-wise 1 + stored transpose 1
+        ("fp8", "hopper", True, 1.0),  # the weight is the row-wise copy: only the transpose
+        ("fp8", "blackwell", False, 1.0),  # column-wise read natively: one copy
+        ("fp8", "blackwell", True, 0.0),
+        ("mxfp8", "blackwell", False, 2 * (1 + 1 / 32)),  # 2.0625: rows and columns, 1-byte scale per 32
+        ("mxfp8", "blackwell", True, 1 + 1 / 32),
+        ("nvfp4", "blackwell", False, 2 * (0.5 + 1 / 16)),  # 1.125: half a byte + 1-byte scale per 16
+        ("nvfp4", "blackwell", True, 0.5 + 1 / 16),
+        ("bf16", "hopper", False, 0.0),
+        ("fp16", "blackwell", True, 0.0),
+    ],
+)
+def test_low_precision_copy_bytes(dtype, arch, fp8_params, expected):
+    assert low_precision_copy_bytes(dtype, arch, fp8_params) == expected
+
+
+# ---- activations of a Llama layer in fp8 ---------------------------------------------------------
+# Llama 3 8B: h 4096, 32 heads, 8 KV heads, d 128, SwiGLU f 14336, no dropout; s 4096, b 1, flash.
+LLAMA8 = MODELS["llama3-8b"]
+TOK = 4096  # tokens T = b s / cp
+# tp 1, no recompute, fp8 (linear inputs 1 byte), per token:
+#   norm inputs 2 x 2h and QKV/FC1 inputs 2 x 1h (fp8):   6 x 4096           = 24,576
+#   Q, K, V in 16 bits: 2 x (32 + 2 x 8) x 128                                = 12,288
+#   attention output in 16 bits + its fp8 copy: (2 + 1) x 32 x 128            = 12,288
+#   gate and up outputs 2 x 2 x 14336 + fp8 down-projection input 14336       = 71,680
+#   log-sum-exp: 4 bytes x 32 heads                                           =    128
+#                                                                       total = 120,960
+FP8_NONE = 120_960 * TOK  # 495,452,160
+# selective recompute drops the log-sum-exp and the 16-bit attention output (2 x 4096 = 8,192):
+FP8_SELECTIVE = (120_960 - 128 - 8_192) * TOK  # 112,640 per token
+# bf16 for comparison: 8 x 4096 + (12,288 + 2 x 4096) + 6 x 14336 + 128 = 139,392 per token
+BF16_NONE = 139_392 * TOK
+BF16_SELECTIVE = (139_392 - 128) * TOK  # only the log-sum-exp goes; the 16-bit output is the out-proj input
+
+
+@pytest.mark.parametrize(
+    ("lin", "recompute", "expected"),
+    [
+        (1, "none", FP8_NONE),
+        (1, "selective", FP8_SELECTIVE),
+        (2, "none", BF16_NONE),
+        (2, "selective", BF16_SELECTIVE),
+        (1, "full", 2 * TOK * 4096),  # only the layer input, in 16 bits
+    ],
+)
+def test_llama_layer_activations_in_fp8(lin, recompute, expected):
+    got = activation_bytes_per_layer(LLAMA8, 0, 4096, 1, 1, False, recompute, flash=True, linear_input_bytes=lin)
+    assert got == expected
+
+
+def test_llama_layer_activations_in_fp8_at_tp8_with_sp():
+    # tp 8, sequence parallel: 4 query heads, 1 KV head, f/8 = 1792; replicated terms / 8. Per token:
+    #   6 x 4096 / 8 = 3,072; QKV 2 x (4 + 2) x 128 = 1,536; attention output 3 x 4 x 128 = 1,536;
+    #   MLP 2 x 2 x 1792 + 1792 = 8,960; log-sum-exp 4 x 4 = 16.   Total 15,120.
+    got = activation_bytes_per_layer(LLAMA8, 0, 4096, 1, 8, True, "none", flash=True, linear_input_bytes=1)
+    assert got == 15_120 * TOK
+
+
+# ---- micro-batches in flight ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stage", "pp", "m", "vpp", "expected"),
+    [
+        (0, 4, 16, 1, 4.0),  # 1F1B: pp - r
+        (3, 4, 16, 1, 1.0),
+        (0, 8, 3, 1, 3.0),  # fewer micro-batches than stages: all of them
+        # Interleaved: (2 (pp - r - 1) + (vpp - 1) pp + 1) / vpp
+        (0, 8, 64, 8, 8.875),  # (14 + 56 + 1) / 8 = 71/8 = 8 (1 + 7/64): Korthikanti eq. 5
+        (7, 8, 64, 8, 7.125),  # (0 + 56 + 1) / 8 = 57/8
+        (0, 4, 32, 2, 5.5),  # (6 + 4 + 1) / 2
+        (3, 4, 32, 2, 2.5),  # (0 + 4 + 1) / 2
+        (0, 8, 8, 8, 8.0),  # 8.875 capped at the 8 micro-batches of the step
+    ],
+)
+def test_in_flight_micro_batches(stage, pp, m, vpp, expected):
+    assert in_flight_micro_batches(stage, pp, m, vpp) == expected
+
+
+@given(pp=st.integers(2, 32), vpp=st.integers(2, 16))
+def test_interleaved_first_and_last_stage_closed_forms(pp, vpp):
+    m = 1000 * pp  # never the cap
+    # Korthikanti eq. 5: the first stage holds pp (1 + (pp - 1) / (pp vpp)) micro-batches ...
+    assert in_flight_micro_batches(0, pp, m, vpp) == pytest.approx(pp * (1 + (pp - 1) / (pp * vpp)))
+    # ... and the last ((vpp - 1) pp + 1) / vpp = pp - (pp - 1) / vpp.
+    assert in_flight_micro_batches(pp - 1, pp, m, vpp) == pytest.approx(pp - (pp - 1) / vpp)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "saved"), [("bf16", 2.0), ("fp8", 1.0), ("mxfp8", 1 + 1 / 32), ("nvfp4", 0.5 + 1 / 16)]
+)
+def test_low_precision_formats_save_linear_inputs_in_their_own_width(dtype, saved):
+    # Llama 3 8B layer, tp 1, no SP, one 4096-token sequence. Linear inputs saved for the weight
+    # gradient: QKV and FC1 inputs (h = 4096 each), the down-projection input (f = 14,336) and,
+    # in low precision, the out-projection's own cast input (q = 4096) beside its 16-bit copy:
+    # 4096 x (4096 + 4096 + 14,336) elements at `saved` bytes, plus 4096 x 4096 when low precision.
+    m, tokens = MODELS["llama3-8b"], 4096
+    assert saved_input_bytes(dtype) == saved
+
+    def act(nbytes):
+        return activation_bytes_per_layer(m, 0, 4096, 1, 1, False, "none", True, 1, linear_input_bytes=nbytes)
+
+    linear = tokens * (4096 + 4096 + 14_336)
+    expected = (2.0 - saved) * linear - (saved * tokens * 4096 if dtype != "bf16" else 0)
+    assert act(2.0) - act(saved_input_bytes(dtype)) == pytest.approx(expected)

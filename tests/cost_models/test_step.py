@@ -90,3 +90,200 @@ def test_moe_expert_parallelism_costs_all_to_all():
     ep8 = estimate_step(mixtral, t, ParallelLayout(tp=2, dp=32, ep=8, global_batch=256, sequence_parallel=True), c)
     assert ep1.time_breakdown_s["ep_comm"] == 0 < ep8.time_breakdown_s["ep_comm"]
     assert ep8.memory_breakdown_bytes["weights"] < ep1.memory_breakdown_bytes["weights"] / 4
+
+
+# ---- current hardware: number formats, sharding over dp x cp, ZeRO, terms that scale ---------------
+from cost_models.blocks import CostEnv  # noqa: E402
+from cost_models.flops import head_ops, layer_ops  # noqa: E402
+
+B200 = Cluster(spec=CLUSTERS["dgx-b200"], num_gpus=64)
+H64 = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+L8 = MODELS["llama3-8b"]
+
+
+def _env(dtype, cluster=H64, recipe="delayed", **lay):
+    training = TrainingSpec(seq_len=4096, global_batch=64, dtype=dtype, fp8_recipe=recipe)
+    layout = ParallelLayout(**{"tp": 1, "dp": cluster.num_gpus, "global_batch": 64, **lay})
+    return CostEnv(L8, training, layout, cluster)
+
+
+def test_fp8_runs_gemms_at_the_fp8_rate_and_attention_in_bf16():
+    bf16, fp8 = _env("bf16"), _env("fp8")
+    ops = {op.name: op for op in layer_ops(L8, 0, 1, 4096, 1, 1, 1, False, True)}
+    gemm, attn = ops["mlp-up"], ops["attention-core"]
+    # the same GEMM: fp8 peak is 2x bf16 and the fitted fractions differ; the d_half of an fp8 GEMM
+    # is twice the bf16 one (the SM does twice the work per cycle), so shape costs fp8 a little more
+    eff, gpu = fp8.eff, H64.gpu
+    peaks = gpu.fp8_flops_per_s / gpu.bf16_flops_per_s  # 1978.9 / 989.4 on the datasheet
+    ratio = (peaks * eff.gemm_peak_fraction("hopper", "fp8") / eff.gemm_peak_fraction("hopper", "bf16")) * (
+        eff.shape_factor(gemm.m, gemm.n, gemm.k, fp8._gemm[True][1])
+        / eff.shape_factor(gemm.m, gemm.n, gemm.k, bf16._gemm[True][1])
+    )
+    assert bf16.op_time(gemm) / fp8.op_time(gemm) == pytest.approx(ratio)
+    assert fp8.op_time(attn) == bf16.op_time(attn)  # Transformer Engine runs attention in bf16
+    # the LM head's logits GEMM stays in 16 bits under fp8 (Megatron keeps the output layer in bf16)
+    head = {op.name: op for op in head_ops(L8, 1, 4096, 1, 1)}
+    assert fp8.op_time(head["logits"]) == bf16.op_time(head["logits"])
+
+
+def test_fp8_speed_up_is_far_below_two_on_a_real_layout():
+    # the issue's example: a flat 2x GEMM rate gave 1.85x end to end; casts, bf16 attention, the
+    # 16-bit LM head and communication keep it well below that
+    def step(dtype):
+        t = TrainingSpec(seq_len=2048, global_batch=2048, dtype=dtype)
+        lay = ParallelLayout(tp=4, pp=8, dp=16, vpp=6, micro_batch=2, global_batch=2048, sequence_parallel=True, zero=1)
+        return estimate_step(MODELS["gpt3-175b"], t, lay, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=512)).step_time_s
+
+    assert 1.2 < step("bf16") / step("fp8") < 1.8
+
+
+def test_current_scaling_reads_every_cast_tensor_once_more_than_delayed():
+    delayed, current = _env("fp8"), _env("fp8", recipe="current")
+    d = {op.name: op.mem_bytes for op in layer_ops(L8, 0, 1, 4096, 1, 1, 1, False, True, "fp8", "hopper", "delayed")}
+    c = {op.name: op.mem_bytes for op in layer_ops(L8, 0, 1, 4096, 1, 1, 1, False, True, "fp8", "hopper", "current")}
+    assert c["cast-inputs"] > d["cast-inputs"] and c["cast-grads"] > d["cast-grads"]
+    assert current.block_pass(L8.layer_kind(0), 1).total > delayed.block_pass(L8.layer_kind(0), 1).total
+
+
+def test_block_scaled_formats_need_blackwell():
+    with pytest.raises(ValueError, match="H100-SXM \\(hopper\\) has no mxfp8 tensor cores"):
+        _env("mxfp8")
+    with pytest.raises(ValueError, match="has no nvfp4 tensor cores"):
+        _env("nvfp4")
+    assert _env("nvfp4", cluster=B200).peak == 9e15
+
+
+def test_dp_group_includes_context_parallel_ranks():
+    # Megatron reduces gradients and shards the distributed optimizer over dp x cp: cp8 dp1 on 8
+    # GPUs shards Adam's 12 bytes per parameter 8 ways, exactly like dp8 cp1
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    t = TrainingSpec(seq_len=32768, global_batch=8)
+    cp8 = estimate_step(L8, t, ParallelLayout(cp=8, dp=1, global_batch=8, zero=1), c)
+    dp8 = estimate_step(L8, t, ParallelLayout(cp=1, dp=8, global_batch=8, zero=1), c)
+    assert cp8.memory_breakdown_bytes["optimizer"] == pytest.approx(dp8.memory_breakdown_bytes["optimizer"])
+    assert cp8.memory_breakdown_bytes["optimizer"] == pytest.approx(12 * L8.num_params / 8, rel=0.01)
+    assert cp8.time_breakdown_s["dp_comm_exposed"] > 0  # the gradients are reduced over the 8 cp ranks
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_zero_levels_shard_what_they_say(zero):
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+    t = TrainingSpec(seq_len=4096, global_batch=64)
+    cost = estimate_step(L8, t, ParallelLayout(dp=64, global_batch=64, zero=zero), c)
+    mem = cost.memory_breakdown_bytes
+    n = L8.num_params
+    assert mem["optimizer"] == pytest.approx(12 * n / (64 if zero >= 1 else 1), rel=1e-9)
+    assert mem["grads"] == pytest.approx(4 * n / (64 if zero >= 2 else 1), rel=1e-9)
+    assert mem["weights"] == pytest.approx(2 * n / (64 if zero >= 3 else 1), rel=1e-9)
+
+
+def test_zero3_gathers_every_micro_batch_and_costs_more_communication():
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+    t = TrainingSpec(seq_len=4096, global_batch=512)
+    lay = ParallelLayout(dp=64, global_batch=512, micro_batch=1)  # 8 micro-batches per step
+    z1 = estimate_step(L8, t, lay.model_copy(update={"zero": 1}), c).time_breakdown_s["dp_comm_exposed"]
+    z3 = estimate_step(L8, t, lay.model_copy(update={"zero": 3}), c).time_breakdown_s["dp_comm_exposed"]
+    keep = estimate_step(L8, t, lay.model_copy(update={"zero": 3, "reshard_after_forward": False}), c)
+    assert z3 >= z1 and keep.time_breakdown_s["dp_comm_exposed"] <= z3
+
+
+def test_pipeline_sends_across_nodes_are_exposed_in_fill_and_drain():
+    # 2 stages of tp8 on two hosts. Interleaved with overlap, only the 2 (pp - 1) sends of the
+    # fill and drain wait; without interleaving Megatron cannot overlap them (its arguments.py
+    # turns --overlap-p2p-communication off), so every micro-batch waits for its two sends.
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    t = TrainingSpec(seq_len=4096, global_batch=16)
+    lay = ParallelLayout(tp=8, pp=2, dp=1, vpp=2, global_batch=16, sequence_parallel=True)
+    one = 2 * 4096 * L8.hidden_size / 8 / (50e9 * 0.9) + 5e-6  # bytes / (NIC x efficiency) + IB latency
+    overlapped = estimate_step(L8, t, lay, c).time_breakdown_s["pp_p2p"]
+    assert overlapped == pytest.approx(2 * (2 - 1) * one)
+    flat = lay.model_copy(update={"vpp": 1})
+    for layout in (flat, flat.model_copy(update={"overlap_p2p": False})):
+        blocking = estimate_step(L8, t, layout, c).time_breakdown_s["pp_p2p"]
+        assert blocking == pytest.approx(16 * 2 * one)  # every micro-batch, forward and backward
+    # without sequence parallelism each GPU sends the whole activation: 8 times the bytes
+    no_sp = estimate_step(L8, t, flat.model_copy(update={"sequence_parallel": False}), c).time_breakdown_s["pp_p2p"]
+    full = 2 * 4096 * L8.hidden_size / (50e9 * 0.9) + 5e-6
+    assert no_sp == pytest.approx(16 * 2 * full)
+
+
+def test_pipeline_sends_take_the_slowest_stage_boundary():
+    # tp2 dp2 per stage on 8-GPU hosts: stages 0-1 (GPUs 0-3 -> 4-7) share a host, stages 1-2
+    # (GPUs 4-7 -> 8-11) cross InfiniBand: the exposed sends are priced at the IB rate.
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    t = TrainingSpec(seq_len=4096, global_batch=16)
+    lay = ParallelLayout(tp=2, pp=4, dp=2, global_batch=16, sequence_parallel=True, overlap_p2p=False)
+    ib = 2 * 4096 * L8.hidden_size / 2 / (50e9 * 0.9) + 5e-6
+    assert estimate_step(L8, t, lay, c).time_breakdown_s["pp_p2p"] == pytest.approx(8 * 2 * ib)
+
+
+def test_every_step_pays_the_fixed_overhead_and_mfu_counts_attention_both_ways():
+    cost = est(vpp=2)
+    assert cost.time_breakdown_s["overhead"] == DEFAULT_EFFICIENCY.step_overhead_s > 0
+    # causal attention FLOPs are the full ones less half the s x s core: the ratio of the MFUs
+    full = 3 * 1024 * 8192 * (4 * 8192 * MODEL.q_width) * MODEL.num_layers
+    assert cost.mfu - cost.mfu_causal == pytest.approx(full / 2 / (cost.step_time_s * 1024 * 989.4e12), rel=1e-9)
+
+
+def test_dp_traffic_crossing_spines_is_slower():
+    # the same 256 replicas of one rail: inside one scalable unit (32 hosts x 8) a leaf suffices;
+    # spread over two units the gradient reduction crosses spines and slows down
+    from cost_models import collectives as coll
+
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=4096)
+    leaf = c.strided_links(0, 8, 32)  # 32 hosts, rail 0: one leaf
+    spine = c.strided_links(0, 8, 64)  # 64 hosts: two scalable units
+    eff = DEFAULT_EFFICIENCY
+    per_byte = lambda links: coll.reduce_scatter_time(1e9, links, eff)  # noqa: E731
+    assert per_byte(spine) / per_byte(leaf) == pytest.approx((63 / 64) / (31 / 32) / eff.spine_efficiency, rel=0.01)
+
+
+def test_expert_groups_follow_megatron_over_cp_x_dp():
+    # Mixtral at tp2 cp2 dp4 ep2 on 16 H100 (two 8-GPU hosts). Megatron flattens cp x dp (8 ranks
+    # of stride tp = 2: GPUs 0, 2, ..., 14 for tp rank 0): EP takes consecutive ones, {0, 2};
+    # the expert data-parallel group the rest at stride tp x ep = 4, {0, 4, 8, 12}: two hosts.
+    m = MODELS["mixtral-8x7b"]
+    lay = ParallelLayout(tp=2, cp=2, dp=4, ep=2, global_batch=64, sequence_parallel=True)
+    env = CostEnv(m, TrainingSpec(seq_len=4096, global_batch=64), lay, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16))
+    d = env.degree(2)
+    assert (d.ep_links.size, d.ep_links.domains) == (2, 1)
+    assert (d.expert_dp_links.size, d.expert_dp_links.domains, d.expert_dp_links.per_domain) == (4, 2, 2)
+    assert d.dp_links.size == 8  # dense gradients: every cp x dp rank
+
+
+def test_keeping_gathered_weights_after_forward_costs_the_stage_weights():
+    # ZeRO-3 without resharding after forward keeps every layer's gathered bf16 weights from its
+    # forward to its backward: P x 2 bytes (P = the stage's parameters on one GPU) plus one
+    # layer's gradients, instead of two layers' weights and one's gradients.
+    from cost_models.blocks import EMBED, HEAD
+
+    m, cluster = MODELS["llama3-70b"], Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+
+    def layout(keep):
+        return ParallelLayout(
+            tp=8, dp=8, global_batch=64, sequence_parallel=True, zero=3, reshard_after_forward=not keep
+        )
+
+    env = CostEnv(m, training, layout(False), cluster)
+    blocks = [EMBED, *(m.layer_kind(i) for i in range(m.num_layers)), HEAD]
+    params = sum(sum(env.block_params(b, 8)) for b in blocks)
+    largest = max(sum(env.block_params(b, 8)) for b in blocks)
+    kept, resharded = (estimate_step(m, training, layout(k), cluster).memory_per_gpu_bytes for k in (True, False))
+    expected = (2 * params + 4 * largest) - largest * (2 * 2 + 4)
+    assert kept - resharded == pytest.approx(expected, rel=1e-9)
+    assert expected > 15e9  # about 17.6 GB of a 70B model at tp8
+
+
+def test_fp8_primary_weights_cover_only_gemm_weights():
+    # Llama 3 8B at tp1, fp8 with fp8 primary weights: the embedding (128,256 x 4,096 =
+    # 525,336,576 parameters) stays bf16, 2 bytes each; a layer's GEMM weights (218,103,808) take
+    # 1 byte and its two norms (2 x 4,096) 2.
+    m = MODELS["llama3-8b"]
+    training = TrainingSpec(seq_len=8192, global_batch=8, dtype="fp8", fp8_params=True)
+    env = CostEnv(m, training, ParallelLayout(global_batch=8, dp=8), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8))
+    from cost_models.blocks import EMBED
+
+    assert env.weight_bytes(EMBED, 1) == 2.0
+    n = 218_103_808 + 8_192
+    assert env.weight_bytes(m.layer_kind(0), 1) == pytest.approx((218_103_808 * 1 + 8_192 * 2) / n)

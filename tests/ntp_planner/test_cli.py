@@ -36,9 +36,16 @@ def test_cli_surface_is_frozen():
                 "--seq-len",
                 "--global-batch",
                 "--dtype",
+                "--fp8-recipe",
+                "--fp8-params",
+                "--grad-reduce",
+                "--precision-aware-optimizer",
+                "--fused-cross-entropy",
+                "--attention-kernel",
                 "--flash-attention",
                 "--distributed-optimizer",
                 "--headroom",
+                "--max-zero",
                 "--per-layer",
                 "--objective",
                 "--strategy",
@@ -61,15 +68,27 @@ def test_cli_surface_is_frozen():
                 "--micro-batch",
                 "--vpp",
                 "--pp-layers",
+                "--pp-layout",
+                "--account-for-embedding",
+                "--account-for-loss",
                 "--recompute",
                 "--sequence-parallel",
                 "--distributed-optimizer",
+                "--zero",
+                "--reshard-after-forward",
                 "--overlap-grad-reduce",
                 "--overlap-p2p",
+                "--p2p-scatter-gather",
                 "--tp-comm-overlap",
                 "--seq-len",
                 "--global-batch",
                 "--dtype",
+                "--fp8-recipe",
+                "--fp8-params",
+                "--grad-reduce",
+                "--precision-aware-optimizer",
+                "--fused-cross-entropy",
+                "--attention-kernel",
                 "--flash-attention",
                 "--output",
                 "--json",
@@ -297,10 +316,35 @@ def test_estimate_json_and_saved_plan(tmp_path):
             ["estimate", *SMALL, "--pp", 2, "--pp-layers", "16,x"],
             "--pp-layers '16,x' must be comma-separated whole numbers",
         ),
-        (["plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", 8, "--global-batch", 8], "GB short"),
-        (["plan", *SMALL, "--dtype", "fp8", "--cluster", "dgx-a100"], "A100-SXM4-80GB has no fp8 tensor cores"),
+        (["plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", 8, "--global-batch", 8], "GiB short"),
+        (
+            ["plan", *SMALL, "--dtype", "fp8", "--cluster", "dgx-a100"],
+            "A100-SXM4-80GB (ampere) has no fp8 tensor cores",
+        ),
         (["plan", *SMALL, "--headroom", "1.5"], "headroom 1.5 must lie in [0, 1)"),
         (["explain", "no-such-plan.json"], "cannot read plan no-such-plan.json"),
+        (["estimate", *SMALL, "--dtype", "mxfp8"], "H100-SXM (hopper) has no mxfp8 tensor cores"),
+        (["estimate", *SMALL, "--pp", 2, "--pp-layout", "Et*16|t*16L"], None),
+        (["estimate", *SMALL, "--pp", 2, "--pp-layout", "Et*16|t*15L"], "the pipeline chunks hold 31 layers"),
+        (["estimate", *SMALL, "--pp", 2, "--pp-layout", "Et*16|t*16"], "must close its last chunk with L"),
+        (["estimate", *SMALL, "--pp", 2, "--pp-layout", "Et*16|x*16L"], "has symbols 'x'"),
+        (["estimate", *SMALL, "--pp", 2, "--pp-layout", "Et*16|t*9999999L"], "is too long"),
+        (["estimate", *SMALL, "--pp", 4, "--pp-layout", "Et*16|t*16L"], "has 2 chunks, not a multiple of pp(4)"),
+        (
+            ["estimate", *SMALL, "--pp", 2, "--pp-layout", "Et*16|t*16L", "--pp-layers", "16,16"],
+            "--pp-layout fixes the whole split; drop --pp-layers",
+        ),
+        (
+            ["estimate", *SMALL, "--pp", 4, "--account-for-embedding", "--account-for-loss"],
+            "is not divisible by pp(4) * vpp(1) = 4",
+        ),
+        (["estimate", *SMALL, "--pp", 2, "--account-for-embedding", "--account-for-loss"], None),
+        (["estimate", *SMALL, "--pp", 2, "--vpp", 4, "--pp-layout", "Et*16|t*16L"], "--vpp 4 disagrees with"),
+        (["estimate", *SMALL, "--no-distributed-optimizer", "--zero", 2], "--no-distributed-optimizer asks for"),
+        (["estimate", *SMALL, "--zero", 1, "--keep-params-after-forward"], "only applies to ZeRO-3"),
+        (["estimate", *SMALL, "--zero", 3, "--keep-params-after-forward"], None),
+        (["estimate", *SMALL, "--fp8-params"], "need an fp8 or fp4 format, not bf16"),
+        (["estimate", *SMALL, "--tp", 8, "--seq-len", 4100], "is not divisible by tp(8)"),
     ],
 )
 def test_bad_input_is_one_sentence_and_exit_2(args, message):
@@ -315,11 +359,6 @@ def test_bad_input_is_one_sentence_and_exit_2(args, message):
 
 
 NVL72 = ["-m", "llama3-8b", "-c", "gb200-nvl72", "--seq-len", 4096, "--global-batch", 128]
-# cost_models/step.py checks tp against cluster.spec.domain_size (72), so TP16-64 on 64 GPUs of a
-# domain fail there until it checks cluster.tp_domain_size; strict: an unexpected pass fails the run
-STEP_CHECKS_SPEC_DOMAIN = pytest.mark.xfail(
-    strict=True, reason="cost_models/step.py passes cluster.spec.domain_size to check_layout"
-)
 
 
 @pytest.mark.parametrize(
@@ -327,8 +366,8 @@ STEP_CHECKS_SPEC_DOMAIN = pytest.mark.xfail(
     [
         (["-n", 8], None, 8, "1 x 8"),
         (["-n", 128], None, 8, "1 x 72 + 1 x 56"),
-        pytest.param(["-n", 64], None, 64, "1 x 64", marks=STEP_CHECKS_SPEC_DOMAIN),
-        pytest.param(["-n", 128, "--gpus-per-domain", 64], 64, 64, "2 x 64", marks=STEP_CHECKS_SPEC_DOMAIN),
+        (["-n", 64], None, 64, "1 x 64"),
+        (["-n", 128, "--gpus-per-domain", 64], 64, 64, "2 x 64"),
     ],
 )
 def test_plan_on_part_of_nvl72_domains(tmp_path, args, per_domain, max_tp, used):
@@ -350,9 +389,10 @@ def test_estimate_stores_gpus_per_domain(tmp_path):
     assert "NVLink domains: 2 x 64 of 72 GPUs used (TP groups up to 64)" in result.stdout
     zero = run("estimate", *NVL72, "-n", 128, "--gpus-per-domain", 0)
     assert zero.exit_code == 2 and "Invalid value for '--gpus-per-domain'" in zero.output  # typer's min=1
+    four = run("estimate", *NVL72, "-n", 128, "--zero", 4)
+    assert four.exit_code == 2 and "Invalid value for '--zero'" in four.output  # typer's max=3
 
 
-@STEP_CHECKS_SPEC_DOMAIN
 def test_estimate_tp32_on_64_gpus_of_each_domain():
     result = run("estimate", *NVL72, "-n", 128, "--gpus-per-domain", 64, "--tp", 32)
     assert result.exit_code == 0, result.output
@@ -374,7 +414,7 @@ def test_malformed_files(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"schema_version": 0}))
     result = run("explain", plan)
-    assert result.exit_code == 2 and "schema version 0, this ntp reads version 1" in result.stderr
+    assert result.exit_code == 2 and "schema version 0, this ntp reads version 2" in result.stderr
 
 
 def test_custom_model_file_plans(tmp_path):
@@ -423,3 +463,89 @@ def test_field_errors_name_the_option_and_the_value(args, message):
     result = run(*args)
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == message
+
+
+def test_estimate_takes_megatrons_pipeline_layouts(tmp_path):
+    """--pp-layout, --account-for-* and --pp-layers all land in one chunk description, saved in
+    the plan as which layers each virtual chunk of each stage holds."""
+    out = tmp_path / "p.json"
+    accounted = run("estimate", *SMALL, "--pp", 2, "--account-for-embedding", "--account-for-loss", "-o", out)
+    assert accounted.exit_code == 0, accounted.output
+    # 32 layers + embedding + loss = 34 slots, 17 per stage: each end stage gives one to its extra
+    assert json.loads(out.read_text())["layout"]["chunk_layers"] == [16, 16]
+    args = ["estimate", *SMALL, "--tp", 2, "--pp", 2, "--vpp", 2, "--json", "-o", out]
+    explicit = run(*args, "--pp-layout", "Et*7|t*8|t*9|t*8L")
+    assert explicit.exit_code == 0, explicit.output
+    chunks = json.loads(out.read_text())["pipeline"]
+    assert [(c["stage"], c["virtual_chunk"], len(c["layers"])) for c in chunks] == [
+        (0, 0, 7),
+        (1, 0, 8),
+        (0, 1, 9),
+        (1, 1, 8),
+    ]
+    assert chunks[0]["layers"][0] == 0 and chunks[2]["layers"] == list(range(15, 24))  # stage 0 holds 0-6, 15-23
+    assert chunks[0]["embedding"] and chunks[-1]["loss"] and chunks[0]["tp"] == [2] * 8  # embedding + 7 layers
+
+
+def test_estimate_defaults_follow_the_frameworks_recipes():
+    """Sequence parallelism with TP, the distributed optimizer with DP, and for fp8 gradients
+    reduced in bf16 (NeMo's and Megatron-Bridge's recipes): what a user copying a published run
+    would leave unsaid."""
+    base = ["estimate", *SMALL, "--tp", 2, "--json"]
+    plain = json.loads(run(*base).stdout)
+    explicit = json.loads(run(*base, "--sequence-parallel", "--zero", 1, "--grad-reduce", "fp32").stdout)
+    assert plain["memory_breakdown_bytes"] == explicit["memory_breakdown_bytes"]
+    fp8 = json.loads(run(*base, "--dtype", "fp8").stdout)["memory_breakdown_bytes"]
+    assert fp8["grads"] == pytest.approx(plain["memory_breakdown_bytes"]["grads"] / 2)  # 2 bytes, not 4
+    off = json.loads(run(*base, "--no-sequence-parallel", "--no-distributed-optimizer").stdout)
+    assert off["memory_breakdown_bytes"]["optimizer"] > 10 * plain["memory_breakdown_bytes"]["optimizer"]
+
+
+@pytest.fixture
+def small_plan(tmp_path):
+    path = tmp_path / "small.json"
+    assert run("estimate", *SMALL, "--tp", "8", "-o", str(path)).exit_code == 0
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate", "{plan}", "--days", "inf"], "--days inf: Input should be a finite number"),
+        (["simulate", "{plan}", "--days", "1e9"], "less than or equal to 3650"),
+        (["simulate", "{plan}", "--checkpoint-write-s", "nan"], "--checkpoint-write-s nan"),
+        (["simulate", "{plan}", "--strategies", ","], "no strategy to simulate"),
+        (["replan", "{plan}", "--failed", "3", "--max-power", "nan"], "--max-power nan must be a finite number"),
+        (["estimate", *SMALL, "-o", "{folder}"], "it is a folder; give a file name"),
+    ],
+)
+def test_non_finite_values_empty_lists_and_folders_are_refused(args, message, small_plan, tmp_path):
+    (tmp_path / "out").mkdir()
+    argv = [a.replace("{plan}", small_plan).replace("{folder}", str(tmp_path / "out")) for a in map(str, args)]
+    result = run(*argv)
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["estimate", *SMALL, "--zero", "5"], 2, "error: Invalid value for '--zero': Input should be less than or"),
+        (["estimate", *SMALL, "--tp", "0"], 2, "error: --tp 0: Input should be greater than or equal to 1."),
+        (["estimate", "--bogus"], 2, "error: No such option: --bogus"),
+        ([], 0, None),
+    ],
+)
+def test_the_entry_point_reports_usage_errors_in_one_line(argv, code, message, monkeypatch, capsys):
+    from ntp_planner.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["ntp", *argv])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == code
+    out, err = capsys.readouterr()
+    if message is None:  # bare `ntp` prints the help
+        assert "Usage:" in out and "simulate" in out and err == ""
+    else:
+        assert err.startswith(message) and len(err.strip().splitlines()) == 1

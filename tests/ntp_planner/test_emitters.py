@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
@@ -164,12 +165,14 @@ def test_nemo_and_bridge_yaml_load_with_omegaconf(case):
 
 def test_per_layer_plans_export_their_projection_with_a_warning():
     from ntp_planner.planner import make_plan
+    from ntp_planner.search import SearchSpace
 
     plan = make_plan(
         MODELS["llama3-8b"],
         TrainingSpec(seq_len=8192, global_batch=256),
         Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64),
         top=1,
+        space=SearchSpace(zeros=(1,)),  # with ZeRO-2/3 a uniform layout wins here
     )
     assert plan.layout.is_per_layer
     out = export(plan, "megatron")
@@ -260,3 +263,137 @@ def test_export_bad_input(tmp_path):
     wrong.write_text("{}")
     bad = runner.invoke(app, ["export", str(path), "--replan", str(wrong)])
     assert bad.exit_code == 2 and "is not a re-plan" in bad.stderr
+
+
+def _flag_values(args: list[str]) -> dict:
+    values, i = {}, 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            values[args[i]] = args[i + 1]
+            i += 2
+        else:
+            values[args[i]] = True
+            i += 1
+    return values
+
+
+def _plan(model="llama3-8b", gpus=64, training=None, **layout):
+    lay = ParallelLayout(**layout)
+    t = training or TrainingSpec(seq_len=4096, global_batch=lay.global_batch)
+    return plan_from_layout(MODELS[model], t, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=gpus), lay)
+
+
+@pytest.mark.parametrize(("zero", "strategy"), [(2, "optim_grads"), (3, "optim_grads_params")])
+def test_zero_levels_export_as_megatron_fsdp(zero, strategy):
+    plan = _plan(dp=64, global_batch=64, zero=zero)
+    args = _flag_values(megatron_args(plan, plan.layout))
+    assert args["--use-megatron-fsdp"] is True and args["--data-parallel-sharding-strategy"] == strategy
+    assert args["--use-distributed-optimizer"] is True
+    bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])
+    assert bridge["ddp"]["data_parallel_sharding_strategy"] == strategy and bridge["dist"]["use_megatron_fsdp"]
+    nemo = yaml.safe_load(export(plan, "nemo").files["nemo_config.yaml"])
+    assert nemo["model"]["fsdp"] is True and nemo["model"]["fsdp_sharding_strategy"] == {2: "grad", 3: "full"}[zero]
+
+
+def test_zero1_and_zero0_do_not_ask_for_fsdp():
+    for zero, distopt in ((0, False), (1, True)):
+        args = _flag_values(megatron_args(p := _plan(dp=64, global_batch=64, zero=zero), p.layout))
+        assert "--use-megatron-fsdp" not in args and ("--use-distributed-optimizer" in args) == distopt
+
+
+def test_keeping_parameters_after_forward_warns_that_megatron_fsdp_cannot():
+    plan = _plan(dp=64, global_batch=64, zero=3, reshard_after_forward=False)
+    assert any("reshard_after_forward" in w for w in export(plan, "megatron").warnings)
+
+
+@pytest.mark.parametrize(("recipe", "fp8_recipe_flag"), [("delayed", "delayed"), ("current", "tensorwise")])
+def test_fp8_exports_its_recipe_and_keeps_gradients_in_bf16(recipe, fp8_recipe_flag):
+    t = TrainingSpec(seq_len=4096, global_batch=64, dtype="fp8", fp8_recipe=recipe, fp8_params=True)
+    plan = _plan(training=t, dp=64, global_batch=64, zero=1)
+    args = _flag_values(megatron_args(plan, plan.layout))
+    assert args["--bf16"] is True and args["--fp8-format"] == "hybrid" and args["--fp8-recipe"] == fp8_recipe_flag
+    assert args["--fp8-param-gather"] is True and args["--grad-reduce-in-bf16"] is True
+    bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])
+    assert bridge["mixed_precision"]["fp8_recipe"] == fp8_recipe_flag and not bridge["ddp"]["grad_reduce_in_fp32"]
+
+
+def test_blackwell_formats_export_and_nemo1_says_it_cannot():
+    t = TrainingSpec(seq_len=4096, global_batch=64, dtype="mxfp8")
+    lay = ParallelLayout(dp=64, global_batch=64, zero=1)
+    plan = plan_from_layout(MODELS["llama3-8b"], t, Cluster(spec=CLUSTERS["dgx-b200"], num_gpus=64), lay)
+    args = _flag_values(megatron_args(plan, plan.layout))
+    assert (args["--fp8-format"], args["--fp8-recipe"]) == ("e4m3", "mxfp8")
+    assert any("NeMo 1.x has no mxfp8" in w for w in export(plan, "nemo").warnings)
+    fp4 = plan.model_copy(update={"training": t.model_copy(update={"dtype": "nvfp4"})})
+    args = _flag_values(megatron_args(fp4, fp4.layout))
+    assert (args["--fp4-format"], args["--fp4-recipe"]) == ("e2m1", "nvfp4")
+
+
+@pytest.mark.parametrize(
+    ("split", "expected"),
+    [
+        # 405B at pp8 vpp8 with the embedding and the loss counted: Megatron's own flags
+        (
+            dict(chunk_layers=(1,) + (2,) * 62 + (1,)),
+            {"--account-for-embedding-in-pipeline-split": True, "--account-for-loss-in-pipeline-split": True},
+        ),
+        # an equal split: only the number of virtual stages
+        (dict(chunk_layers=None), {"--num-virtual-stages-per-pipeline-rank": "8"}),
+        # anything else: the layout string, chunk by chunk
+        (dict(chunk_layers=(2,) * 62 + (1, 1)), {"--pipeline-model-parallel-layout": None}),
+    ],
+)
+def test_pipeline_splits_export_as_megatron_writes_them(split, expected):
+    m = MODELS["llama3.1-405b"]
+    model = m.model_copy(update={"num_layers": 128}) if split["chunk_layers"] is None else m
+    lay = ParallelLayout(tp=8, pp=8, dp=1, vpp=8, global_batch=8, sequence_parallel=True, **split)
+    plan = plan_from_layout(
+        model, TrainingSpec(seq_len=4096, global_batch=8), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64), lay
+    )
+    args = _flag_values(megatron_args(plan, plan.layout))
+    for flag, value in expected.items():
+        assert flag in args and (value is None or args[flag] == value)
+    if "--pipeline-model-parallel-layout" in expected:
+        from cost_models.pipeline_layout import parse_layout
+
+        assert parse_layout(args["--pipeline-model-parallel-layout"], 8) == split["chunk_layers"]
+
+
+def test_megatron_core_accepts_the_account_for_flags():
+    transformer = pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    import torch
+
+    m = MODELS["llama3.1-405b"]
+    lay = ParallelLayout(
+        tp=8, pp=8, dp=1, vpp=8, global_batch=8, sequence_parallel=True, chunk_layers=(1,) + (2,) * 62 + (1,)
+    )
+    plan = plan_from_layout(
+        m, TrainingSpec(seq_len=4096, global_batch=8), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64), lay
+    )
+    kwargs = transformer_config_kwargs(megatron_args(plan, plan.layout))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformer.TransformerConfig(**kwargs, pipeline_dtype=torch.bfloat16)
+    assert config.account_for_embedding_in_pipeline_split and config.virtual_pipeline_model_parallel_size == 8
+
+
+def test_megatron_core_accepts_a_layout_string_and_builds_its_chunks():
+    transformer = pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    import torch
+
+    m = MODELS["llama3-70b"]
+    chunks = (2,) * 35 + (3,) + (2,) * 3 + (1,)  # Megatron-Bridge's H100 recipe at GBS 256
+    lay = ParallelLayout(tp=4, pp=8, dp=2, vpp=5, global_batch=16, sequence_parallel=True, chunk_layers=chunks)
+    plan = plan_from_layout(
+        m, TrainingSpec(seq_len=4096, global_batch=16), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64), lay
+    )
+    kwargs = transformer_config_kwargs(megatron_args(plan, plan.layout))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformer.TransformerConfig(**kwargs, pipeline_dtype=torch.bfloat16)
+    from megatron.core.transformer.enums import LayerType
+
+    grid = config.pipeline_model_parallel_layout.layout  # [pp rank][virtual stage] -> layer types
+    # megatron-core's own parser puts the same transformer layers in each chunk, chunk c on rank c % pp
+    assert [grid[c % 8][c // 8].count(LayerType.decoder) for c in range(40)] == list(chunks)
+    assert grid[0][0][0] == LayerType.embedding and grid[7][4][-1] == LayerType.loss

@@ -15,7 +15,7 @@ DEGREES = (1, 2, 4, 8)
 def brute_force(p: ChainProblem):
     best = None
     for degrees in itertools.product(*[sorted(t) for t in p.time_s]):
-        if p.memory(degrees) <= p.budget_bytes and (best is None or p.objective(degrees) < best[0]):
+        if p.fits(p.memory(degrees)) and (best is None or p.objective(degrees) < best[0]):
             best = (p.objective(degrees), degrees)
     return best
 

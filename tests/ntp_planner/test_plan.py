@@ -37,8 +37,13 @@ def test_plan_json_has_the_promised_keys(plan, tmp_path):
         "recompute",
         "sequence_parallel",
     } <= set(data["layout"])
-    assert {"step_time_s", "mfu", "tokens_per_s", "memory_per_gpu_bytes"} <= set(data["predicted"])
-    assert data["schema_version"] == 1 and len(data["inputs_hash"]) == 64
+    assert {"step_time_s", "mfu", "mfu_causal", "tokens_per_s", "memory_per_gpu_bytes"} <= set(data["predicted"])
+    assert data["schema_version"] == 2 and len(data["inputs_hash"]) == 64
+    # where every layer lives: every layer in exactly one chunk, chunk c on stage c % pp
+    layers = [i for c in data["pipeline"] for i in c["layers"]]
+    assert layers == list(range(plan.model.num_layers))
+    assert all(c["stage"] == c["chunk"] % plan.layout.pp for c in data["pipeline"])
+    assert data["pipeline"][0]["embedding"] and data["pipeline"][-1]["loss"]
     assert len(data["runners_up"]) == 2
     assert Plan.load(path) == plan
 
@@ -69,7 +74,7 @@ def test_schema_and_garbage_are_rejected(plan, tmp_path):
     path = tmp_path / "p.json"
     data = json.loads(plan.model_dump_json())
     path.write_text(json.dumps({**data, "schema_version": 99}))
-    with pytest.raises(ValueError, match="schema version 99, this ntp reads version 1"):
+    with pytest.raises(ValueError, match="schema version 99, this ntp reads version 2"):
         Plan.load(path)
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):

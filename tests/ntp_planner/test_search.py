@@ -11,7 +11,8 @@ from topologies import CLUSTERS, Cluster
 
 def brute_force(model, training, cluster, space, headroom):
     """Every combination of degrees 1..N and every SearchSpace value, filtered only by the
-    layout rules and memory: no divisor tricks, no pruning."""
+    layout rules and memory: no divisor tricks, no pruning. A layout takes the first ZeRO level
+    of the space that fits (the search's stated rule)."""
     n = cluster.num_gpus
     found = {}
     for tp, pp, cp in itertools.product(range(1, n + 1), repeat=3):
@@ -32,14 +33,17 @@ def brute_force(model, training, cluster, space, headroom):
                     recompute=rc,
                     global_batch=training.global_batch,
                     sequence_parallel=tp > 1,
-                    distributed_optimizer=training.distributed_optimizer and dp > 1,
                 )
                 check_layout(layout, model, training, n, cluster.spec.domain_size)
             except ValueError:
                 continue
-            cost = estimate_step(model, training, layout, cluster)
-            if cost.fits(headroom):
-                found[layout] = cost.step_time_s
+            zeros = space.zeros if training.distributed_optimizer and dp * cp > 1 else (0,)
+            for z in zeros:
+                zeroed = layout.model_copy(update={"zero": z})
+                cost = estimate_step(model, training, zeroed, cluster)
+                if cost.fits(headroom):
+                    found[zeroed] = cost.step_time_s
+                    break
     return found
 
 
@@ -79,7 +83,7 @@ def test_no_fit_message_names_the_shortfall():
     assert not result.ranked
     msg = no_fit_message(result, model, cluster, 0.1)
     least = result.least_memory.cost.memory_per_gpu_bytes
-    assert f"{(least - 72e9) / 1e9:.1f} GB short" in msg and result.least_memory.layout.describe() in msg
+    assert f"{(least - 0.9 * 80 * 2**30) / 2**30:.1f} GiB short" in msg and result.least_memory.layout.describe() in msg
 
 
 def test_llama3_405b_on_16k_h100_lands_in_the_published_mfu_band():
@@ -107,3 +111,26 @@ def test_tp_degrees_divide_the_used_domains(gpus, per_domain, tps):
     cluster = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=gpus, gpus_per_domain=per_domain)
     found = enumerate_layouts(MODELS["llama3-70b"], TrainingSpec(seq_len=4096, global_batch=128), cluster)
     assert {layout.tp for layout in found} == tps
+
+
+def test_a_layout_shards_more_only_when_memory_asks():
+    model, cluster = MODELS["llama3-70b"], Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    result = search(model, training, cluster, 0.1, SearchSpace(cps=(1,)))
+    levels = {c.layout.zero for c in result.ranked}
+    assert {1, 2, 3} <= levels  # all three levels appear in the ranking
+    for c in result.ranked:
+        if c.layout.zero > 1:  # the level below does not fit
+            lower = c.layout.model_copy(update={"zero": c.layout.zero - 1})
+            assert not estimate_step(model, training, lower, cluster).fits(0.1)
+    only_distopt = search(model, training, cluster, 0.1, SearchSpace(cps=(1,), zeros=(1,)))
+    assert len(only_distopt.ranked) < len(result.ranked)
+    for c in only_distopt.ranked:  # nothing to shard without a second data-parallel rank
+        assert c.layout.zero == (1 if c.layout.dp * c.layout.cp > 1 else 0)
+
+
+def test_interleaving_keeps_to_megatrons_micro_batch_rule():
+    model, cluster = MODELS["llama3-70b"], Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+    result = search(model, TrainingSpec(seq_len=4096, global_batch=96), cluster, 0.1, SearchSpace(cps=(1,)))
+    interleaved = [c.layout for c in result.ranked if c.layout.vpp > 1]
+    assert interleaved and all(lay.num_micro_batches % lay.pp == 0 for lay in interleaved)

@@ -7,7 +7,7 @@ from topologies import CLUSTERS, GPUS, Cluster, resolve_cluster_spec, resolve_gp
 
 @pytest.mark.parametrize("gpu", list(GPUS.values()), ids=lambda g: g.name)
 def test_every_gpu_figure_has_a_source(gpu):
-    figures = {"bf16_flops_per_s", "fp8_flops_per_s", "hbm_bytes", "hbm_bw_bytes_per_s", "tdp_watts"}
+    figures = set(type(gpu).model_fields) - {"name", "sources"}
     assert figures <= set(gpu.sources), figures - set(gpu.sources)
     assert all(len(text) > 20 for text in gpu.sources.values())
 
@@ -21,8 +21,15 @@ def test_every_cluster_figure_has_a_source(spec):
 def test_datasheet_numbers():
     assert GPUS["H100-SXM"].bf16_flops_per_s == 989.4e12
     assert GPUS["A100-SXM4-80GB"].fp8_flops_per_s is None
-    with pytest.raises(ValueError, match="no fp8"):
+    with pytest.raises(ValueError, match="no fp8 tensor cores; it runs fp16, bf16"):
         GPUS["A100-SXM4-80GB"].peak_flops_per_s("fp8")
+    # Block-scaled formats are Blackwell's: the H100 refuses them, the B200 runs mxfp8 at its fp8
+    # peak (4.5 PFLOP/s dense) and nvfp4 at its fp4 peak (9 PFLOP/s dense).
+    with pytest.raises(ValueError, match="H100-SXM \\(hopper\\) has no mxfp8"):
+        GPUS["H100-SXM"].peak_flops_per_s("mxfp8")
+    assert GPUS["B200"].peak_flops_per_s("mxfp8") == 4.5e15
+    assert GPUS["B200"].peak_flops_per_s("nvfp4") == 9e15
+    assert (GPUS["A100-SXM4-80GB"].sm_count, GPUS["H100-SXM"].sm_count, GPUS["B200"].sm_count) == (108, 132, 148)
     # NTP study cluster: NVL32 of B200, 1.8 TB/s NVLink (900 GB/s one way), 800 Gb/s NIC per GPU.
     nvl32 = CLUSTERS["b200-nvl32"]
     assert (nvl32.domain_size, nvl32.nvlink_bw_bytes_per_s, nvl32.scaleout_bw_bytes_per_s) == (32, 900e9, 100e9)

@@ -1,4 +1,4 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan 7f2e99b2bf5d: llama3-8b, tp4 pp4(7/9/9/7) dp4 mb1 vpp2 sp rc-selective distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan 1231d992d53a: llama3-8b, tp4 pp4(7/9/9/7) dp4 mb1 vpp2 sp rc-selective distopt."""
 
 import torch
 from nemo.collections import llm
@@ -11,16 +11,15 @@ def configure(recipe):
     strategy = recipe.trainer.strategy
     strategy.tensor_model_parallel_size = 4
     strategy.pipeline_model_parallel_size = 4
-    strategy.virtual_pipeline_model_parallel_size = 2
     strategy.context_parallel_size = 1
     strategy.sequence_parallel = True
     strategy.expert_model_parallel_size = 1
-    strategy.num_layers_in_first_pipeline_stage = 7
-    strategy.num_layers_in_last_pipeline_stage = 7
-    strategy.pipeline_dtype = torch.bfloat16
+    recipe.model.config.pipeline_model_parallel_layout = 'Etttt|ttttt|ttttt|tttt|ttt|tttt|tttt|tttL'
     strategy.ddp.use_distributed_optimizer = True
     strategy.ddp.overlap_grad_reduce = True
     strategy.ddp.overlap_param_gather = True
+    recipe.trainer.plugins.grad_reduce_in_fp32 = True
+    strategy.pipeline_dtype = torch.bfloat16
     recipe.data.micro_batch_size = 1
     recipe.data.global_batch_size = 64
     recipe.data.seq_length = 4096

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ntp-planner plan 2249c3721b10: llama3-8b on 64 x H100-SXM (dgx-h100)
+# ntp-planner plan a8ece23932be: llama3-8b on 64 x H100-SXM (dgx-h100)
 # Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.
 set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1
@@ -33,6 +33,7 @@ torchrun --nproc_per_node 8 --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --disable-bias-linear \
     --untie-embeddings-and-output-weights \
     --sequence-parallel \
+    --cross-entropy-loss-fusion \
     --use-distributed-optimizer \
     --overlap-grad-reduce \
     --overlap-param-gather \

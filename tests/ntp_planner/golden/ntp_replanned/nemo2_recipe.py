@@ -1,4 +1,4 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan 2249c3721b10: llama3-8b, tp8 pp2 dp4 mb1 sp distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan a8ece23932be: llama3-8b, tp8 pp2 dp4 mb1 sp distopt."""
 
 import torch
 from nemo.collections import llm
@@ -11,14 +11,14 @@ def configure(recipe):
     strategy = recipe.trainer.strategy
     strategy.tensor_model_parallel_size = 8
     strategy.pipeline_model_parallel_size = 2
-    strategy.virtual_pipeline_model_parallel_size = None
     strategy.context_parallel_size = 1
     strategy.sequence_parallel = True
     strategy.expert_model_parallel_size = 1
-    strategy.pipeline_dtype = torch.bfloat16
     strategy.ddp.use_distributed_optimizer = True
     strategy.ddp.overlap_grad_reduce = True
     strategy.ddp.overlap_param_gather = True
+    recipe.trainer.plugins.grad_reduce_in_fp32 = True
+    strategy.pipeline_dtype = torch.bfloat16
     recipe.data.micro_batch_size = 1
     recipe.data.global_batch_size = 32
     recipe.data.seq_length = 4096

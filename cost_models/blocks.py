@@ -1,0 +1,397 @@
+"""The cost of one block (embedding, transformer layer, LM head) at one TP degree, for one
+micro-batch on one GPU: compute, recompute, TP/CP/EP communication, memory and DP traffic.
+
+A block at degree t inside a stage of ``layout.tp`` GPUs runs tp/t data-parallel copies, each on
+its share of the micro-batch (``Degree``). ``CostEnv`` caches what the per-layer solver and the
+step estimator ask repeatedly; ``cost_models.step`` composes blocks into stages and a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from cost_models import collectives as coll
+from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, kv_heads_per_rank, layer_ops
+from cost_models.layout import ParallelLayout, sub_batch
+from cost_models.memory import (
+    StateBytes,
+    activation_bytes_per_layer,
+    embedding_params_per_gpu,
+    head_activation_bytes,
+    head_params_per_gpu,
+    layer_params_per_gpu,
+    low_precision_copy_bytes,
+    saved_input_bytes,
+    state_bytes,
+)
+from cost_models.model import LayerKind, ModelSpec
+from cost_models.training import TrainingSpec
+from topologies.cluster import Cluster, GroupLinks
+
+EMBED, HEAD = "embedding", "head"
+Block = LayerKind | str  # a layer kind, or EMBED / HEAD
+
+
+@dataclass
+class Pass:
+    """Seconds of one micro-batch through some blocks on one GPU, by category."""
+
+    fwd: float = 0.0
+    bwd: float = 0.0
+    recompute: float = 0.0
+    tp_comm: float = 0.0
+    cp_comm: float = 0.0
+    ep_comm: float = 0.0
+    hw_flops: float = 0.0
+
+    def add(self, other: Pass, times: float = 1.0) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + times * getattr(other, f.name))
+
+    @property
+    def total(self) -> float:
+        return self.fwd + self.bwd + self.recompute + self.tp_comm + self.cp_comm + self.ep_comm
+
+
+@dataclass(frozen=True)
+class Degree:
+    """What running a block at TP degree ``t`` inside a stage means: its share of the
+    micro-batch and the groups it talks to (rank order tp < cp < dp < pp; a degree-t group's
+    in-stage copies sit at stride t inside the stage's tp GPUs)."""
+
+    t: int
+    seqs: int  # sequences per TP group
+    cp: int  # sequence split: inside the stage times the layout's cp
+    tokens: int  # tokens one GPU's TP group processes
+    copies: int  # data-parallel copies of the block inside the stage (tp / t)
+    tp_links: GroupLinks
+    cp_links: GroupLinks
+    ep_links: GroupLinks
+    dp_links: GroupLinks  # every rank holding the same shard: in-stage copies x dp x cp
+    expert_dp_links: GroupLinks
+
+    @property
+    def dp_ranks(self) -> int:
+        return self.dp_links.size
+
+
+class CostEnv:
+    """Everything the estimator looks up repeatedly for one (model, training, layout, cluster),
+    with per-degree and per-block caches. Also used by the per-layer solver to cost blocks."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        training: TrainingSpec,
+        layout: ParallelLayout,
+        cluster: Cluster,
+        eff: Efficiency = DEFAULT_EFFICIENCY,
+        pass_cache: dict | None = None,
+    ):
+        """``pass_cache`` may be shared between layouts with the same ``pass_cache_key``."""
+        self.model, self.training, self.layout, self.cluster, self.eff = model, training, layout, cluster, eff
+        gpu = cluster.gpu
+        self.arch = gpu.architecture
+        self.peak = gpu.peak_flops_per_s(training.dtype)  # the GEMM format's peak
+        self.bf16_peak = gpu.peak_flops_per_s("bf16")
+        self.mem_bw = gpu.hbm_bw_bytes_per_s * eff.hbm_efficiency
+        high = "fp16" if training.dtype == "fp16" else "bf16"
+        self._gemm = {  # low_precision flag -> (FLOP/s of a large GEMM, half dimension)
+            flag: (
+                gpu.peak_flops_per_s(fmt) * eff.gemm_peak_fraction(self.arch, fmt),
+                eff.half_dim(gpu.peak_flops_per_s(fmt) / gpu.sm_count),
+            )
+            for flag, fmt in ((True, training.dtype), (False, high))
+        }
+        self._attention = eff.attention_fraction(self.arch, training.attention_kernel)
+        self.lp_copy_bytes = low_precision_copy_bytes(training.dtype, self.arch, training.fp8_params)
+        self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
+        self._degrees: dict[int, Degree] = {}
+        self._state: dict[tuple[Block, int], tuple[StateBytes, float]] = {}
+        self._passes: dict[tuple[Block, int], Pass] = {} if pass_cache is None else pass_cache
+
+    # ---- degrees and groups ------------------------------------------------------------------
+    def degree(self, t: int) -> Degree:
+        if t not in self._degrees:
+            lay, c = self.layout, self.cluster
+            seqs, split = sub_batch(lay.micro_batch, t, lay.tp)
+            copies = lay.tp // t
+            self._degrees[t] = Degree(
+                t=t,
+                seqs=seqs,
+                cp=split * lay.cp,
+                tokens=seqs * self.training.seq_len // (split * lay.cp),
+                copies=copies,
+                tp_links=c.strided_links(0, 1, t),
+                cp_links=c.grid_links(t, split, lay.tp, lay.cp),
+                # Megatron generates expert groups over the flattened cp x dp ranks ("tp-cp-ep-dp-pp"):
+                # EP takes consecutive ones, the expert data-parallel group the rest
+                ep_links=c.strided_links(0, lay.tp, lay.ep),
+                dp_links=c.grid_links(t, copies, lay.tp, lay.cp * lay.dp),
+                expert_dp_links=c.grid_links(t, copies, lay.tp * lay.ep, lay.dp * lay.cp // lay.ep),
+            )
+        return self._degrees[t]
+
+    # ---- time of one micro-batch through one block -------------------------------------------
+    def op_time(self, op: Op) -> float:
+        """Seconds of one execution of ``op`` (its forward unit), launch overhead excluded."""
+        if op.kind == "gemm":
+            rate, half = self._gemm[op.low_precision and self.training.low_precision]
+            return op.flops / (rate * self.eff.shape_factor(op.m, op.n, op.k, half))
+        if op.kind == "flash":  # attention runs in bf16 whatever the GEMM format
+            return op.flops / (self.bf16_peak * self._attention)
+        return op.mem_bytes / self.mem_bw
+
+    def ops_pass(self, ops: list[Op]) -> Pass:
+        """Forward and backward of ``ops``: each op's cost times its fwd / bwd multiplicity, plus
+        one kernel overhead per launch (the multiplicities count launches too)."""
+        k = self.eff.kernel_overhead_s
+        fwd = bwd = flops = 0.0
+        for op in ops:
+            t = self.op_time(op)
+            fwd += op.fwd * (t + k)
+            bwd += op.bwd * (t + k)
+            flops += (op.fwd + op.bwd) * op.flops
+        return Pass(fwd=fwd, bwd=bwd, hw_flops=flops)
+
+    def block_pass(self, block: Block, t: int) -> Pass:
+        key = (block, t)
+        if key not in self._passes:
+            if block == EMBED:
+                self._passes[key] = self._embed_pass(t)
+            elif block == HEAD:
+                self._passes[key] = self._head_pass(t)
+            else:
+                self._passes[key] = self._layer_pass(block, t)
+        return self._passes[key]
+
+    def _collective(self, d: Degree, nbytes_per_token: float) -> float:
+        """One TP all-reduce (or reduce-scatter + all-gather under sequence parallelism: the same
+        bytes) of ``nbytes_per_token`` per token of the block's activation."""
+        return coll.all_reduce_time(nbytes_per_token * d.tokens * self.model.hidden_size, d.tp_links, self.eff)
+
+    def _tp_exposed(self, coll_s: float, overlappable_s: float, gemm_s: float) -> float:
+        """TP communication left on the critical path. With userbuffers overlap
+        (``tp_comm_overlap``) every collective is pipelined with the GEMM it feeds: a share
+        ``tp_overlap_hidden`` hides, never more than the GEMM time. Without it Megatron still
+        overlaps ``overlappable_s`` of it (backward collectives launched asynchronously beside
+        the weight- or input-gradient GEMM), up to that GEMM time."""
+        if self.layout.tp_comm_overlap:
+            return max((1 - self.eff.tp_overlap_hidden) * coll_s, coll_s - gemm_s)
+        return coll_s - overlappable_s + max(0.0, overlappable_s - gemm_s)
+
+    def _embed_pass(self, t: int) -> Pass:
+        """Vocabulary-parallel lookup; its partial outputs are summed over TP (forward only)."""
+        d = self.degree(t)
+        ops = embedding_ops(self.model, d.seqs, self.training.seq_len, d.cp, t, self.training.grad_bytes)
+        p = self.ops_pass(ops)
+        p.tp_comm = self._collective(d, ACT_BYTES) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
+        return p
+
+    def _head_pass(self, t: int) -> Pass:
+        """Final norm, column-parallel logits and vocabulary-parallel cross entropy; one TP
+        collective's worth of traffic (gather forward, reduce backward)."""
+        d = self.degree(t)
+        tr = self.training
+        ops = head_ops(self.model, d.seqs, tr.seq_len, t, d.cp, tr.grad_bytes, tr.fused_cross_entropy)
+        p = self.ops_pass(ops)
+        p.tp_comm = self._collective(d, ACT_BYTES) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
+        return p
+
+    def _layer_pass(self, kind: LayerKind, t: int) -> Pass:
+        """One transformer layer: compute, recompute and collectives."""
+        m, lay, tr, d = self.model, self.layout, self.training, self.degree(t)
+        ops = layer_ops(
+            m,
+            kind,
+            d.seqs,
+            tr.seq_len,
+            t,
+            d.cp,
+            lay.ep,
+            lay.sequence_parallel,
+            tr.flash_attention,
+            tr.dtype,
+            self.arch,
+            tr.fp8_recipe,
+            tr.grad_bytes,
+        )
+        p = self.ops_pass(ops)
+        tp_fwd, tp_bwd = self._tp_layer_comm(kind, d, ops)
+        p.tp_comm = tp_fwd + tp_bwd
+        core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
+        cp_fwd, cp_bwd = self._cp_comm(kind, d, core)
+        p.cp_comm = cp_fwd + cp_bwd
+        if kind.moe and lay.ep > 1:  # dispatch + combine, forward and backward
+            routed = ACT_BYTES * d.tokens * m.hidden_size * m.moe_top_k
+            p.ep_comm = 4 * coll.all_to_all_time(routed, d.ep_links, self.eff)
+        if lay.recompute == "full":
+            p.recompute = p.fwd + tp_fwd + cp_fwd + p.ep_comm / 2
+            p.hw_flops += sum(op.flops for op in ops)
+        elif lay.recompute == "selective":
+            p.recompute = sum(op.fwd * (self.op_time(op) + self.eff.kernel_overhead_s) for op in core)
+            p.hw_flops += sum(op.flops for op in core)
+        return p
+
+    def _tp_layer_comm(self, kind: LayerKind, d: Degree, ops: list[Op]) -> tuple[float, float]:
+        """Exposed TP communication of one layer, forward and backward.
+
+        Per sublayer (attention, MLP), Megatron-style TP moves the activation four times:
+        forward all-gathers the input and reduce-scatters the output (one all-reduce without
+        sequence parallelism); backward all-gathers the output gradient, reduce-scatters the
+        input gradient beside the weight-gradient GEMM and, under sequence parallelism,
+        all-gathers the input again for that GEMM beside the input-gradient GEMM (Korthikanti et
+        al. 2022, section 4.2.2). Low-precision training gathers the forward input in fp8.
+        """
+        if d.t == 1:
+            return 0.0, 0.0
+        sublayers = kind.attention + (kind.moe or kind.ffn > 0)
+        half = self._collective(d, ACT_BYTES) / 2  # one all-gather or reduce-scatter
+        gather_in = half * (0.5 if self.training.low_precision and self.layout.sequence_parallel else 1.0)
+        gemm_fwd = sum(op.fwd * self.op_time(op) for op in ops if op.kind == "gemm")
+        if self.layout.sequence_parallel:
+            fwd = sublayers * (gather_in + half)
+            bwd, overlappable = sublayers * (half + half + gather_in), sublayers * (half + gather_in)
+        else:
+            fwd = sublayers * 2 * half
+            bwd = overlappable = sublayers * 2 * half
+        return self._tp_exposed(fwd, 0.0, gemm_fwd), self._tp_exposed(bwd, overlappable, 2 * gemm_fwd)
+
+    def _cp_comm(self, kind: LayerKind, d: Degree, core: list[Op]) -> tuple[float, float]:
+        """Context parallelism's ring exchange (Transformer Engine's default ``p2p``): cp - 1
+        steps, each sending this rank's K and V forward (K, V and their gradients backward) to
+        its neighbour while attention computes on the chunk it holds; a step is exposed only
+        where the send outlasts that chunk's attention. Returns (forward, backward) seconds."""
+        if d.cp <= 1 or not kind.attention:
+            return 0.0, 0.0
+        kv_bytes = 2 * ACT_BYTES * d.tokens * kv_heads_per_rank(self.model, d.t) * self.model.head_dim
+        send = coll.send_recv_time(kv_bytes, d.cp_links, self.eff)
+        attn_fwd = sum(op.fwd * self.op_time(op) for op in core) / d.cp
+        attn_bwd = sum(op.bwd * self.op_time(op) for op in core) / d.cp
+        fwd = (d.cp - 1) * max(0.0, send - attn_fwd)
+        bwd = (d.cp - 1) * max(0.0, 2 * send - attn_bwd)
+        return fwd, bwd
+
+    def transition_time(self, t_from: int, t_to: int) -> float:
+        """Changing degree between consecutive blocks, per micro-batch. Under sequence
+        parallelism every GPU holds tokens [g T/tp, (g+1) T/tp) at a block boundary whatever the
+        degree, so the change is free. Otherwise a degree-t block leaves its TP group's share
+        replicated on the group: growing to t' > t all-gathers t'/t shares forward (backward
+        slices locally); shrinking slices forward and all-gathers the gradient backward."""
+        if t_from == t_to or self.layout.sequence_parallel:
+            return 0.0
+        lo, hi = sorted((t_from, t_to))
+        nbytes = ACT_BYTES * self.stage_tokens * self.model.hidden_size * hi / self.layout.tp
+        gather = coll.all_gather_time(nbytes, self.cluster.strided_links(0, lo, hi // lo), self.eff)
+        regrown = self.layout.recompute == "full" and t_to > t_from
+        return gather * (2 if regrown else 1)
+
+    # ---- memory and gradient sync of one block -------------------------------------------------
+    def block_params(self, block: Block, t: int, last_stage_ties: bool = False) -> tuple[float, float]:
+        """(non-expert, expert) parameters of a block on one GPU at degree t."""
+        m = self.model
+        if block == EMBED:
+            return embedding_params_per_gpu(m, t), 0.0
+        if block == HEAD:
+            return head_params_per_gpu(m, t, last_stage_ties), 0.0
+        expert = m.layer_expert_params(block) / (t * self.layout.ep)
+        return layer_params_per_gpu(m, block, t, self.layout.ep) - expert, expert
+
+    def gemm_params(self, block: Block, t: int) -> float:
+        """Weights of the block's low-precision GEMMs on one GPU (none in the embedding and LM
+        head, which stay in 16 bits; norms and biases are not GEMM weights)."""
+        if block in (EMBED, HEAD):
+            return 0.0
+        dense, expert = self.block_params(block, t)
+        return dense + expert - self.model.layer_tp_replicated_params(block)
+
+    def weight_bytes(self, block: Block, t: int) -> float:
+        """Bytes per parameter of the block's primary weights: 16-bit, except that low-precision
+        primary weights (``fp8_params``, Megatron's ``--fp8-param-gather``) cover only the GEMM
+        weights of Transformer Engine layers; the embedding, LM head and norms stay 16-bit."""
+        tr = self.training
+        if not tr.fp8_params:  # (the spec allows it only with a low-precision format)
+            return ACT_BYTES
+        dense, expert = self.block_params(block, t)
+        n, g = dense + expert, self.gemm_params(block, t)
+        return (ACT_BYTES * (n - g) + tr.param_bytes * g) / n if n else ACT_BYTES
+
+    def block_memory(self, block: Block, t: int, held: float) -> tuple[StateBytes, float]:
+        """(model state, activation bytes) of one block on one GPU when ``held`` micro-batches
+        are in flight. Model state is sharded (ZeRO level ``layout.zero``) over every rank
+        holding the same shard: the in-stage copies times dp x cp (experts: their expert-data-
+        parallel group)."""
+        key = (block, t)
+        if key not in self._state:
+            self._state[key] = self._block_memory(block, t)
+        state, per_micro_batch = self._state[key]
+        act = per_micro_batch * held
+        if block == HEAD:
+            d = self.degree(t)
+            tr = self.training
+            act += head_activation_bytes(self.model, tr.seq_len, d.seqs, t, d.cp, tr.fused_cross_entropy)
+        return state, act
+
+    def _block_memory(self, block: Block, t: int) -> tuple[StateBytes, float]:
+        """(model state, activation bytes per micro-batch in flight) of one block on one GPU."""
+        lay, tr = self.layout, self.training
+        d = self.degree(t)
+        dense, expert = self.block_params(block, t, last_stage_ties=lay.pp > 1)
+        gemm = self.gemm_params(block, t) if tr.low_precision else 0.0
+        shards = (d.dp_ranks, d.expert_dp_links.size)
+        parts = [
+            state_bytes(
+                n,
+                tr.dtype,
+                ranks,
+                zero=lay.zero,
+                grad_bytes=tr.grad_bytes,
+                param_bytes=self.weight_bytes(block, t),
+                lp_copy_bytes=self.lp_copy_bytes,
+                gemm_params=gemm * n / (dense + expert) if dense + expert else 0.0,
+                precision_aware=tr.precision_aware_optimizer,
+            )
+            for n, ranks in zip((dense, expert), shards, strict=True)
+        ]
+        state = StateBytes(*(sum(getattr(p, f.name) for p in parts) for f in fields(StateBytes)))
+        return state, self.block_activation_bytes(block, t)
+
+    def full_recompute_working_bytes(self, block: Block, t: int) -> float:
+        """Under full recompute, one layer's complete activations live while it is recomputed."""
+        if self.layout.recompute != "full":
+            return 0.0
+        return self.block_activation_bytes(block, t, recompute="none")
+
+    def block_activation_bytes(self, block: Block, t: int, recompute: str | None = None) -> float:
+        """Bytes one micro-batch leaves on a GPU for the backward pass of this block (under the
+        layout's recompute mode unless ``recompute`` says otherwise)."""
+        if block in (EMBED, HEAD):
+            return 0.0
+        d, lay = self.degree(t), self.layout
+        return activation_bytes_per_layer(
+            self.model,
+            block,
+            self.training.seq_len,
+            d.seqs,
+            t,
+            lay.sequence_parallel,
+            recompute or lay.recompute,
+            self.training.flash_attention,
+            d.cp,
+            linear_input_bytes=saved_input_bytes(self.training.dtype),
+        )
+
+
+def pass_cache_key(layout: ParallelLayout) -> tuple:
+    """What a block's forward/backward pass depends on besides the block and its degree:
+    layouts with the same key can share one ``CostEnv`` pass cache."""
+    return (
+        layout.tp,
+        layout.cp,
+        layout.ep,
+        layout.micro_batch,
+        layout.recompute,
+        layout.sequence_parallel,
+        layout.tp_comm_overlap,
+    )
