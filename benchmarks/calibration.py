@@ -1,49 +1,127 @@
-"""Accuracy of the step-time model on published measurements (shared/reference/calibration.md).
+"""Accuracy of the step-time model on published measurements (shared/reference/calibration.md
+tables A-D; table E, more NeMo / Megatron-Bridge runs, cost_models/published_runs.py; table F,
+NVIDIA's DGX Cloud recipes in bf16 and fp8, cost_models/published_dgxc.py).
 
-Prints each row's measured and predicted iteration time and the error, then the mean and max
-absolute error per table. Table A (A100, SC'21) holds the fitted constants; table B (H100,
-Megatron-LM README) is predicted with no constant fitted to it.
+Prints each run's layout, measured and predicted step time, the error and whether it fits in
+memory, then the mean and max absolute error per table (with --markdown, tables E and F are
+summarised per source, model, GPU and format). The settings each publication left
+unstated are chosen once per table; they are printed above each table (the modules'
+docstrings give the reasons). The efficiency constants were fitted to all of these runs together
+by benchmarks/fit_efficiency.py (`--holdout` there shows the error on runs left out of the fit).
 
-Run: .venv/bin/python benchmarks/calibration.py
+Run: .venv/bin/python benchmarks/calibration.py [--table A] [--markdown]
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
-from cost_models.published import TABLE_A, TABLE_B
-from cost_models.step import estimate_step
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cost_models import published, published_dgxc, published_runs  # noqa: E402
+from cost_models.published import all_tables  # noqa: E402
+from cost_models.step import estimate_step  # noqa: E402
+
+TITLES = {
+    "A": "Table A: Narayanan et al. SC'21, A100, fp16",
+    "B": "Table B: Megatron-LM README weak scaling, H100, bf16",
+    "B-strong": "Table B: Megatron-LM README strong scaling of the 177B model, H100, bf16",
+    "C": "Table C: NeMo 24.07, H100, fp8 (delayed scaling)",
+    "D": "Table D: Megatron-Bridge, H100, fp8 (current scaling)",
+    "E": "Table E: NeMo and Megatron-Bridge, H100 / B200 / GB200, fp8 / mxfp8 / nvfp4",
+    "F": "Table F: NVIDIA DGX Cloud recipes (NeMo 24.05-25.04), H100 / GB200, bf16 and fp8",
+}
+MODULES = {"E": published_runs, "F": published_dgxc}  # tables whose settings are in their own module
 
 
-def table_errors(rows, title: str, console: Console) -> list[float]:
-    t = Table(title=title)
-    for col in ("model", "layout", "GPUs", "measured s", "predicted s", "error", "pred. MFU"):
-        t.add_column(col, justify="left" if col in ("model", "layout") else "right")
-    errors = []
-    for r in rows:
+def settings(table: str) -> str:
+    """The paragraph of the module docstring that states the table's unstated settings."""
+    doc = (MODULES.get(table, published).__doc__) or ""
+    key = "Settings" if table in MODULES else "Table B" if table == "B-strong" else f"Table {table}"
+    paragraphs = doc.split("\n\n")
+    for i, para in enumerate(paragraphs):
+        if para.startswith(key):
+            # a paragraph that ends in a colon introduces the list that follows it
+            return " ".join(" ".join(paragraphs[i : i + 2 if para.rstrip().endswith(":") else i + 1]).split())
+    return ""
+
+
+def rows_of(table: str):
+    for r in all_tables()[table]:
         cost = estimate_step(r.model, r.training, r.layout, r.cluster)
-        err = cost.step_time_s / r.measured_step_time_s - 1
+        yield r, cost, cost.step_time_s / r.measured_step_time_s - 1
+
+
+def rich_table(table: str, console: Console) -> list[float]:
+    t = Table(title=TITLES[table], caption=settings(table), caption_justify="left")
+    where = "source" if table in MODULES else "GPUs"
+    for col in ("model", where, "layout", "measured s", "predicted s", "error", "fits"):
+        t.add_column(col, justify="left" if col in ("model", "layout", "source") else "right")
+    errors = []
+    for r, cost, err in rows_of(table):
         errors.append(err)
+        where = f"{r.source.split(',')[-1].strip() if table in MODULES else ''} {r.gpus}x{r.cluster.gpu.name}".strip()
         t.add_row(
             r.model.name,
-            r.layout.describe(),
-            str(r.gpus),
+            where if table in MODULES else str(r.gpus),
+            f"{r.training.dtype} {r.layout.describe()}",
             f"{r.measured_step_time_s:.2f}",
             f"{cost.step_time_s:.2f}",
             f"{err:+.1%}",
-            f"{cost.mfu:.1%}",
+            "yes" if cost.fits() else f"no ({cost.memory_per_gpu_bytes / 2**30:.0f} GiB)",
         )
     console.print(t)
     mean = sum(abs(e) for e in errors) / len(errors)
-    console.print(f"{title}: mean |error| {mean:.1%}, max |error| {max(abs(e) for e in errors):.1%}\n")
+    console.print(
+        f"{TITLES[table]}: {len(errors)} runs, mean |error| {mean:.1%}, max |error| {max(map(abs, errors)):.1%}\n"
+    )
     return errors
 
 
+def markdown(table: str) -> None:
+    print(f"{TITLES[table]}\n")
+    rows = list(rows_of(table))
+    errors = [err for _, _, err in rows]
+    if table in MODULES:  # too many runs to list: one line per source, model, GPU and format
+        groups: dict[tuple, list[float]] = {}
+        for r, _, err in rows:
+            key = (r.source.split(",")[-1].strip(), r.model.name, r.cluster.gpu.name, r.training.dtype)
+            groups.setdefault(key, []).append(err)
+        print("| source | model | GPU | format | runs | mean error | max abs error |")
+        print("|---|---|---|---|---|---|---|")
+        for (source, model, gpu, dtype), errs in groups.items():
+            mean, worst = sum(errs) / len(errs), max(map(abs, errs))
+            print(f"| {source} | {model} | {gpu} | {dtype} | {len(errs)} | {mean:+.1%} | {worst:.1%} |")
+    else:
+        print("| model | GPUs | layout | measured s | predicted s | error |")
+        print("|---|---|---|---|---|---|")
+        for r, cost, err in rows:
+            gpus = f"{r.gpus} {r.cluster.gpu.name}"
+            print(
+                f"| {r.model.name} | {gpus} | {r.training.dtype} {r.layout.describe()} | "
+                f"{r.measured_step_time_s:.2f} | {cost.step_time_s:.2f} | {err:+.1%} |"
+            )
+    mean = sum(abs(e) for e in errors) / len(errors)
+    print(f"\n**{table}: {len(errors)} runs, mean |error| {mean:.1%}, max {max(map(abs, errors)):.1%}**\n")
+
+
 def main() -> None:
-    console = Console(width=140)
-    table_errors(TABLE_A, "Table A: Narayanan et al. SC'21, A100 (fitted)", console)
-    table_errors(TABLE_B, "Table B: Megatron-LM README, H100 (predicted)", console)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", choices=list(TITLES), help="one table only")
+    parser.add_argument("--markdown", action="store_true", help="markdown rows for benchmarks/README.md")
+    args = parser.parse_args()
+    tables = [args.table] if args.table else list(TITLES)
+    console = Console(width=160)
+    for table in tables:
+        if args.markdown:
+            markdown(table)
+        else:
+            rich_table(table, console)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Per-layer TP against uniform TP on every catalogue model, and the per-layer solver's speed.
 
 For each model: the best uniform layout (what Megatron-LM can run: its Megatron-expressible
-projection), the best per-layer layout, and the throughput gain. Then:
+projection), the best per-layer layout, and the throughput gain, once with ZeRO-1 to 3 searched
+and once with gradients kept whole (ZeRO-1, Megatron's distributed optimizer). Then:
 - `make_plan` for llama3.1-405b on 16,384 H100 (per-layer TP, PP partition, global search) and
   the same through the CLI: target < 2 s;
 - one stage's MILP (HiGHS) for that plan's first stage with its memory budget: target < 100 ms.
@@ -25,6 +26,7 @@ from cost_models.step import CostEnv
 from ntp_planner.layer_solver import solve_milp
 from ntp_planner.per_layer import StagePlanner, allowed_degrees
 from ntp_planner.planner import make_plan
+from ntp_planner.search import SearchSpace
 from topologies import CLUSTERS, Cluster
 
 # model -> (cluster, GPUs, sequence, global batch): published or typical training setups
@@ -54,8 +56,8 @@ def inputs(name):
     return MODELS[name], TrainingSpec(seq_len=seq, global_batch=batch), Cluster(spec=CLUSTERS[cluster], num_gpus=gpus)
 
 
-def gains(console: Console) -> None:
-    t = Table(title="Per-layer TP vs the Megatron-expressible (uniform) plan")
+def gains(console: Console, space: SearchSpace, title: str) -> None:
+    t = Table(title=f"Per-layer TP vs the Megatron-expressible (uniform) plan, {title}")
     for col in ("model", "GPUs", "uniform layout", "uniform s", "per-layer layout", "per-layer s", "gain", "plan s"):
         t.add_column(col, justify="left" if "layout" in col or col == "model" else "right")
     for name in MODELS:
@@ -63,7 +65,7 @@ def gains(console: Console) -> None:
             continue
         start = time.perf_counter()
         try:
-            plan = make_plan(*inputs(name), top=1)
+            plan = make_plan(*inputs(name), top=1, space=space)
         except ValueError as exc:
             t.add_row(name, str(SETUPS[name][1]), f"no fit: {exc}"[:60], "", "", "", "", "")
             continue
@@ -116,7 +118,7 @@ def speed(console: Console) -> None:
             capture_output=True,
         )
         cli.append(time.perf_counter() - start)
-    lay = plan.layout.model_copy(update={"layer_tp": None, "pp_layers": None})
+    lay = plan.layout.model_copy(update={"layer_tp": None})
     env = CostEnv(plan.model, plan.training, lay, args[2])
     planner = StagePlanner(env, allowed_degrees(plan.model, lay, plan.training.seq_len), plan.headroom)
     problem = planner.problem(0, 0, lay.stage_layers(plan.model.num_layers)[0])
@@ -141,4 +143,5 @@ def speed(console: Console) -> None:
 if __name__ == "__main__":
     console = Console(width=160)
     speed(console)
-    gains(console)
+    gains(console, SearchSpace(), "ZeRO-1 to 3 searched (the default)")
+    gains(console, SearchSpace(zeros=(1,)), "gradients kept whole (ZeRO-1, `--max-zero 1`)")

@@ -1,7 +1,8 @@
 """`ntp validate` wall time and errors on the demo plan and on an NTP re-planned state.
 
-- the demo plan (`make demo`: Llama-3-70B on 1,024 H100, per-layer TP 1-4 in stages of 8,
-  pp4 dp16 cp2): target < 2 min with the default 16 processes, and with 32 (cp kept);
+- the demo plan (`make demo`: Llama-3-70B on 1,024 H100, tp4 pp2 dp128 vpp4, ZeRO-2) and the
+  same job planned with gradients kept whole (`--max-zero 1`: per-layer TP 2-8 in stages of 8,
+  pp4 dp32): target < 2 min with the default 16 processes, and the per-layer one with 32;
 - Llama-3-8B tp8 pp2 dp4 on 64 H100 with GPU 3 failed, policy ntp (a TP8 replica beside a TP7
   one with fewer micro-batches): target < 2 min.
 Each prints the CLI's wall time, the errors (target <= 1e-5) and the measured step time.
@@ -38,11 +39,14 @@ def validate(label: str, *args: str) -> None:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        demo, small, replan = (str(Path(tmp, n)) for n in ("demo.json", "p8.json", "r8.json"))
-        ntp("plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "1024", "--seq-len", "8192",
-            "--global-batch", "1024", "-o", demo)  # fmt: skip
-        validate("demo plan (per-layer, 16 processes)", demo)
-        validate("demo plan with cp2 kept (32 processes)", demo, "--nproc", "32")
+        demo, mixed, small, replan = (str(Path(tmp, n)) for n in ("demo.json", "z1.json", "p8.json", "r8.json"))
+        job = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "1024", "--seq-len", "8192",
+               "--global-batch", "1024")  # fmt: skip
+        ntp("plan", *job, "-o", demo)
+        ntp("plan", *job, "--max-zero", "1", "-o", mixed)
+        validate("demo plan (uniform, ZeRO-2, 16 processes)", demo)
+        validate("per-layer plan (--max-zero 1, 16 processes)", mixed)
+        validate("per-layer plan (--max-zero 1, 32 processes)", mixed, "--nproc", "32")
         ntp("estimate", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "64", "--tp", "8", "--pp", "2", "--seq-len",
             "4096", "--global-batch", "256", "-o", small)  # fmt: skip
         ntp("replan", small, "--failed", "3", "--policy", "ntp", "-o", replan)
