@@ -23,10 +23,10 @@ from rich.table import Table
 
 from cost_models import MODELS, TrainingSpec
 from cost_models.step import CostEnv
-from ntp_planner.layer_solver import solve_milp
-from ntp_planner.per_layer import StagePlanner, allowed_degrees
-from ntp_planner.planner import make_plan
-from ntp_planner.search import SearchSpace
+from ntp_planner.solver.per_layer import StagePlanner, allowed_degrees
+from ntp_planner.solver.planner import make_plan
+from ntp_planner.solver.search import SearchSpace
+from ntp_planner.solver.stage_solvers import solve_milp
 from topologies import CLUSTERS, Cluster
 
 # model -> (cluster, GPUs, sequence, global batch): published or typical training setups

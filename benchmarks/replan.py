@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
-from ntp_planner.planner import plan_from_layout
-from ntp_planner.replan import Replanner
+from ntp_planner.failures.replan import Replanner
+from ntp_planner.failures.sampling import random_failures
+from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
-from topologies.failures import random_failures
 
 
 def main() -> None:

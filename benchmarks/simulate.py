@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
-from ntp_planner.planner import plan_from_layout
-from ntp_planner.simulator import STRATEGIES, SimConfig, simulate
+from ntp_planner.failures.simulator import STRATEGIES, SimConfig, simulate
+from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
 
 

@@ -68,7 +68,7 @@ def main() -> None:
     torch_loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
 
     from cost_models import MODELS, TrainingSpec
-    from ntp_planner.search import search
+    from ntp_planner.solver.search import search
     from topologies import CLUSTERS, Cluster
 
     def graph():

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cost_models.model import ModelSpec
-from topologies.clusters import first_error
+from topologies.cluster_catalogue import first_error
 from topologies.files import read_mapping
 
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")

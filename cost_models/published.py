@@ -45,7 +45,7 @@ from cost_models.model import ModelSpec
 from cost_models.pipeline_layout import megatron_split, parse_layout
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
-from topologies.clusters import CLUSTERS
+from topologies.cluster_catalogue import CLUSTERS
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ def user_errors(fn):
             from pydantic import ValidationError
 
             if isinstance(exc, ValidationError):
-                from topologies.clusters import first_error
+                from topologies.cluster_catalogue import first_error
 
                 err = exc.errors()[0]
                 option = _option_for(fn, err["loc"])
@@ -268,7 +268,7 @@ def plan(
 
     Example: ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 --seq-len 8192 -o plan.json
     """
-    from ntp_planner.planner import make_plan
+    from ntp_planner.solver.planner import make_plan
 
     inputs = _inputs(
         model,
@@ -287,7 +287,7 @@ def plan(
         fused_cross_entropy=fused_cross_entropy,
         attention_kernel=attention_kernel,
     )
-    from ntp_planner.search import SearchSpace
+    from ntp_planner.solver.search import SearchSpace
 
     space = SearchSpace(zeros=tuple(range(1, max_zero + 1)) or (0,))
     result = make_plan(
@@ -443,7 +443,7 @@ def estimate(
     model_spec, training, cluster_obj = inputs
     cost = estimate_step(model_spec, training, layout, cluster_obj)
     if output:
-        from ntp_planner.planner import plan_from_layout
+        from ntp_planner.solver.planner import plan_from_layout
 
         plan_from_layout(*inputs, layout).save(output)
     if json_out:
@@ -557,9 +557,9 @@ def replan(
     """
     import numpy as np
 
+    from ntp_planner.failures.replan import BATCH_MODES, POLICIES, Replanner
+    from ntp_planner.failures.sampling import BLASTS, explicit_failures, lost_domains, random_failures
     from ntp_planner.plan import Plan
-    from ntp_planner.replan import BATCH_MODES, POLICIES, Replanner
-    from topologies.failures import BLASTS, explicit_failures, lost_domains, random_failures
 
     _check_choice(policy, POLICIES, "--policy")
     _check_choice(batch, BATCH_MODES, "--batch")
@@ -619,11 +619,11 @@ def sweep(
     """
     import numpy as np
 
+    from ntp_planner.failures.replan import BATCH_MODES
+    from ntp_planner.failures.sampling import BLASTS
+    from ntp_planner.failures.sweep import plot_sweep
+    from ntp_planner.failures.sweep import sweep as run_sweep
     from ntp_planner.plan import Plan
-    from ntp_planner.replan import BATCH_MODES
-    from ntp_planner.sweep import plot_sweep
-    from ntp_planner.sweep import sweep as run_sweep
-    from topologies.failures import BLASTS
 
     _check_choice(batch, BATCH_MODES, "--batch")
     _check_choice(blast, BLASTS, "--blast")
@@ -738,17 +738,17 @@ def simulate(
     """
     import numpy as np
 
-    from ntp_planner.plan import Plan
-    from ntp_planner.replan import BATCH_MODES
-    from ntp_planner.simulator import (
+    from ntp_planner.failures.replan import BATCH_MODES
+    from ntp_planner.failures.sampling import BLASTS
+    from ntp_planner.failures.simulator import (
         LLAMA3_RATE_PER_GPU_HOUR,
         FailureClass,
         SimConfig,
         check_strategies,
         plot_simulation,
     )
-    from ntp_planner.simulator import simulate as run_simulation
-    from topologies.failures import BLASTS
+    from ntp_planner.failures.simulator import simulate as run_simulation
+    from ntp_planner.plan import Plan
 
     _check_choice(batch, BATCH_MODES, "--batch")
     names = [x.strip() for x in strategies.split(",") if x.strip()]
@@ -839,7 +839,7 @@ def _load_replan(path: Path, plan, verb: str):
     """A re-plan from `ntp replan -o`, checked against the plan it must come from."""
     from pydantic import ValidationError
 
-    from ntp_planner.replan import ReplanResult
+    from ntp_planner.failures.replan import ReplanResult
 
     try:
         result = ReplanResult.model_validate_json(Path(path).read_text())

@@ -18,7 +18,7 @@ from cost_models.model import ModelSpec
 from cost_models.step import StepCost
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
-from topologies.clusters import ClusterSpec, first_error
+from topologies.cluster_catalogue import ClusterSpec, first_error
 
 SCHEMA_VERSION = 2  # 2: ZeRO levels, model chunks, number formats (a version-1 plan must be re-made)
 

@@ -12,7 +12,7 @@ from cost_models.model import ModelSpec
 from cost_models.step import StepCost
 from ntp_planner.plan import Plan, RunnerUp
 from topologies.cluster import Cluster
-from topologies.clusters import ClusterSpec
+from topologies.cluster_catalogue import ClusterSpec
 
 TIME_LABELS = {
     "compute": "forward + backward compute",
@@ -104,7 +104,7 @@ def _fullest(cost: StepCost) -> int:
 
 def degrees_table(plan: Plan) -> Table | Text:
     """Per-layer degrees as ranges of blocks per stage, with the reason for each deviation."""
-    from ntp_planner.per_layer import block_label, explain_degrees
+    from ntp_planner.solver.per_layer import block_label, explain_degrees
 
     lay = plan.layout
     if not lay.is_per_layer:

@@ -4,7 +4,7 @@ This package imports nothing else of ntp-planner; cost_models and ntp_planner bu
 """
 
 from topologies.cluster import Cluster, Tier
-from topologies.clusters import CLUSTERS, ClusterSpec, load_cluster_spec, resolve_cluster_spec
+from topologies.cluster_catalogue import CLUSTERS, ClusterSpec, load_cluster_spec, resolve_cluster_spec
 from topologies.gpus import GPUS, GPUSpec, resolve_gpu
 
 __all__ = [

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from topologies.clusters import ClusterSpec
+from topologies.cluster_catalogue import ClusterSpec
 from topologies.gpus import GPUSpec
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class Cluster(BaseModel):
         the gcd of the used domain sizes. 128 GPUs of gb200-nvl72 use domains of 72 and 56, so 8;
         with 64 used per domain, 64 and 64, so 64. A TP degree must divide it.
 
-        >>> from topologies.clusters import CLUSTERS
+        >>> from topologies.cluster_catalogue import CLUSTERS
         >>> nvl72 = CLUSTERS["gb200-nvl72"]
         >>> [Cluster(spec=nvl72, num_gpus=n, gpus_per_domain=u).tp_domain_size for n, u in
         ...  [(128, None), (128, 64), (64, None), (8, None), (144, None)]]
@@ -163,7 +163,7 @@ class Cluster(BaseModel):
         num_gpus and up); they are no part of the job (``tier``, ``group_links`` and ``graph``
         are about ids below num_gpus) until a re-plan moves a rank onto one.
 
-        >>> from topologies.clusters import CLUSTERS
+        >>> from topologies.cluster_catalogue import CLUSTERS
         >>> c = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128, gpus_per_domain=64)
         >>> c.spare_gpus(0), c.spare_gpus(1)
         (range(128, 136), range(136, 144))
@@ -201,7 +201,7 @@ class Cluster(BaseModel):
     def tier(self, a: int, b: int) -> Tier:
         """Which tier joins GPUs ``a`` and ``b``.
 
-        >>> from topologies.clusters import CLUSTERS
+        >>> from topologies.cluster_catalogue import CLUSTERS
         >>> c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
         >>> c.tier(0, 7).name, c.tier(3, 11).name, c.tier(3, 12).name
         ('NVLINK', 'LEAF', 'SPINE')
@@ -223,7 +223,7 @@ class Cluster(BaseModel):
         are the job's (``domain_of``), so a group across a partly used domain's edge crosses
         InfiniBand:
 
-        >>> from topologies.clusters import CLUSTERS
+        >>> from topologies.cluster_catalogue import CLUSTERS
         >>> c = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128)  # domains of 72 and 56
         >>> links = c.group_links(range(64, 80))
         >>> links.tier.name, links.domains, links.per_domain

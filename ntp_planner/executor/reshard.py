@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ntp_planner.executor.shards import param_index
 from ntp_planner.executor.spec import TinyConfig
+from ntp_planner.executor.tp_slices import param_index
 
 
 def canonical(cfg: TinyConfig, key: str, degree: int) -> dict[int, int]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from cost_models.step import stage_blocks
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
+from ntp_planner.failures.replan import ReplanResult
 from ntp_planner.plan import Plan
-from ntp_planner.replan import ReplanResult
 
 MAX_LAYERS_PER_STAGE = 6
 SEQ_LEN = 8

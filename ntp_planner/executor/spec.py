@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ntp_planner.executor.sharding import contiguous
+from ntp_planner.executor.ownership import contiguous
 
 
 @dataclass(frozen=True)

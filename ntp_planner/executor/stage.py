@@ -28,9 +28,9 @@ from ntp_planner.executor.comm import (
     ScatterSeq,
 )
 from ntp_planner.executor.model import Reference, rms_norm
-from ntp_planner.executor.sharding import LayerShards, contiguous, layer_shards, vocab_shards
-from ntp_planner.executor.shards import BLOCK_PARAMS, rank_attention, rank_mlp, rank_slice
+from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 from ntp_planner.executor.spec import Block, RunSpec, StageSpec
+from ntp_planner.executor.tp_slices import BLOCK_PARAMS, rank_attention, rank_mlp, rank_slice
 
 
 @dataclass

@@ -19,9 +19,9 @@ import torch
 
 from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.reshard import reshard_plan
-from ntp_planner.executor.shards import counted_once, param_index
 from ntp_planner.executor.spec import RunSpec, dp_groups
 from ntp_planner.executor.stage import StageModel
+from ntp_planner.executor.tp_slices import counted_once, param_index
 
 
 def _place(t: torch.Tensor, idx, shape) -> torch.Tensor:

@@ -15,8 +15,8 @@ from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.cli import app
 from ntp_planner.emitters import FORMATS, export
 from ntp_planner.emitters.megatron import megatron_args, transformer_config_kwargs
-from ntp_planner.planner import plan_from_layout
-from ntp_planner.replan import Replanner
+from ntp_planner.failures.replan import Replanner
+from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -164,8 +164,8 @@ def test_nemo_and_bridge_yaml_load_with_omegaconf(case):
 
 
 def test_per_layer_plans_export_their_projection_with_a_warning():
-    from ntp_planner.planner import make_plan
-    from ntp_planner.search import SearchSpace
+    from ntp_planner.solver.planner import make_plan
+    from ntp_planner.solver.search import SearchSpace
 
     plan = make_plan(
         MODELS["llama3-8b"],

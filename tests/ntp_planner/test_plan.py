@@ -5,9 +5,9 @@ import json
 import pytest
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
-from ntp_planner.placement import place_ranks
 from ntp_planner.plan import Plan, inputs_hash
-from ntp_planner.planner import make_plan, plan_from_layout
+from ntp_planner.solver.placement import place_ranks
+from ntp_planner.solver.planner import make_plan, plan_from_layout
 from topologies import CLUSTERS, Cluster
 
 

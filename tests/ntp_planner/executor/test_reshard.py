@@ -3,8 +3,8 @@
 import pytest
 
 from ntp_planner.executor.reshard import reshard_plan
-from ntp_planner.executor.shards import param_index
 from ntp_planner.executor.spec import TinyConfig
+from ntp_planner.executor.tp_slices import param_index
 
 CFG = TinyConfig()  # 8 heads, 2 KV heads (head_dim 4), FFN 48, vocabulary 64
 

@@ -5,12 +5,12 @@ import pytest
 from cost_models.catalogue import MODELS
 from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
-from ntp_planner.executor.sharding import layer_shards
+from ntp_planner.executor.ownership import layer_shards
 from ntp_planner.executor.shrink import shrink
-from ntp_planner.planner import plan_from_layout
-from ntp_planner.replan import Replanner
+from ntp_planner.failures.replan import Replanner
+from ntp_planner.solver.planner import plan_from_layout
 from topologies.cluster import Cluster
-from topologies.clusters import CLUSTERS
+from topologies.cluster_catalogue import CLUSTERS
 
 
 def per_layer_plan():

@@ -1,7 +1,7 @@
 """One TP rank's share of a layer: its slices of the weights and its partial outputs.
 
 Column-parallel weights (Q, K, V, gate, up) are cut by rows, row-parallel ones (attention
-output, down) by columns, along the same heads / FFN columns (``sharding``), so each rank's
+output, down) by columns, along the same heads / FFN columns (``ownership``), so each rank's
 partial output is complete for its units and the partials sum to the layer's output: the sum is
 the TP all-reduce. The embedding is split by vocabulary rows (each rank looks up the tokens it
 owns; partial embeddings sum) and the LM head by vocabulary rows (partial logits concatenate).
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ntp_planner.executor.model import Reference, TinyConfig, attend, attention, rms_norm, swiglu
-from ntp_planner.executor.sharding import LayerShards, layer_shards, vocab_shards
+from ntp_planner.executor.ownership import LayerShards, layer_shards, vocab_shards
 
 
 def head_rows(heads: tuple[int, ...], head_dim: int) -> list[int]:

@@ -7,7 +7,7 @@ import pytest
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec, estimate_step
 from cost_models.step import CostEnv
-from ntp_planner.per_layer import (
+from ntp_planner.solver.per_layer import (
     StagePlanner,
     allowed_degrees,
     block_label,
@@ -15,8 +15,8 @@ from ntp_planner.per_layer import (
     lower_bound,
     partition,
 )
-from ntp_planner.planner import make_plan
-from ntp_planner.search import SearchSpace
+from ntp_planner.solver.planner import make_plan
+from ntp_planner.solver.search import SearchSpace
 from topologies import CLUSTERS, Cluster
 
 # Per-layer TP pays where memory binds between two degrees. ZeRO-2/3 relieve memory at a lower
@@ -154,8 +154,8 @@ def test_cli_per_layer_flag_and_explain(tmp_path, plans):
 
 
 def test_uneven_pipeline_split_relieves_the_lm_head_stage():
-    from ntp_planner.per_layer import rebalance_uniform
-    from ntp_planner.search import Candidate
+    from ntp_planner.solver.per_layer import rebalance_uniform
+    from ntp_planner.solver.search import Candidate
 
     model, training = MODELS["llama3-8b"], TrainingSpec(seq_len=8192, global_batch=64)
     cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)

@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec, check_layout, estimate_step
-from ntp_planner.search import SearchSpace, enumerate_layouts, no_fit_message, search
+from ntp_planner.solver.search import SearchSpace, enumerate_layouts, no_fit_message, search
 from topologies import CLUSTERS, Cluster
 
 

@@ -17,10 +17,10 @@ from cost_models.degraded import (
     work_ratio,
 )
 from ntp_planner.cli import app
-from ntp_planner.planner import plan_from_layout
-from ntp_planner.replan import Replanner
+from ntp_planner.failures.replan import Replanner
+from ntp_planner.failures.sampling import explicit_failures, lost_domains, random_failures
+from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
-from topologies.failures import explicit_failures, lost_domains, random_failures
 
 # A model whose heads (56) and FFN columns (28,672) split evenly over 8 and over 7 GPUs, so one
 # failure in a TP8 group means exactly 8/7 more work per surviving GPU.
@@ -380,7 +380,7 @@ def test_cli_replan_reports_in_domain_spares(tmp_path):
 
 
 def test_sweep_of_domain_blasts_gets_no_in_domain_spares():
-    from ntp_planner.sweep import sweep
+    from ntp_planner.failures.sweep import sweep
 
     # one of the two domains fails whole in every sample: its 8 replicas drop, idle GPUs or not
     rows = sweep(nvl72_plan(), [0.5], 4, ["dp-drop"], np.random.default_rng(0), blast="domain")

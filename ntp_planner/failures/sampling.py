@@ -67,7 +67,7 @@ def in_domain_cover(
     Example, 128 GPUs using 64 of each 72-GPU domain, so 8 idle in each (ids 128-135 and 136-143):
     of 9 failures in domain 0 the highest is left; with domain 1 lost, its failures stay.
 
-    >>> from topologies.clusters import CLUSTERS
+    >>> from topologies.cluster_catalogue import CLUSTERS
     >>> c = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128, gpus_per_domain=64)
     >>> [x.tolist() for x in in_domain_cover(c, np.arange(9) * 7)]
     [[56], [0, 7, 14, 21, 28, 35, 42, 49], [128, 129, 130, 131, 132, 133, 134, 135]]

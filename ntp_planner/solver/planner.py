@@ -6,9 +6,9 @@ from cost_models.layout import ParallelLayout
 from cost_models.model import ModelSpec
 from cost_models.step import StepCost, estimate_step
 from cost_models.training import TrainingSpec
-from ntp_planner.placement import place_ranks
 from ntp_planner.plan import ClusterInputs, Plan, RunnerUp, inputs_hash
-from ntp_planner.search import SearchSpace, no_fit_message, search
+from ntp_planner.solver.placement import place_ranks
+from ntp_planner.solver.search import SearchSpace, no_fit_message, search
 from topologies.cluster import Cluster
 
 
@@ -77,7 +77,7 @@ def make_plan(
         raise ValueError(f"headroom {headroom} must lie in [0, 1): it is the fraction of HBM kept free")
     if top < 1:
         raise ValueError(f"--top {top} must be at least 1")
-    from ntp_planner.per_layer import rebalance_uniform, search_per_layer
+    from ntp_planner.solver.per_layer import rebalance_uniform, search_per_layer
 
     pass_caches: dict = {}  # block passes, shared by the uniform and the per-layer search
     result = search(model, training, cluster, headroom, space, pass_caches=pass_caches)
@@ -132,8 +132,8 @@ def goodput_ranking(
     seeded simulation at the default failure rates; the same seed for every candidate)."""
     import numpy as np
 
+    from ntp_planner.failures.simulator import STRATEGIES, SimConfig, simulate
     from ntp_planner.plan import GoodputEntry
-    from ntp_planner.simulator import STRATEGIES, SimConfig, simulate
 
     if strategy not in STRATEGIES:
         raise ValueError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")

@@ -8,10 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
-from ntp_planner.checkpoint import daly_interval_s, meta_ettr
 from ntp_planner.cli import app
-from ntp_planner.planner import plan_from_layout
-from ntp_planner.simulator import (
+from ntp_planner.failures.checkpoint import daly_interval_s, meta_ettr
+from ntp_planner.failures.simulator import (
     LLAMA3_RATE_PER_GPU_HOUR,
     SimConfig,
     _Tables,
@@ -19,6 +18,7 @@ from ntp_planner.simulator import (
     failed_counts,
     simulate,
 )
+from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
 
 
@@ -179,7 +179,7 @@ def test_cli_simulate_bad_input(plan_file, args, message):
 
 
 def test_goodput_objective_ranks_by_effective_throughput(tmp_path):
-    from ntp_planner.planner import make_plan
+    from ntp_planner.solver.planner import make_plan
 
     args = (
         MODELS["llama3-70b"],

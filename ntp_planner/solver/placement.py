@@ -21,7 +21,7 @@ TP groups {0,1} {2,3} {4,5} {6,7} | {8,9} {10,11} {12,13} {14,15}; DP groups {0,
 pp=2 the columns become: column 0 -> slots {0,1} and {8,9}; column 1 -> offset 2 has only
 {10,11} left, so it takes offset 4: {4,5} and {12,13}; column 2 -> {6,7} and {14,15}.
 
->>> from topologies.clusters import CLUSTERS
+>>> from topologies.cluster_catalogue import CLUSTERS
 >>> place_ranks(12, 2, 2, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16, failed_gpus=frozenset({2})))
 [0, 1, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]
 """

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntp_planner.layer_solver import ChainProblem, solve_graph, solve_milp
+from ntp_planner.solver.stage_solvers import ChainProblem, solve_graph, solve_milp
 
 DEGREES = (1, 2, 4, 8)
 
@@ -83,7 +83,7 @@ def test_bad_problem_shapes():
 @settings(max_examples=60, deadline=None)
 @given(chains(free_switches=True), st.floats(0.2, 0.9), st.integers(1, 3))
 def test_count_enumeration_agrees_with_milp_and_brute_force(chain, squeeze, repeat):
-    from ntp_planner.layer_solver import solve_counts
+    from ntp_planner.solver.stage_solvers import solve_counts
 
     time_s, memory, _ = chain
     time_s, memory = time_s * repeat, memory * repeat  # repeated blocks form groups

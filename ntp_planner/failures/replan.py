@@ -19,7 +19,7 @@ drop baseline packs too). Policies (shared/reference/ntp.md):
 Before any policy, in-domain spares: a job that uses part of each NVLink domain
 (``Cluster.gpus_per_domain``, or a partial last domain) leaves idle GPUs there. A domain whose
 failed GPUs number at most its idle GPUs stays healthy: the job remaps the TP ranks of the failed
-GPUs onto idle GPUs of the same domain (``topologies.failures.in_domain_cover``), lowest failed
+GPUs onto idle GPUs of the same domain (``ntp_planner.failures.sampling.in_domain_cover``), lowest failed
 ids first. Only the failures beyond the idle count degrade groups. A domain lost whole
 (``domains_down``, a domain-wide blast) has no idle GPUs left to give.
 
@@ -37,8 +37,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.degraded import degraded_step_time, power_for_speed, speed_at_power, work_ratio
+from ntp_planner.failures.sampling import in_domain_cover
 from ntp_planner.plan import Plan
-from topologies.failures import in_domain_cover
 
 Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "spares")

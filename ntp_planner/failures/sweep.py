@@ -11,9 +11,9 @@ from collections.abc import Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from ntp_planner.failures.replan import POLICIES, BatchMode, Replanner
+from ntp_planner.failures.sampling import Blast, lost_domains, random_failures
 from ntp_planner.plan import Plan
-from ntp_planner.replan import POLICIES, BatchMode, Replanner
-from topologies.failures import Blast, lost_domains, random_failures
 
 
 class SweepRow(BaseModel):

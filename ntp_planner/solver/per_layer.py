@@ -45,7 +45,8 @@ from cost_models.step import (
     stage_blocks,
 )
 from cost_models.training import TrainingSpec
-from ntp_planner.layer_solver import (
+from ntp_planner.solver.search import Candidate, SearchSpace, divisors, enumerate_layouts
+from ntp_planner.solver.stage_solvers import (
     ChainProblem,
     ChainSolution,
     groups,
@@ -54,7 +55,6 @@ from ntp_planner.layer_solver import (
     solve_graph,
     solve_milp,
 )
-from ntp_planner.search import Candidate, SearchSpace, divisors, enumerate_layouts
 from topologies.cluster import Cluster
 
 

@@ -13,7 +13,7 @@ throughput comes from the NTP re-planning code (``Replanner``), computed once pe
 and cached. The state places failed units in distinct NVLink domains (collisions are rare at
 the fractions that matter). Failures hit the job's GPUs; when the job uses part of each domain,
 a unit that fails no more GPUs than its domain has idle is covered by those in-domain spares
-(``topologies.failures.in_domain_cover``), except a domain-wide failure, which takes the idle GPUs too.
+(``ntp_planner.failures.sampling.in_domain_cover``), except a domain-wide failure, which takes the idle GPUs too.
 
 Strategies:
 - ``restart``: synchronous checkpoint-restart; every failure costs detection + restart + the
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ntp_planner.checkpoint import daly_interval_s
+from ntp_planner.failures.checkpoint import daly_interval_s
+from ntp_planner.failures.replan import Replanner
+from ntp_planner.failures.sampling import BLASTS
 from ntp_planner.plan import Plan
-from ntp_planner.replan import Replanner
-from topologies.failures import BLASTS
 
 STRATEGIES = ("restart", "dp-drop", "spares", "ntp", "ntp-pw")
 LLAMA3_RATE_PER_GPU_HOUR = 419 / (16384 * 54 * 24)

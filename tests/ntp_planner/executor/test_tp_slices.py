@@ -5,8 +5,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
 from ntp_planner.executor.model import Reference, TinyConfig  # noqa: E402
-from ntp_planner.executor.sharding import layer_shards  # noqa: E402
-from ntp_planner.executor.shards import gathered_grads, shard_model, simulated_tp_loss  # noqa: E402
+from ntp_planner.executor.ownership import layer_shards  # noqa: E402
+from ntp_planner.executor.tp_slices import gathered_grads, shard_model, simulated_tp_loss  # noqa: E402
 
 CFG = TinyConfig(vocab=64, hidden=32, layers=2, heads=8, kv_heads=2, ffn=48)
 

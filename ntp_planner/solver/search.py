@@ -4,7 +4,7 @@ The space searched is exactly ``SearchSpace``: every combination of its candidat
 passes ``check_layout`` and fits memory, each at the first ZeRO level of ``zeros`` that fits
 (sharding more of the model state only adds communication, so a layout escalates only when
 memory asks). Nothing inside that space is pruned by heuristics, so the search equals
-brute-force enumeration (tests/ntp_planner/test_search.py checks this).
+brute-force enumeration (tests/ntp_planner/solver/test_search.py checks this).
 """
 
 from __future__ import annotations
