@@ -5,6 +5,7 @@ This package imports nothing else of ntp-planner; cost_models and ntp_planner bu
 
 from topologies.cluster import Cluster, Tier
 from topologies.cluster_catalogue import CLUSTERS, ClusterSpec, load_cluster_spec, resolve_cluster_spec
+from topologies.errors import InputError
 from topologies.gpus import GPUS, GPUSpec, resolve_gpu
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "Cluster",
     "ClusterSpec",
     "GPUSpec",
+    "InputError",
     "Tier",
     "load_cluster_spec",
     "resolve_cluster_spec",
