@@ -9,21 +9,22 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ntp_planner.failures.replan import POLICIES, BatchMode, Replanner
 from ntp_planner.failures.sampling import Blast, lost_domains, random_failures
 from ntp_planner.plan import Plan
+from ntp_planner.plots import plot_sweep  # noqa: F401  (re-export: the CLI imports it from here)
 
 
 class SweepRow(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    policy: str
-    fraction: float
-    mean_loss: float
-    p5_loss: float
-    p95_loss: float
+    policy: str = Field(description="Re-planning policy.")
+    fraction: float = Field(description="Share of blast units failed.")
+    mean_loss: float = Field(description="Mean throughput loss (1 - relative throughput) over samples.")
+    p5_loss: float = Field(description="5th percentile of the loss.")
+    p95_loss: float = Field(description="95th percentile of the loss.")
 
 
 def sweep(
@@ -70,28 +71,3 @@ def sweep(
                 )
             )
     return rows
-
-
-def plot_sweep(rows: list[SweepRow], path, title: str) -> None:
-    """Mean loss per policy against the failed fraction, with the p5-p95 band (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("--plot needs matplotlib; install the extra: pip install 'ntp-planner[plot]'") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for policy in dict.fromkeys(r.policy for r in rows):
-        mine = [r for r in rows if r.policy == policy]
-        x = [100 * r.fraction for r in mine]
-        ax.plot(x, [100 * r.mean_loss for r in mine], marker="o", label=policy)
-        ax.fill_between(x, [100 * r.p5_loss for r in mine], [100 * r.p95_loss for r in mine], alpha=0.2)
-    ax.set_xlabel("GPUs failed (%)")
-    ax.set_ylabel("throughput loss (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

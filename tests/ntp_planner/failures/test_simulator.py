@@ -10,12 +10,11 @@ from typer.testing import CliRunner
 from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.cli import app
 from ntp_planner.failures.checkpoint import daly_interval_s, meta_ettr
+from ntp_planner.failures.events import draw_events, failed_counts
 from ntp_planner.failures.simulator import (
     LLAMA3_RATE_PER_GPU_HOUR,
     SimConfig,
-    _Tables,
-    draw_events,
-    failed_counts,
+    ThroughputTables,
     simulate,
 )
 from ntp_planner.solver.planner import plan_from_layout
@@ -283,11 +282,11 @@ def _nvl72_plan(per_domain):
 
 def test_in_domain_spares_cover_failures_up_to_the_idle_gpus():
     """64 of 72 GPUs per domain: 8 idle GPUs in each of the 2 domains, 8 TP8 groups per domain."""
-    tables = _Tables(_nvl72_plan(64), SimConfig())
+    tables = ThroughputTables(_nvl72_plan(64), SimConfig())
     assert tables.get("dp-drop", "flexible", (1, 0, 0, 1)) == (1.0, 0)  # a GPU, a pair: covered
     assert tables.get("dp-drop", "flexible", (0, 2, 0, 0)) == (1.0, 0)  # a 4-GPU tray in each domain
     assert tables.get("dp-drop", "flexible", (0, 0, 1, 0)) == (0.5, 0)  # a domain takes its idle GPUs too
-    full = _Tables(_nvl72_plan(None), SimConfig())  # 72 and 56 GPUs: only domain 1 has spares (16)
+    full = ThroughputTables(_nvl72_plan(None), SimConfig())  # 72 and 56 GPUs: only domain 1 has spares (16)
     # the single lands in domain 0: its replica drops and leaves 7 healthy GPUs idle
     assert full.get("dp-drop", "flexible", (1, 0, 0, 0)) == (15 / 16, 7)
     assert full.get("dp-drop", "flexible", (0, 0, 0, 2)) == (15 / 16, 6)  # the second pair is covered
@@ -302,3 +301,17 @@ def test_single_gpu_failures_cost_only_the_stalls_with_in_domain_spares():
     assert spared["restart"].mean.spares_needed == 0  # pairs and trays fit in 8 idle GPUs too
     bare, _ = simulate(_nvl72_plan(None), cfg, ["dp-drop"], np.random.default_rng(4))
     assert bare["dp-drop"].mean.capacity_goodput < bare["dp-drop"].mean.goodput
+
+
+def test_results_are_pinned_for_a_seed():
+    """Refactors must keep every draw in its order: these figures come from the simulator as it
+    stood before it was split into events, states and goodput (10 days, 40 trials, seed 7)."""
+    results, trace = simulate(
+        _nvl72_plan(None), SimConfig(days=10, trials=40), ["restart", "ntp"], np.random.default_rng(7)
+    )
+    assert results["restart"].mean.goodput == PINNED["restart"]
+    assert results["ntp"].mean.capacity_goodput == PINNED["ntp"]
+    assert trace.failed_fraction.sum() == PINNED["failed"]
+
+
+PINNED = {"restart": 0.9777923505349015, "ntp": 0.9881093792697339, "failed": 4.3828125}
