@@ -9,6 +9,9 @@ trials, composed of four steps, each in its own module:
    re-planning code (``Replanner``), computed once and cached;
 4. ``goodput``: each strategy's throughput over time and its statistics over trials.
 Checkpoint intervals (Daly's optimum by default) come from ``checkpoint``.
+
+Work is refused up front, with the arithmetic, when it would run for more than minutes or hold
+more than a few GB: see ``SimConfig`` and ``check_workload``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ntp_planner.failures.replan import Replanner
 from ntp_planner.failures.states import Domains, failure_states
 from ntp_planner.plan import Plan
 from ntp_planner.plots import plot_simulation  # noqa: F401  (re-export: the CLI imports it from here)
+from topologies.errors import InputError
 
 __all__ = [
     "STRATEGIES",
@@ -42,6 +46,7 @@ __all__ = [
     "Trace",
     "ThroughputTables",
     "check_strategies",
+    "check_workload",
     "draw_events",
     "failed_counts",
     "plot_simulation",
@@ -51,6 +56,18 @@ __all__ = [
 STRATEGIES = ("restart", "dp-drop", "spares", "ntp", "ntp-pw")
 LLAMA3_RATE_PER_GPU_HOUR = 419 / (16384 * 54 * 24)
 CHUNK = 100  # trials per batch of work; fixed so results do not depend on the machine
+
+# Bounds on the work one simulation may ask for, measured here (2 shared cores).
+# benchmarks/simulate.py runs 30 days x 32,768 GPUs x 1,000 trials x 5 strategies in ~3 s:
+# 1,000 trials x 4,320 ten-minute bins x 5 = 2.16e7 trial-bin-strategy cells, and
+# 1.97e-5 x 32,768 x (720 + 120 h) = 542 expected failures per trial.
+MAX_CELLS = 2_160_000_000  # trials x bins x strategies: 100x the benchmark, a few minutes
+MAX_BINS = 200_000  # bins per trial: a batch of CHUNK trials peaks at ~130 bytes a trial-bin, 2.6 GB
+# Failures per trial set how many GPUs are down at once (rate x GPUs x mean repair, M/G/inf), so
+# how many distinct failure states are re-planned: 1,350 a trial on 8,192 GPUs took 13 s per 100
+# trials, 4,060 took 56 s, 16,000 on 32,768 GPUs did not end in 8 minutes for 20 trials.
+MAX_EVENTS_PER_TRIAL = 5_000  # ~10x the benchmark
+MAX_EVENTS = 54_000_000  # over all trials (event arrays, drawing): 100x the benchmark's 542,000
 
 
 class FailureClass(BaseModel):
@@ -118,6 +135,12 @@ class SimConfig(BaseModel):
         total = sum(c.share for c in self.classes)
         if abs(total - 1) > 1e-9:
             raise ValueError(f"failure class shares sum to {total:g}, not 1")
+        if self.bins > MAX_BINS:
+            raise ValueError(
+                f"days({self.days:g}) x 86400 / bin_s({self.bin_s:g}) = {self.bins:,} time bins per trial is over "
+                f"the {MAX_BINS:,} a batch of {CHUNK} trials can hold in a few GB; raise bin_s or lower days"
+            )
+        _check_cells(self, 1)
         return self
 
     @property
@@ -138,14 +161,49 @@ class SimConfig(BaseModel):
         """Failures are drawn from this long before the run: the longest repair."""
         return max(c.repair_max_h for c in self.classes)
 
+    def expected_events_per_trial(self, num_gpus: int) -> float:
+        """Failures over run + warm-up, plus straggler episodes over the run, of one trial."""
+        hours = self.days * 24
+        failures = self.failure_rate_per_gpu_hour * num_gpus * (hours + self.warm_h)
+        return failures + self.straggler_rate_per_gpu_hour * num_gpus * hours
+
+
+def _check_cells(cfg: SimConfig, strategies: int) -> None:
+    cells = cfg.trials * cfg.bins * strategies
+    if cells > MAX_CELLS:
+        per = f" x strategies({strategies})" if strategies > 1 else ""
+        raise InputError(
+            f"trials({cfg.trials:,}) x bins({cfg.bins:,}){per} = {cells:.3g} trial-bins to simulate is over "
+            f"{MAX_CELLS:.3g} (minutes of work); lower trials or days, or raise bin_s"
+        )
+
+
+def check_workload(cfg: SimConfig, num_gpus: int, strategies: int) -> None:
+    """InputError, with the arithmetic, for a simulation that would run for hours or hold more
+    memory than a workstation has (bounds derived from benchmarks/simulate.py, above)."""
+    _check_cells(cfg, strategies)
+    per_trial = cfg.expected_events_per_trial(num_gpus)
+    arithmetic = (
+        f"(failure_rate_per_gpu_hour({cfg.failure_rate_per_gpu_hour:.3g}) x (days x 24 + {cfg.warm_h:g} h warm-up)"
+        f" + straggler_rate_per_gpu_hour({cfg.straggler_rate_per_gpu_hour:.3g}) x days x 24) x {num_gpus:,} GPUs"
+        f" = {per_trial:.3g} events per trial"
+    )
+    if per_trial > MAX_EVENTS_PER_TRIAL:
+        raise InputError(f"{arithmetic} is over {MAX_EVENTS_PER_TRIAL:,}; lower the rates or days")
+    if per_trial * cfg.trials > MAX_EVENTS:
+        raise InputError(
+            f"{arithmetic} x trials({cfg.trials:,}) = {per_trial * cfg.trials:.3g} is over {MAX_EVENTS:.3g};"
+            " lower trials, the rates or days"
+        )
+
 
 def check_strategies(strategies: list[str]) -> None:
-    """ValueError unless ``strategies`` names at least one strategy, each a known one."""
+    """InputError unless ``strategies`` names at least one strategy, each a known one."""
     if not strategies:
-        raise ValueError(f"no strategy to simulate; choose from {', '.join(STRATEGIES)}")
+        raise InputError(f"no strategy to simulate; choose from {', '.join(STRATEGIES)}")
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
-        raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+        raise InputError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
 
 
 class ThroughputTables:
@@ -199,6 +257,7 @@ def simulate(
     ``rng`` draws every event; ``progress(k)`` hears of each batch of k trials done."""
     check_strategies(strategies)
     n = plan.cluster.num_gpus
+    check_workload(cfg, n, len(strategies))
     job_rate = cfg.failure_rate_per_gpu_hour * n
     interval = checkpoint.interval_s(cfg.checkpoint_interval_s, cfg.checkpoint_write_s, job_rate, cfg.days * 86400)
     productive = interval / (interval + cfg.checkpoint_write_s)

@@ -15,6 +15,11 @@ from ntp_planner.failures.replan import POLICIES, BatchMode, Replanner
 from ntp_planner.failures.sampling import Blast, lost_domains, random_failures
 from ntp_planner.plan import Plan
 from ntp_planner.plots import plot_sweep  # noqa: F401  (re-export: the CLI imports it from here)
+from topologies.errors import InputError
+
+# ``benchmarks/replan.py``: 4 fractions x 200 samples x 3 policies = 2,400 re-plans of a
+# 32,768-GPU plan take ~1.5 s; 100x that is a few minutes.
+MAX_REPLANS = 240_000
 
 
 class SweepRow(BaseModel):
@@ -25,6 +30,25 @@ class SweepRow(BaseModel):
     mean_loss: float = Field(description="Mean throughput loss (1 - relative throughput) over samples.")
     p5_loss: float = Field(description="5th percentile of the loss.")
     p95_loss: float = Field(description="95th percentile of the loss.")
+
+
+def check_sweep(fractions: list[float], samples: int, policies: list[str]) -> None:
+    """InputError, with the arithmetic, unless the sweep names known policies, at least one
+    fraction and sample, and at most ``MAX_REPLANS`` re-plans."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise InputError(f"unknown policies {unknown or '(none)'}; choose from {', '.join(POLICIES)}")
+    if samples < 1:
+        raise InputError(f"samples {samples} must be at least 1")
+    bad = [f for f in fractions if not 0 <= f < 1]  # NaN fails this too
+    if bad or not fractions:
+        raise InputError(f"fractions must be failed shares in [0, 1); got {bad or 'none'}")
+    replans = samples * len(fractions) * len(policies)
+    if replans > MAX_REPLANS:
+        raise InputError(
+            f"samples({samples:,}) x fractions({len(fractions)}) x policies({len(policies)}) = {replans:,} re-plans"
+            f" is over {MAX_REPLANS:,} (minutes of work); lower samples"
+        )
 
 
 def sweep(
@@ -41,11 +65,7 @@ def sweep(
     progress: Callable[[], None] | None = None,
 ) -> list[SweepRow]:
     """Loss = 1 - throughput_relative, over ``samples`` random failure sets per fraction."""
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
-    if samples < 1:
-        raise ValueError(f"--samples {samples} must be at least 1")
+    check_sweep(fractions, samples, policies)
     replanner = Replanner(plan, max_power)
     cluster = plan.cluster.build()
     rows = []

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from ntp_planner.failures.simulator import (
 )
 from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
+from topologies.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -303,6 +305,35 @@ def test_single_gpu_failures_cost_only_the_stalls_with_in_domain_spares():
     assert bare["dp-drop"].mean.capacity_goodput < bare["dp-drop"].mean.goodput
 
 
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        # 30 days of 1-second bins: 2,592,000 bins per trial
+        ({"bin_s": 1}, "days(30) x 86400 / bin_s(1) = 2,592,000 time bins per trial is over the 200,000"),
+        # 10**9 trials x 4,320 bins
+        ({"trials": 10**9}, "trials(1,000,000,000) x bins(4,320) = 4.32e+12 trial-bins"),
+        ({"days": float("inf")}, "finite number"),
+        ({"failure_rate_per_gpu_hour": float("nan")}, "finite number"),
+    ],
+)
+def test_config_refuses_work_beyond_the_bounds(update, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SimConfig(**update)
+
+
+def test_simulate_refuses_runs_of_hours_with_the_arithmetic(plan_16k):
+    rng = np.random.default_rng(0)
+    # 1e9 failures per GPU-hour x (720 + 120 h) x 16,384 GPUs = 1.38e16 events per trial
+    with pytest.raises(InputError, match=re.escape("= 1.38e+16 events per trial is over 5,000")):
+        simulate(plan_16k, SimConfig(failure_rate_per_gpu_hour=1e9), ["ntp"], rng)
+    # Llama 3's rate: 16,384 x 840 h x 1.97e-5 = 271 per trial, x 300,000 trials = 8.1e7 > 5.4e7
+    with pytest.raises(InputError, match=re.escape("x trials(300,000) = 8.15e+07 is over 5.4e+07")):
+        simulate(plan_16k, SimConfig(days=30, trials=300_000), ["ntp"], rng)
+    # 100,000 trials x 4,320 bins x 5 strategies = 2.16e9 is allowed, 6 strategies' worth is not
+    with pytest.raises(InputError, match=re.escape("x strategies(5) = 2.59e+09 trial-bins")):
+        simulate(plan_16k, SimConfig(days=36, trials=100_000), ["restart", "dp-drop", "spares", "ntp", "ntp-pw"], rng)
+
+
 def test_results_are_pinned_for_a_seed():
     """Refactors must keep every draw in its order: these figures come from the simulator as it
     stood before it was split into events, states and goodput (10 days, 40 trials, seed 7)."""
@@ -315,3 +346,15 @@ def test_results_are_pinned_for_a_seed():
 
 
 PINNED = {"restart": 0.9777923505349015, "ntp": 0.9881093792697339, "failed": 4.3828125}
+
+
+def test_sweep_refuses_samples_beyond_the_bound(plan_16k):
+    from ntp_planner.failures.sweep import sweep
+
+    rng = np.random.default_rng(0)
+    with pytest.raises(InputError, match=re.escape("samples(1,000,000,000) x fractions(2) x policies(1) = 2,000,")):
+        sweep(plan_16k, [0.001, 0.002], 10**9, ["ntp"], rng)
+    with pytest.raises(InputError, match=re.escape("fractions must be failed shares in [0, 1); got [nan]")):
+        sweep(plan_16k, [float("nan")], 1, ["ntp"], rng)
+    with pytest.raises(InputError, match="samples 0 must be at least 1"):
+        sweep(plan_16k, [0.001], 0, ["ntp"], rng)
