@@ -32,3 +32,14 @@ def daly_interval_s(write_s: float, mtbf_s: float) -> float:
 def meta_ettr(job_failures_per_s: float, restart_s: float, interval_s: float, write_s: float) -> float:
     """Meta's expected ETTR of synchronous checkpoint-restart."""
     return (1 - job_failures_per_s * (restart_s + interval_s / 2)) / (1 + write_s / interval_s)
+
+
+def interval_s(configured_s: float | None, write_s: float, job_failures_per_h: float, run_s: float) -> float:
+    """The checkpoint interval a run uses: the configured one, else Daly's optimum for the job's
+    mean time between failures (3600 / failures per hour), else, with no failures, the whole run
+    (one checkpoint at the end)."""
+    if configured_s is not None:
+        return configured_s
+    if job_failures_per_h <= 0:
+        return run_s
+    return daly_interval_s(write_s, 3600 / job_failures_per_h)

@@ -9,21 +9,46 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ntp_planner.failures.replan import POLICIES, BatchMode, Replanner
 from ntp_planner.failures.sampling import Blast, lost_domains, random_failures
 from ntp_planner.plan import Plan
+from ntp_planner.plots import plot_sweep  # noqa: F401  (re-export: the CLI imports it from here)
+from topologies.errors import InputError
+
+# ``benchmarks/replan.py``: 4 fractions x 200 samples x 3 policies = 2,400 re-plans of a
+# 32,768-GPU plan take ~1.5 s; 100x that is a few minutes.
+MAX_REPLANS = 240_000
 
 
 class SweepRow(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    policy: str
-    fraction: float
-    mean_loss: float
-    p5_loss: float
-    p95_loss: float
+    policy: str = Field(description="Re-planning policy.")
+    fraction: float = Field(description="Share of blast units failed.")
+    mean_loss: float = Field(description="Mean throughput loss (1 - relative throughput) over samples.")
+    p5_loss: float = Field(description="5th percentile of the loss.")
+    p95_loss: float = Field(description="95th percentile of the loss.")
+
+
+def check_sweep(fractions: list[float], samples: int, policies: list[str]) -> None:
+    """InputError, with the arithmetic, unless the sweep names known policies, at least one
+    fraction and sample, and at most ``MAX_REPLANS`` re-plans."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise InputError(f"unknown policies {unknown or '(none)'}; choose from {', '.join(POLICIES)}")
+    if samples < 1:
+        raise InputError(f"samples {samples} must be at least 1")
+    bad = [f for f in fractions if not 0 <= f < 1]  # NaN fails this too
+    if bad or not fractions:
+        raise InputError(f"fractions must be failed shares in [0, 1); got {bad or 'none'}")
+    replans = samples * len(fractions) * len(policies)
+    if replans > MAX_REPLANS:
+        raise InputError(
+            f"samples({samples:,}) x fractions({len(fractions)}) x policies({len(policies)}) = {replans:,} re-plans"
+            f" is over {MAX_REPLANS:,} (minutes of work); lower samples"
+        )
 
 
 def sweep(
@@ -40,11 +65,7 @@ def sweep(
     progress: Callable[[], None] | None = None,
 ) -> list[SweepRow]:
     """Loss = 1 - throughput_relative, over ``samples`` random failure sets per fraction."""
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
-    if samples < 1:
-        raise ValueError(f"--samples {samples} must be at least 1")
+    check_sweep(fractions, samples, policies)
     replanner = Replanner(plan, max_power)
     cluster = plan.cluster.build()
     rows = []
@@ -70,28 +91,3 @@ def sweep(
                 )
             )
     return rows
-
-
-def plot_sweep(rows: list[SweepRow], path, title: str) -> None:
-    """Mean loss per policy against the failed fraction, with the p5-p95 band (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("--plot needs matplotlib; install the extra: pip install 'ntp-planner[plot]'") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for policy in dict.fromkeys(r.policy for r in rows):
-        mine = [r for r in rows if r.policy == policy]
-        x = [100 * r.fraction for r in mine]
-        ax.plot(x, [100 * r.mean_loss for r in mine], marker="o", label=policy)
-        ax.fill_between(x, [100 * r.p5_loss for r in mine], [100 * r.p95_loss for r in mine], alpha=0.2)
-    ax.set_xlabel("GPUs failed (%)")
-    ax.set_ylabel("throughput loss (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

@@ -69,10 +69,13 @@ def make_plan(
     objective: str = "step-time",
     strategy: str = "ntp",
     candidates: int = 8,
+    seed: int = 0,
 ) -> Plan:
     """The fastest layout that fits, plus ``top - 1`` runners-up. With ``per_layer`` the TP
     degree may differ per layer (it is chosen only when it beats every uniform layout), and the
-    best uniform layout is kept as the Megatron-expressible projection. ValueError if none fits."""
+    best uniform layout is kept as the Megatron-expressible projection. ValueError if none fits.
+    With ``objective="goodput"`` the ``candidates`` fastest are simulated under failures drawn
+    from ``seed`` (the same failures for every candidate)."""
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom {headroom} must lie in [0, 1): it is the fraction of HBM kept free")
     if top < 1:
@@ -95,7 +98,7 @@ def make_plan(
         raise ValueError(f"--objective {objective!r} is not one of step-time, goodput")
     ranking = []
     if objective == "goodput":
-        ranking = goodput_ranking(model, training, cluster, headroom, ranked[:candidates], strategy)
+        ranking = goodput_ranking(model, training, cluster, headroom, ranked[:candidates], strategy, seed)
         chosen = {r.layout for r in ranking[:1]}
         ranked = sorted(ranked, key=lambda c: (c.layout not in chosen, _rank(c)))
     best, *rest = ranked[:top]
@@ -122,14 +125,21 @@ def make_plan(
     )
 
 
-GOODPUT_SIM = dict(days=7, trials=20)  # short and seeded: enough to rank layouts, not to report goodput
+GOODPUT_DAYS, GOODPUT_TRIALS = 7, 20  # a short simulation: enough to rank layouts, not to report goodput
 
 
 def goodput_ranking(
-    model: ModelSpec, training: TrainingSpec, cluster: Cluster, headroom: float, candidates, strategy: str
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: Cluster,
+    headroom: float,
+    candidates,
+    strategy: str,
+    seed: int,
 ) -> list:
     """Rank ``candidates`` by tokens/s x expected capacity goodput under ``strategy`` (a short
-    seeded simulation at the default failure rates; the same seed for every candidate)."""
+    simulation at the default failure rates). Each candidate gets a generator from ``seed``, so
+    all see the same failures (common random numbers): the ranking compares layouts, not luck."""
     import numpy as np
 
     from ntp_planner.failures.simulator import STRATEGIES, SimConfig, simulate
@@ -140,7 +150,8 @@ def goodput_ranking(
     entries = []
     for c in candidates:
         plan = _plan(model, training, cluster, c.layout, c.cost, headroom, [], "search")
-        results, _ = simulate(plan, SimConfig(**GOODPUT_SIM), [strategy], np.random.default_rng(0))
+        sim = SimConfig(days=GOODPUT_DAYS, trials=GOODPUT_TRIALS)
+        results, _ = simulate(plan, sim, [strategy], np.random.default_rng(seed))
         good = results[strategy].mean.capacity_goodput
         entries.append(
             GoodputEntry(

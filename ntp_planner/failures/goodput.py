@@ -1,0 +1,199 @@
+"""Goodput accounting: each strategy's throughput over time in one batch of trials, and the
+statistics over all trials.
+
+- ``restart``: synchronous checkpoint-restart; every failure costs detection + restart + the
+  work since the last checkpoint; the job continues on a spare at full speed.
+- ``dp-drop``, ``spares``, ``ntp``, ``ntp-pw``: the job reconfigures (detection +
+  reconfiguration on a failure, reconfiguration when a repaired GPU rejoins), keeps its state
+  from the surviving replicas (no rollback) and runs at the re-planned throughput; with a fixed
+  batch it pauses while the re-planned throughput is 0.
+Every strategy pays checkpoint writes: interval / (interval + write) of the time is productive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ntp_planner.failures.events import Events
+from ntp_planner.failures.states import FailureStates
+
+if TYPE_CHECKING:
+    from ntp_planner.failures.simulator import SimConfig, ThroughputTables
+
+
+class StrategyStats(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    goodput: float = Field(description="Productive time / wall time (Google's time-based goodput).")
+    capacity_goodput: float = Field(description="Useful samples / samples of a failure-free run.")
+    ettr: float = Field(description="Effective training time ratio (Meta).")
+    throughput_loss: float = Field(description="1 - capacity_goodput.")
+    hours_paused: float = Field(description="Hours the job stood still waiting for GPUs (fixed batch).")
+    interruptions: float = Field(description="Failures that stopped or reconfigured the job.")
+    restarts: float = Field(description="Checkpoint restarts.")
+    reconfigurations: float = Field(description="Elastic reconfigurations: one per failure and one per rejoin.")
+    spares_needed: float = Field(description="Spare domains for pause-free training with a fixed batch.")
+    idle_gpu_hours: float = Field(description="Healthy GPUs left idle by the re-planned layouts, times hours.")
+    time_over_threshold: float = Field(description="Share of time with more than down_threshold of GPUs down.")
+
+
+class StrategyResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mean: StrategyStats = Field(description="Mean over trials.")
+    p5: StrategyStats = Field(description="5th percentile over trials, per statistic.")
+    p95: StrategyStats = Field(description="95th percentile over trials, per statistic.")
+    checkpoint_interval_s: float = Field(description="Compute time between checkpoints.")
+
+
+@dataclass
+class Trace:
+    """One trial's time series, for plots."""
+
+    bin_h: float
+    failed_fraction: np.ndarray
+    throughput: dict[str, np.ndarray]
+    capacity_goodput: dict[str, np.ndarray]  # per trial, for the distribution plot
+
+
+@dataclass
+class Batch:
+    """What every strategy's accounting reads of one batch of trials."""
+
+    events: Events
+    states: FailureStates
+    slow: np.ndarray  # [trial, bin] speed under stragglers (1 = full speed)
+    run_h: float
+    bin_h: float
+
+    @property
+    def trials(self) -> int:
+        return self.slow.shape[0]
+
+    @property
+    def in_run(self) -> np.ndarray:
+        """Events that strike during the run (the rest were already down at its start)."""
+        return self.events.start_h >= 0
+
+    @property
+    def failures(self) -> np.ndarray:
+        """Failures during the run, per trial."""
+        return np.bincount(self.events.trial[self.in_run], minlength=self.trials).astype(float)
+
+    @property
+    def repairs(self) -> np.ndarray:
+        """Repairs during the run, per trial."""
+        ev = self.events
+        return np.bincount(ev.trial[(ev.end_h >= 0) & (ev.end_h < self.run_h)], minlength=self.trials).astype(float)
+
+
+def restart_row(
+    cfg: SimConfig, batch: Batch, interval_s: float, per_domain: int
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Checkpoint-restart: per-trial statistics and trial 0's throughput per bin. A failure
+    strikes at a uniform phase of the (interval + write) cycle and loses the work since the last
+    checkpoint, plus detection and restart."""
+    ev, in_run, size = batch.events, batch.in_run, batch.trials
+    run_s = cfg.days * 86400
+    productive = interval_s / (interval_s + cfg.checkpoint_write_s)
+    failures = batch.failures
+    phase = np.mod(ev.start_h[in_run] * 3600, interval_s + cfg.checkpoint_write_s)
+    lost = np.bincount(ev.trial[in_run], weights=cfg.detection_s + cfg.restart_s + phase, minlength=size)
+    good = np.clip(run_s - lost, 0, None) * productive / run_s
+    row = dict(
+        goodput=good,
+        capacity_goodput=good * batch.slow.mean(axis=1),
+        ettr=good,
+        hours_paused=np.zeros(size),
+        interruptions=failures,
+        restarts=failures,
+        reconfigurations=np.zeros(size),
+        spares_needed=np.ceil(batch.states.domains_down.max(axis=1) / per_domain),
+        idle_gpu_hours=np.zeros(size),
+    )
+    series = restart_series(ev, in_run, cfg.detection_s + cfg.restart_s + phase, len(batch.slow[0]), batch.bin_h)
+    return row, series * batch.slow[0]
+
+
+def elastic_row(
+    cfg: SimConfig, batch: Batch, tables: ThroughputTables, strategy: str, interval_s: float, per_domain: int
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """An elastic strategy: per-trial statistics and trial 0's throughput per bin, from the
+    re-planned throughput of each bin's failure state."""
+    size, bins, bin_h = batch.trials, batch.slow.shape[1], batch.bin_h
+    states, inverse = batch.states.states, batch.states.inverse
+    run_s = cfg.days * 86400
+    productive = interval_s / (interval_s + cfg.checkpoint_write_s)
+    failures, repairs = batch.failures, batch.repairs
+    tp, idle = tables.arrays(strategy, cfg.batch, states)
+    tput = tp[inverse] * batch.slow
+    paused = (tp[inverse] == 0) if cfg.batch == "fixed" else np.zeros((size, bins), dtype=bool)
+    paused_s = paused.sum(axis=1) * bin_h * 3600
+    stall = failures * (cfg.detection_s + cfg.reconfigure_s) + repairs * cfg.reconfigure_s
+    good = np.clip(run_s - stall - paused_s, 0, None) * productive / run_s
+    cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
+    needed = np.ceil(spares_per_state(tables, strategy, states)[inverse].max(axis=1) / per_domain)
+    row = dict(
+        goodput=good,
+        capacity_goodput=cap,
+        ettr=good,
+        hours_paused=paused_s / 3600,
+        interruptions=failures,
+        restarts=np.zeros(size),
+        reconfigurations=failures + repairs,
+        spares_needed=needed,
+        idle_gpu_hours=idle[inverse].sum(axis=1) * bin_h,
+    )
+    return row, tput[0]
+
+
+def restart_series(ev: Events, in_run: np.ndarray, lost_s: np.ndarray, bins: int, bin_h: float) -> np.ndarray:
+    """Trial 0's throughput per bin under checkpoint-restart: 1, less the share of each bin
+    spent restarting or redoing lost work (a long outage spills into the following bins).
+
+    >>> ev = Events(np.array([0]), np.array([0.5]), np.array([1.0]), np.zeros(1), np.zeros(1))
+    >>> restart_series(ev, np.array([True]), np.array([5400.0]), bins=3, bin_h=1.0).tolist()
+    [0.0, 0.5, 1.0]
+    """
+    series = np.ones(bins)
+    bin_s = bin_h * 3600
+    starts = ev.start_h[in_run]
+    for start, lost in zip(starts[ev.trial[in_run] == 0], lost_s[ev.trial[in_run] == 0], strict=True):
+        b, left = int(start / bin_h), float(lost)
+        while left > 0 and b < bins:
+            take = min(left, series[b] * bin_s)
+            series[b] -= take / bin_s
+            left -= take
+            b += 1
+    return series
+
+
+def spares_per_state(tables: ThroughputTables, strategy: str, states: np.ndarray) -> np.ndarray:
+    """Spare domains each state needs to run without pausing under a fixed batch. Spares replace
+    the worst domains first: if the single-GPU failures alone would not pause the job, only the
+    severe units (hosts, whole domains, doubly failed domains) need spares; else every one."""
+    fixed, _ = tables.arrays(strategy, "fixed", states)
+    singles_only = states.copy()
+    singles_only[:, 1:] = 0
+    singles_fixed, _ = tables.arrays(strategy, "fixed", singles_only)
+    severe = states[:, 1:].sum(axis=1)
+    every = states.sum(axis=1)
+    return np.where(fixed > 0, 0, np.where(singles_fixed > 0, severe, every)).astype(float)
+
+
+def summarize(rows: list[dict[str, np.ndarray]], interval_s: float) -> tuple[StrategyResult, np.ndarray]:
+    """Mean, p5 and p95 over all trials of one strategy, and every trial's capacity goodput."""
+    merged = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+    pick = {
+        q: StrategyStats(**{k: float(f(v)) for k, v in merged.items()})
+        for q, f in (
+            ("mean", np.mean),
+            ("p5", lambda v: np.percentile(v, 5)),
+            ("p95", lambda v: np.percentile(v, 95)),
+        )
+    }
+    return StrategyResult(**pick, checkpoint_interval_s=interval_s), merged["capacity_goodput"]
