@@ -1,6 +1,6 @@
 """The `ntp` command: one typer app, a thin layer over the library. Only this package prints.
 
-The commands live by subject: ``plan`` (models, clusters, plan, estimate, explain), ``failures``
+The commands live by subject: ``plan`` (models, clusters, plan, explain), ``estimate``, ``failures``
 (replan, sweep, simulate) and ``export`` (export, validate); ``options`` holds the shared options
 and choices, ``errors`` turns what a command raises into one line. Heavy imports (pydantic models,
 numpy, rich tables) happen inside commands so `ntp --help` stays fast; torch is imported only by
@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from ntp_planner.cli import export, failures, plan
+from ntp_planner.cli import estimate, export, failures, plan
 from ntp_planner.cli.errors import GuardedGroup
 
 app = typer.Typer(
@@ -30,7 +30,7 @@ COMMANDS = (
     ("models", plan.models),
     ("clusters", plan.clusters),
     ("plan", plan.plan),
-    ("estimate", plan.estimate),
+    ("estimate", estimate.estimate),
     ("explain", plan.explain),
     ("replan", failures.replan),
     ("sweep", failures.sweep),
