@@ -182,7 +182,7 @@ def why_lost(best: StepCost, r: RunnerUp, parts: int = 2) -> str:
         ((r.time_breakdown_s[k] - best.time_breakdown_s.get(k, 0.0), k) for k in r.time_breakdown_s), reverse=True
     )
     worse = [f"{TIME_LABELS.get(k, k)} +{d:.3f} s" for d, k in diffs[:parts] if d > 1e-6]
-    return f"+{delta:.3f} s ({delta / best.step_time_s:+.1%}): " + ", ".join(worse or ["ties on time"])
+    return f"{delta:+.3f} s ({delta / best.step_time_s:+.1%}): " + ", ".join(worse or ["ties on time"])
 
 
 def goodput_table(plan: Plan) -> Table:

@@ -254,7 +254,7 @@ def test_export_bad_input(tmp_path):
     plan.save(path)
     runner = CliRunner()
     bad = runner.invoke(app, ["export", str(path), "--format", "deepspeed"])
-    assert bad.exit_code == 2 and "--format 'deepspeed' is not one of" in bad.stderr
+    assert bad.exit_code == 2 and "'--format': Value error, 'deepspeed' is not one of" in bad.stderr
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     bad = runner.invoke(app, ["export", str(path), "-o", str(blocked / "sub")])

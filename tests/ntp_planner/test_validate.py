@@ -71,9 +71,9 @@ def test_a_dead_rank_fails_validate_with_its_name(plans):
     "args, message",
     [
         (["--backend", "nccl"], "--backend nccl needs CUDA GPUs"),
-        (["--backend", "mpi"], "--backend 'mpi'"),
+        (["--backend", "mpi"], "'--backend': Value error, 'mpi' is not one of 'gloo', 'nccl'"),
         (["--nproc", 2], "needs 4 processes (its stage width); pass --nproc 4 or more"),
-        (["--steps", 0], "--steps 0 must be at least 1"),
+        (["--steps", 0], "'--steps': Input should be greater than or equal to 1"),
         (["--tolerance", -1], "--tolerance -1 must lie between 0 and 1"),
         (["--timeout", 0], "--timeout 0 must be positive"),
         (["--inject-fault", "x"], "must look like RANK:die|hang|raise:STEP"),

@@ -213,7 +213,7 @@ def test_cli_replan_and_sweep(plan_file, tmp_path):
         (["--failed-fraction", "1.5"], "must lie in [0, 1)"),
         (["--failed", "x"], "must be comma-separated whole numbers"),
         ([], "give exactly one of --failed"),
-        (["--failed", "3", "--policy", "magic"], "--policy 'magic' is not one of"),
+        (["--failed", "3", "--policy", "magic"], "'magic' is not one of 'dp-drop', 'ntp'"),
     ],
 )
 def test_cli_replan_bad_input(plan_file, args, message):

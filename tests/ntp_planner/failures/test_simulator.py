@@ -165,8 +165,8 @@ def test_cli_plot_without_matplotlib(plan_file, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--failure-rate", "-1"], "--failure-rate -1.0 must be zero or more"),
-        (["--days", "0"], "--days 0.0 must be more than zero"),
+        (["--failure-rate", "-1"], "--failure-rate -1.0: Input should be greater than or equal to 0"),
+        (["--days", "0"], "--days 0.0: Input should be greater than 0"),
         (["--strategies", "restart,magic"], "unknown strategies ['magic']"),
         (["--hw-repair-days", "-3"], "must be non-negative"),
         (["--hw-repair-days", "5-3"], "is reversed"),

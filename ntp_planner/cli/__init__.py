@@ -1,0 +1,97 @@
+"""The `ntp` command: one typer app, a thin layer over the library. Only this package prints.
+
+The commands live by subject: ``plan`` (models, clusters, plan, explain), ``estimate``, ``failures``
+(replan, sweep, simulate) and ``export`` (export, validate); ``options`` holds the shared options
+and choices, ``errors`` turns what a command raises into one line. Heavy imports (pydantic models,
+numpy, rich tables) happen inside commands so `ntp --help` stays fast; torch is imported only by
+`ntp validate`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ntp_planner.cli import estimate, export, failures, plan
+from ntp_planner.cli.errors import GuardedGroup
+
+app = typer.Typer(
+    cls=GuardedGroup,
+    help="Plan how to parallelise LLM training over thousands of GPUs, and what failures cost.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: nothing cut at 80 columns, no <bool> on flags
+)
+
+COMMANDS = (
+    ("models", plan.models),
+    ("clusters", plan.clusters),
+    ("plan", plan.plan),
+    ("estimate", estimate.estimate),
+    ("explain", plan.explain),
+    ("replan", failures.replan),
+    ("sweep", failures.sweep),
+    ("simulate", failures.simulate),
+    ("export", export.export_cmd),
+    ("validate", export.validate),
+)
+for _name, _fn in COMMANDS:
+    app.command(name=_name)(_fn)
+
+
+def version() -> str:
+    """The installed distribution's version, or the package's when it runs from a source tree."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("ntp-planner")
+    except PackageNotFoundError:
+        from ntp_planner import __version__
+
+        return __version__
+
+
+def _print_version(show: bool) -> None:
+    if show:
+        typer.echo(f"ntp-planner {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="On an error, print the Python traceback too.")] = False,
+) -> None:
+    """Plan how to parallelise LLM training over thousands of GPUs, and what failures cost."""
+
+
+def main() -> None:
+    """The ``ntp`` entry point. A usage error (an unknown option, a value out of range) ends in one
+    line on stderr and exit code 2, like every other bad input; bare ``ntp`` prints the help."""
+    from typer._click.exceptions import NoArgsIsHelpError
+    from typer.exceptions import TyperException
+
+    try:
+        code = app(prog_name="ntp", standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help())
+        code = 0
+    except TyperException as exc:
+        where = exc.ctx.command_path if getattr(exc, "ctx", None) else "ntp"
+        message = " ".join(exc.format_message().replace("Value error, ", "").split()).rstrip(".")
+        typer.echo(f"error: {message}; run `{where} --help` for the options.", err=True)
+        code = getattr(exc, "exit_code", 2)
+    except typer.Abort:
+        typer.echo("aborted.", err=True)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,205 @@
+"""Commands that take a plan to a framework: export (launch files) and validate (a real run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ntp_planner.cli.options import Backend, Format, JsonOpt, PlanArg
+from ntp_planner.cli.output import show, show_json, with_step_progress
+from topologies.errors import InputError
+
+FormatOpt = Annotated[
+    Format, typer.Option("--format", help="Megatron-LM, NeMo 1.x, NeMo 2.0, Megatron-Bridge or JSON.")
+]
+FolderOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder to write into.")]
+ExportReplanOpt = Annotated[
+    Path | None, typer.Option("--replan", help="A re-plan from `ntp replan -o` (NTP settings).")
+]
+DataPathOpt = Annotated[str | None, typer.Option("--data-path", help="Training data (default: mock data).")]
+SaveDirOpt = Annotated[str | None, typer.Option("--save-dir", help="Checkpoint folder.")]
+
+ValidateReplanOpt = Annotated[
+    Path | None, typer.Option("--replan", help="A re-plan from `ntp replan -o`: run its degraded replicas.")
+]
+NprocOpt = Annotated[
+    int | None,
+    typer.Option("--nproc", min=1, help="Processes to run (default: 16 with gloo, one per GPU with nccl)."),
+]
+BackendOpt = Annotated[Backend, typer.Option("--backend", help="gloo (CPU) or nccl (CUDA GPUs).")]
+StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="AdamW steps to train and compare.")]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option("--timeout", help="Seconds without progress before the run counts as hung (start-up gets 60 s more)."),
+]
+ToleranceOpt = Annotated[float, typer.Option("--tolerance", help="Largest relative error that passes, in (0, 1).")]
+WeightSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the weights and the synthetic batch.")]
+FaultOpt = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="RANK:die|hang|raise:STEP")]
+
+TORCH_MISSING = (
+    "`ntp validate` runs the plan with PyTorch, which is not installed here; "
+    "install it with: pip install 'ntp-planner[torch]'"
+)
+
+
+def export_cmd(
+    plan_file: PlanArg,
+    fmt: FormatOpt = "megatron",
+    out_dir: FolderOpt = Path("."),
+    replan_file: ExportReplanOpt = None,
+    data_path: DataPathOpt = None,
+    save_dir: SaveDirOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write launch files for Megatron-LM, NeMo 1.x, NeMo 2.0 or Megatron-Bridge.
+
+    \b
+    Example: ntp export plan.json --format megatron -o launch/
+    """
+    from ntp_planner.emitters import export
+    from ntp_planner.plan import Plan, write_atomic
+
+    p = Plan.load(plan_file)
+    replan_result = None if replan_file is None else _load_replan(replan_file, p, "export")
+    result = export(p, fmt, replan_result, data_path, save_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create output folder {out_dir}: {exc.strerror}; choose another -o") from None
+    for name, text in result.files.items():
+        write_atomic(out_dir / name, text)
+        if name.endswith(".sh"):
+            (out_dir / name).chmod(0o755)
+    for w in result.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    if json_out:
+        show_json({"files": [str(out_dir / n) for n in result.files], "warnings": result.warnings})
+    else:
+        for name in result.files:
+            show(f"wrote {out_dir / name}")
+
+
+def validate(
+    plan_file: PlanArg,
+    replan_file: ValidateReplanOpt = None,
+    nproc: NprocOpt = None,
+    backend: BackendOpt = "gloo",
+    steps: StepsOpt = 3,
+    timeout: TimeoutOpt = 180.0,
+    tolerance: ToleranceOpt = 1e-5,
+    seed: WeightSeedOpt = 0,
+    fault: FaultOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run a plan for real on a shrunk model with torch.distributed and compare it with one process.
+
+    Keeps the plan's stage width, per-layer TP degrees and (with --replan) the degraded replicas'
+    uneven shards and batches; shrinks layers, width, replicas and stages to fit --nproc.
+    Across hosts, run the same command under torchrun (each process becomes one rank).
+    Needs PyTorch: pip install 'ntp-planner[torch]'.
+
+    \b
+    Example: ntp validate plan.json --replan replan.json --steps 3
+    """
+    if not timeout > 0:
+        raise InputError(f"--timeout {timeout:g} must be positive")
+    if not 0 < tolerance < 1:
+        raise InputError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")
+    torch = _import_torch()
+    from ntp_planner.executor.shrink import shrink
+    from ntp_planner.plan import Plan
+    from ntp_planner.report import validate_json, validate_view
+
+    p = Plan.load(plan_file)
+    replan_result = None if replan_file is None else _load_replan(replan_file, p, "validate")
+    injected = _parse_fault(fault)
+    n, torchrun = _world_size(torch, backend, nproc)
+    shrunk = shrink(p, n, replan_result, steps, seed)
+    result = _run(shrunk, backend, timeout, injected, torchrun, steps, json_out)
+    if result is None:
+        return  # a torchrun rank other than 0: rank 0 reports
+    data = validate_json(shrunk, result, tolerance, backend)
+    if json_out:
+        show_json(data)
+    else:
+        show(validate_view(p, shrunk, result, tolerance, backend))
+    if not data["passed"]:
+        raise typer.Exit(1)
+
+
+def _import_torch():
+    try:
+        import torch  # the executor needs it; imported only by `ntp validate`
+    except ImportError:
+        raise InputError(TORCH_MISSING) from None
+    return torch
+
+
+def _world_size(torch, backend: str, nproc: int | None) -> tuple[int, bool]:
+    """Ranks to run, and whether this process is one rank of a run torchrun started."""
+    from ntp_planner.executor.launch import under_torchrun
+
+    gpus = torch.cuda.device_count() if backend == "nccl" else 0
+    if backend == "nccl" and gpus == 0:
+        raise InputError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
+    if under_torchrun():
+        import os
+
+        n = int(os.environ["WORLD_SIZE"])
+        if nproc is not None and nproc != n:
+            raise InputError(f"--nproc {nproc} differs from torchrun's {n} processes; drop --nproc")
+        return n, True
+    n = nproc if nproc is not None else (gpus or 16)
+    if backend == "nccl" and n > gpus:
+        raise InputError(f"--nproc {n} exceeds the {gpus} GPUs here (nccl runs one rank per GPU); lower --nproc")
+    return n, False
+
+
+def _run(shrunk, backend: str, timeout: float, injected, torchrun: bool, steps: int, quiet: bool):
+    """The run's result; a failed rank ends the command with its name and exit code 1."""
+    from ntp_planner.executor.launch import RankFailure, launch, run_as_torchrun_rank
+
+    try:
+        if torchrun:
+            return run_as_torchrun_rank(shrunk.spec, backend, timeout)
+        return with_step_progress(lambda tick: launch(shrunk.spec, backend, timeout, injected, tick), steps, quiet)
+    except RankFailure as exc:
+        if quiet:
+            show_json({"passed": False, "failure": str(exc)})
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _load_replan(path: Path, plan, verb: str):
+    """A re-plan from `ntp replan -o`, checked against the plan it must come from."""
+    from pydantic import ValidationError
+
+    from ntp_planner.failures.replan import ReplanResult
+
+    try:
+        result = ReplanResult.model_validate_json(Path(path).read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read re-plan {path}: {exc.strerror}") from None
+    except ValidationError:
+        raise InputError(f"{path} is not a re-plan written by `ntp replan -o`") from None
+    if len(result.rank_to_gpu) != plan.layout.world_size:
+        raise InputError(
+            f"re-plan {path} has {len(result.rank_to_gpu)} ranks but the plan "
+            f"has {plan.layout.world_size}; {verb} the plan it was made from"
+        )
+    return result
+
+
+def _parse_fault(text: str | None):
+    """``'1:die:0'`` -> ``(1, 'die', 0)``: rank 1 dies at step 0 (a hidden option for tests)."""
+    if text is None:
+        return None
+    try:
+        rank, kind, step = text.split(":")
+        if kind not in ("die", "hang", "raise"):
+            raise ValueError
+        return int(rank), kind, int(step)
+    except ValueError:
+        raise InputError(f"--inject-fault {text!r} must look like RANK:die|hang|raise:STEP, e.g. 1:die:0") from None

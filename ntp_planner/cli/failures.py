@@ -1,0 +1,306 @@
+"""Commands about GPU failures: replan (one failure set), sweep (many), simulate (a whole run)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ntp_planner.cli.options import (
+    BatchModeOpt,
+    Blast,
+    BlastOpt,
+    FailureDist,
+    FallbackOpt,
+    JsonOpt,
+    PlanArg,
+    Policy,
+    PowerOpt,
+    SeedOpt,
+    SparesOpt,
+    parse_list,
+)
+from ntp_planner.cli.output import progress, show, show_json
+from topologies.errors import InputError
+
+FailedOpt = Annotated[str | None, typer.Option("--failed", help="Failed GPU ids, e.g. 17,803,4410.")]
+FailedFractionOpt = Annotated[
+    float | None, typer.Option("--failed-fraction", help="Fail this share of GPUs at random.")
+]
+PolicyOpt = Annotated[Policy, typer.Option("--policy", help="How the job goes on without the failed GPUs.")]
+ReplanOutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Save the re-plan as JSON.")]
+
+FractionsOpt = Annotated[str, typer.Option("--fractions", help="Failed shares, e.g. 0.0005,0.001,0.002.")]
+SamplesOpt = Annotated[int, typer.Option("--samples", min=1, help="Random failure sets per fraction.")]
+PoliciesOpt = Annotated[str, typer.Option("--policies", help="Comma-separated: dp-drop, ntp, ntp-pw, spares.")]
+SweepPlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG of loss against failed share.")]
+
+DaysOpt = Annotated[float, typer.Option("--days", help="Length of the run in days.")]
+TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="Monte-Carlo trials.")]
+StrategiesOpt = Annotated[
+    str, typer.Option("--strategies", help="Comma-separated: restart, dp-drop, spares, ntp, ntp-pw.")
+]
+RateOpt = Annotated[
+    float | None, typer.Option("--failure-rate", help="Failures per GPU-hour (default: Llama 3's 1.97e-5).")
+]
+HwRepairOpt = Annotated[str, typer.Option("--hw-repair-days", help="Hardware repair, days: a number or a range, 3-5.")]
+SwRepairOpt = Annotated[str, typer.Option("--sw-repair-hours", help="Software repair, hours: a number or a range.")]
+HwShareOpt = Annotated[float, typer.Option("--hw-share", min=0, max=1, help="Share of failures that are hardware.")]
+IntervalOpt = Annotated[str, typer.Option("--checkpoint-interval", help="auto (Daly's optimum) or minutes.")]
+WriteOpt = Annotated[float, typer.Option("--checkpoint-write-s", help="Checkpoint write, s.")]
+RestartOpt = Annotated[float, typer.Option("--restart-s", help="Restart overhead, s.")]
+DistOpt = Annotated[
+    FailureDist, typer.Option("--failure-dist", help="Failure arrivals: poisson, or weibull (renewal).")
+]
+ShapeOpt = Annotated[float, typer.Option("--weibull-shape", help="Weibull shape; < 1 is bursty.")]
+HwBlastOpt = Annotated[Blast, typer.Option("--hw-blast", help="What a hardware failure takes down.")]
+SwBlastOpt = Annotated[Blast, typer.Option("--sw-blast", help="What a software failure takes down.")]
+StragglerRateOpt = Annotated[
+    float, typer.Option("--straggler-rate", help="Straggler episodes per GPU-hour (0 = none).")
+]
+StragglerHoursOpt = Annotated[float, typer.Option("--straggler-hours", help="Episode length, hours.")]
+SlowdownOpt = Annotated[float, typer.Option("--straggler-slowdown", help="Job slowdown during an episode.")]
+ThresholdOpt = Annotated[
+    float, typer.Option("--down-threshold", help="Report the time more than this share of GPUs is down.")
+]
+LemonFractionOpt = Annotated[float, typer.Option("--lemon-fraction", help="Share of lemon hosts.")]
+LemonFactorOpt = Annotated[float, typer.Option("--lemon-factor", help="How much more often lemons fail.")]
+SimPlotOpt = Annotated[Path | None, typer.Option("--plot", help="Folder for PNG plots.")]
+
+
+def replan(
+    plan_file: PlanArg,
+    failed: FailedOpt = None,
+    failed_fraction: FailedFractionOpt = None,
+    seed: SeedOpt = 0,
+    blast: BlastOpt = "gpu",
+    policy: PolicyOpt = "ntp",
+    spares: SparesOpt = 0,
+    fallback: FallbackOpt = "dp-drop",
+    batch: BatchModeOpt = "flexible",
+    max_power: PowerOpt = 1.3,
+    output: ReplanOutOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Re-plan a job after GPU failures: drop replicas, or run them at reduced TP (NTP).
+
+    \b
+    Example: ntp replan plan.json --failed-fraction 0.001 --seed 1 --policy ntp-pw
+    """
+    import numpy as np
+
+    from ntp_planner.failures.replan import Replanner
+    from ntp_planner.failures.sampling import explicit_failures, lost_domains, random_failures
+    from ntp_planner.plan import Plan
+
+    if (failed is None) == (failed_fraction is None):
+        raise InputError("give exactly one of --failed (GPU ids) or --failed-fraction (a share of GPUs)")
+    p = Plan.load(plan_file)
+    cluster = p.cluster.build()
+    down = frozenset()
+    if failed is not None:
+        lost = explicit_failures(cluster, parse_list(failed, "--failed", int, "17,803,4410"))
+    else:
+        lost = random_failures(cluster, failed_fraction, np.random.default_rng(seed), blast)
+        down = lost_domains(cluster, lost, blast)
+    result = Replanner(p, max_power).replan(lost, policy, spares, fallback, batch, domains_down=down)
+    if output:
+        from ntp_planner.plan import write_atomic
+
+        write_atomic(output, result.model_dump_json(indent=1))
+    if json_out:
+        sys.stdout.write(result.model_dump_json(indent=1) + "\n")
+    else:
+        from ntp_planner.report import replan_view
+
+        show(replan_view(result))
+
+
+def sweep(
+    plan_file: PlanArg,
+    fractions: FractionsOpt = "0.0005,0.001,0.002,0.004",
+    samples: SamplesOpt = 200,
+    policies: PoliciesOpt = "dp-drop,ntp,ntp-pw",
+    seed: SeedOpt = 0,
+    blast: BlastOpt = "gpu",
+    spares: SparesOpt = 0,
+    fallback: FallbackOpt = "dp-drop",
+    batch: BatchModeOpt = "flexible",
+    max_power: PowerOpt = 1.3,
+    plot: SweepPlotOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Throughput loss per policy over random failure placements (mean, p5, p95).
+
+    \b
+    Example: ntp sweep plan.json --fractions 0.0005,0.001,0.002,0.004 \\
+               --samples 200 --plot loss.png
+    """
+    import numpy as np
+
+    from ntp_planner.failures.sweep import plot_sweep
+    from ntp_planner.failures.sweep import sweep as run_sweep
+    from ntp_planner.plan import Plan
+
+    shares = parse_list(fractions, "--fractions", float, "0.001,0.002")
+    bad = [f for f in shares if not 0 <= f < 1]
+    if bad:
+        raise InputError(f"--fractions must be numbers in [0, 1); got {bad}")
+    names = parse_list(policies, "--policies", str, "dp-drop,ntp")
+    p = Plan.load(plan_file)
+    _need_matplotlib(plot)
+    rng = np.random.default_rng(seed)
+    with progress("failure samples", samples * len(shares), json_out) as advance:
+        rows = run_sweep(p, shares, samples, names, rng, spares, fallback, batch, blast, max_power, progress=advance)
+    if plot is not None:
+        plot_sweep(rows, plot, f"{p.model.name} on {p.cluster.num_gpus} x {p.cluster.spec.gpu}")
+    if json_out:
+        show_json([r.model_dump() for r in rows])
+        return
+    from ntp_planner.report import sweep_table
+
+    show(sweep_table(rows))
+    if plot is not None:
+        show(f"plot written to {plot}")
+
+
+def simulate(
+    plan_file: PlanArg,
+    days: DaysOpt = 30,
+    trials: TrialsOpt = 1000,
+    strategies: StrategiesOpt = "restart,dp-drop,spares,ntp,ntp-pw",
+    failure_rate: RateOpt = None,
+    hw_repair_days: HwRepairOpt = "3-5",
+    sw_repair_hours: SwRepairOpt = "3",
+    hw_share: HwShareOpt = 0.78,
+    checkpoint_interval: IntervalOpt = "auto",
+    checkpoint_write_s: WriteOpt = 300,
+    restart_s: RestartOpt = 600,
+    spares: SparesOpt = 0,
+    batch: BatchModeOpt = "flexible",
+    failure_dist: DistOpt = "poisson",
+    weibull_shape: ShapeOpt = 0.7,
+    hw_blast: HwBlastOpt = "gpu",
+    sw_blast: SwBlastOpt = "gpu",
+    straggler_rate: StragglerRateOpt = 0.0,
+    straggler_hours: StragglerHoursOpt = 0.4,
+    straggler_slowdown: SlowdownOpt = 1.3,
+    down_threshold: ThresholdOpt = 0.001,
+    lemon_fraction: LemonFractionOpt = 0.0,
+    lemon_factor: LemonFactorOpt = 1.0,
+    seed: SeedOpt = 0,
+    plot: SimPlotOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Goodput of the run under failures, per fault-handling strategy (Monte Carlo).
+
+    \b
+    Example: ntp simulate plan.json --days 30 --trials 1000 \\
+               --strategies restart,ntp,ntp-pw --plot out/
+    """
+    import numpy as np
+
+    from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR, SimConfig, plot_simulation
+    from ntp_planner.failures.simulator import simulate as run_simulation
+    from ntp_planner.plan import Plan
+
+    names = parse_list(strategies, "--strategies", str, "restart,ntp")
+    repair = (
+        _hours_range(hw_repair_days, "--hw-repair-days", 24),
+        _hours_range(sw_repair_hours, "--sw-repair-hours", 1),
+    )
+    cfg = SimConfig(
+        days=days,
+        trials=trials,
+        failure_rate_per_gpu_hour=LLAMA3_RATE_PER_GPU_HOUR if failure_rate is None else failure_rate,
+        classes=_failure_classes(hw_share, repair, (hw_blast, sw_blast)),
+        checkpoint_interval_s=_interval_s(checkpoint_interval),
+        checkpoint_write_s=checkpoint_write_s,
+        restart_s=restart_s,
+        spares=spares,
+        batch=batch,
+        lemon_host_fraction=lemon_fraction,
+        lemon_factor=lemon_factor,
+        distribution=failure_dist,
+        weibull_shape=weibull_shape,
+        straggler_rate_per_gpu_hour=straggler_rate,
+        straggler_hours=straggler_hours,
+        straggler_slowdown=straggler_slowdown,
+        down_threshold=down_threshold,
+    )
+    _need_matplotlib(plot)
+    p = Plan.load(plan_file)
+    with progress("trials", trials, json_out) as advance:
+        results, trace = run_simulation(p, cfg, names, np.random.default_rng(seed), progress=advance)
+    if plot is not None:
+        plot_simulation(trace, results, plot, f"{p.model.name} on {p.cluster.num_gpus} GPUs")
+    if json_out:
+        show_json({s: _result_json(r) for s, r in results.items()})
+        return
+    from ntp_planner.report import simulation_table
+
+    show(simulation_table(results, cfg))
+    if plot is not None:
+        show(f"plots written to {plot}/")
+
+
+def _need_matplotlib(plot: Path | None) -> None:
+    import importlib.util
+
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib; install the extra: pip install 'ntp-planner[plot]'")
+
+
+def _hours_range(text: str, option: str, scale: float) -> tuple[float, float]:
+    """'3-5' -> (3, 5) and '3' -> (3, 3), times ``scale`` (days -> hours).
+
+    >>> _hours_range("3-5", "--hw-repair-days", 24)
+    (72.0, 120.0)
+    """
+    try:
+        parts = [float(x) for x in text.split("-")] if not text.startswith("-") else [float(text)]
+    except ValueError:
+        raise InputError(f"{option} {text!r} must be a number or a range like 3-5") from None
+    lo, hi = parts[0], parts[-1]
+    if lo < 0 or hi < 0 or len(parts) > 2:
+        raise InputError(f"{option} {text!r} must be non-negative, a number or a range like 3-5")
+    if hi < lo:
+        raise InputError(f"{option} {text!r} is reversed; write the smaller bound first")
+    return lo * scale, hi * scale
+
+
+def _failure_classes(hw_share: float, repair_h: tuple, blasts: tuple[str, str]) -> tuple:
+    """Hardware failures (``hw_share`` of them) and software failures (the rest, if any)."""
+    from ntp_planner.failures.simulator import FailureClass
+
+    (hw_lo, hw_hi), (sw_lo, sw_hi) = repair_h
+    classes = [FailureClass(name="hardware", share=hw_share, repair_min_h=hw_lo, repair_max_h=hw_hi, blast=blasts[0])]
+    if hw_share < 1:
+        classes.append(
+            FailureClass(name="software", share=1 - hw_share, repair_min_h=sw_lo, repair_max_h=sw_hi, blast=blasts[1])
+        )
+    return tuple(classes)
+
+
+def _interval_s(text: str) -> float | None:
+    """--checkpoint-interval in seconds: None for auto (Daly's optimum), else minutes x 60."""
+    if text == "auto":
+        return None
+    try:
+        minutes = float(text)
+    except ValueError:
+        raise InputError(f"--checkpoint-interval {text!r} must be auto or minutes") from None
+    if not minutes > 0:
+        raise InputError(f"--checkpoint-interval {text} must be more than zero minutes")
+    return minutes * 60
+
+
+def _result_json(r) -> dict:
+    return {
+        **r.mean.model_dump(),
+        "p5": r.p5.model_dump(),
+        "p95": r.p95.model_dump(),
+        "checkpoint_interval_s": r.checkpoint_interval_s,
+    }

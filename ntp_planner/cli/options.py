@@ -1,0 +1,111 @@
+"""The options the commands share, as ``Annotated`` types, the choices they take, and the one
+parser of comma lists.
+
+Choices are ``Literal`` types, so typer checks them and lists them in the help. Each mirrors a
+vocabulary of the library (``cost_models.training.Dtype``, ``failures.replan.Policy``, ...); they
+are spelled here so that `ntp --help` imports nothing heavy, and a test checks that they agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from topologies.errors import InputError
+
+Dtype = Literal["fp16", "bf16", "fp8", "mxfp8", "nvfp4"]
+Fp8Recipe = Literal["delayed", "current"]
+AttentionKernel = Literal["cudnn", "flash2"]
+GradReduce = Literal["fp32", "bf16"]
+Recompute = Literal["none", "selective", "full"]
+Objective = Literal["step-time", "goodput"]
+Strategy = Literal["restart", "dp-drop", "spares", "ntp", "ntp-pw"]
+Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
+Fallback = Literal["dp-drop", "ntp", "ntp-pw"]
+BatchMode = Literal["flexible", "fixed"]
+Blast = Literal["gpu", "node", "domain"]
+FailureDist = Literal["poisson", "weibull"]
+Format = Literal["megatron", "nemo", "nemo2", "bridge", "json"]
+Backend = Literal["gloo", "nccl"]
+
+# ---- the three inputs and the training spec (plan, estimate) -------------------------------
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Catalogue name (see `ntp models`) or a config.json / YAML path.")
+]
+ClusterOpt = Annotated[
+    str, typer.Option("--cluster", "-c", help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path.")
+]
+GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs, a multiple of the host size.")]
+GpusPerDomainOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-domain", min=1, help="GPUs used per NVLink domain (default: all); the rest are in-domain spares."
+    ),
+]
+SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
+BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")]
+DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="GEMM format: fp8 needs Hopper+, mxfp8 and nvfp4 Blackwell.")]
+Fp8RecipeOpt = Annotated[
+    Fp8Recipe, typer.Option("--fp8-recipe", help="fp8 scaling: delayed (amax history) or current (tensorwise).")
+]
+Fp8ParamsOpt = Annotated[
+    bool, typer.Option("--fp8-params", help="Keep weights in the fp8/fp4 format (Megatron --fp8-param-gather).")
+]
+GradReduceOpt = Annotated[
+    GradReduce | None,
+    typer.Option("--grad-reduce", help="Gradient buffer and reduction (default: fp32 for bf16, 16 bits otherwise)."),
+]
+PrecisionAwareOpt = Annotated[
+    bool,
+    typer.Option(
+        "--precision-aware-optimizer", help="Adam keeps 16-bit master-weight remainders (10 bytes of state/param)."
+    ),
+]
+AttentionKernelOpt = Annotated[
+    AttentionKernel,
+    typer.Option("--attention-kernel", help="Fused attention: cudnn (TE's default) or flash2 (FlashAttention-2)."),
+]
+FusedLossOpt = Annotated[
+    bool, typer.Option("--fused-cross-entropy/--unfused-cross-entropy", help="Fused loss kernel (TE) or Megatron's.")
+]
+FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention", help="Fused attention kernels.")]
+HeadroomOpt = Annotated[float, typer.Option("--headroom", help="Fraction of HBM kept free (fragmentation, spikes).")]
+
+# ---- output ------------------------------------------------------------------------------
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
+OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Save the Plan as JSON here (written atomically).")]
+PlanArg = Annotated[Path, typer.Argument(help="A plan written by `ntp plan -o` or `ntp estimate -o`.")]
+
+# ---- failures (replan, sweep, simulate) ---------------------------------------------------
+SparesOpt = Annotated[int, typer.Option("--spares", min=0, help="Idle spare NVLink domains (for spares).")]
+FallbackOpt = Annotated[Fallback, typer.Option("--fallback", help="What spares fall back to when they run out.")]
+BatchModeOpt = Annotated[BatchMode, typer.Option("--batch", help="flexible (shrinks) or fixed (pauses when short).")]
+PowerOpt = Annotated[float, typer.Option("--max-power", help="Largest power multiplier per GPU (ntp-pw).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random failures.")]
+BlastOpt = Annotated[Blast, typer.Option("--blast", help="What one failure takes down.")]
+
+_KINDS = {int: "whole numbers", float: "numbers", str: "names"}
+
+
+def parse_list(text: str, option: str, kind: type = str, example: str = "") -> list:
+    """The comma list ``text`` given to ``option`` as values of ``kind`` (int, float or str);
+    blanks around and between commas are ignored, an empty list is refused.
+
+    >>> parse_list("17, 803,4410", "--failed", int)
+    [17, 803, 4410]
+    >>> parse_list("restart,,ntp", "--strategies")
+    ['restart', 'ntp']
+    >>> parse_list(" , ", "--fractions", float, "0.001,0.002")
+    Traceback (most recent call last):
+    topologies.errors.InputError: --fractions ' , ' lists nothing; give comma-separated numbers, e.g. 0.001,0.002
+    """
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    eg = f", e.g. {example}" if example else ""
+    if not words:
+        raise InputError(f"{option} {text!r} lists nothing; give comma-separated {_KINDS[kind]}{eg}")
+    try:
+        return [kind(w) for w in words]
+    except ValueError:
+        raise InputError(f"{option} {text!r} must be comma-separated {_KINDS[kind]}{eg}") from None

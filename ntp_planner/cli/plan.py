@@ -1,0 +1,185 @@
+"""Commands that choose a layout: models, clusters, plan, explain; and the inputs every plan needs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ntp_planner.cli.options import (
+    AttentionKernelOpt,
+    BatchOpt,
+    ClusterOpt,
+    DtypeOpt,
+    FlashOpt,
+    Fp8ParamsOpt,
+    Fp8RecipeOpt,
+    FusedLossOpt,
+    GpusOpt,
+    GpusPerDomainOpt,
+    GradReduceOpt,
+    HeadroomOpt,
+    JsonOpt,
+    ModelOpt,
+    Objective,
+    OutOpt,
+    PlanArg,
+    PrecisionAwareOpt,
+    SeqOpt,
+    Strategy,
+)
+from ntp_planner.cli.output import show, show_json
+
+DistOptOpt = Annotated[
+    bool, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state over DP.")
+]
+MaxZeroOpt = Annotated[
+    int,
+    typer.Option("--max-zero", min=0, max=3, help="Most sharding to try: 1 distributed optimizer, 2 +grads, 3 FSDP."),
+]
+TopOpt = Annotated[int, typer.Option("--top", min=1, help="Layouts to keep: the best and top-1 runners-up.")]
+PerLayerOpt = Annotated[
+    bool, typer.Option("--per-layer/--uniform", help="Let each layer pick its TP degree (chosen only when it wins).")
+]
+ObjectiveOpt = Annotated[
+    Objective, typer.Option("--objective", help="Rank by step time or by throughput under failures.")
+]
+StrategyOpt = Annotated[Strategy, typer.Option("--strategy", help="Failure strategy for --objective goodput.")]
+
+
+def models(json_out: JsonOpt = False) -> None:
+    """List the built-in models. Example: ntp models --json"""
+    from cost_models import MODELS
+
+    if json_out:
+        show_json([m.model_dump(mode="json") | {"num_params": m.num_params} for m in MODELS.values()])
+    else:
+        from ntp_planner.report import models_table
+
+        show(models_table(list(MODELS.values())))
+
+
+def clusters(json_out: JsonOpt = False) -> None:
+    """List the built-in clusters. Example: ntp clusters"""
+    from topologies import CLUSTERS
+
+    if json_out:
+        show_json([c.model_dump(mode="json") for c in CLUSTERS.values()])
+    else:
+        from ntp_planner.report import clusters_table
+
+        show(clusters_table(list(CLUSTERS.values())))
+
+
+def plan(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    gpus: GpusOpt,
+    gpus_per_domain: GpusPerDomainOpt = None,
+    seq_len: SeqOpt = 8192,
+    global_batch: BatchOpt = 1024,
+    dtype: DtypeOpt = "bf16",
+    fp8_recipe: Fp8RecipeOpt = "delayed",
+    fp8_params: Fp8ParamsOpt = False,
+    grad_reduce: GradReduceOpt = None,
+    precision_aware_optimizer: PrecisionAwareOpt = False,
+    fused_cross_entropy: FusedLossOpt = True,
+    flash_attention: FlashOpt = True,
+    attention_kernel: AttentionKernelOpt = "cudnn",
+    distributed_optimizer: DistOptOpt = True,
+    headroom: HeadroomOpt = 0.1,
+    max_zero: MaxZeroOpt = 3,
+    top: TopOpt = 5,
+    per_layer: PerLayerOpt = True,
+    objective: ObjectiveOpt = "step-time",
+    strategy: StrategyOpt = "ntp",
+    output: OutOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Search the layouts (with --per-layer, the default, per-layer TP degrees too) and show the
+    fastest that fits.
+
+    \b
+    Example: ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 \\
+               --seq-len 8192 -o plan.json
+    """
+    from ntp_planner.solver.planner import make_plan
+    from ntp_planner.solver.search import SearchSpace
+
+    inputs = plan_inputs(
+        model,
+        cluster,
+        gpus,
+        gpus_per_domain,
+        seq_len,
+        global_batch,
+        dtype,
+        flash_attention,
+        distributed_optimizer,
+        fp8_recipe=fp8_recipe,
+        fp8_params=fp8_params,
+        grad_reduce=grad_reduce,
+        precision_aware_optimizer=precision_aware_optimizer,
+        fused_cross_entropy=fused_cross_entropy,
+        attention_kernel=attention_kernel,
+    )
+    space = SearchSpace(zeros=tuple(range(1, max_zero + 1)) or (0,))
+    result = make_plan(
+        *inputs, headroom=headroom, top=top, space=space, per_layer=per_layer, objective=objective, strategy=strategy
+    )
+    if output:
+        result.save(output)
+    if json_out:
+        sys.stdout.write(result.model_dump_json(indent=1) + "\n")
+        return
+    from ntp_planner.report import plan_view
+
+    show(plan_view(result))
+    if output:
+        show(f"plan written to {output}")
+
+
+def explain(plan_file: PlanArg, json_out: JsonOpt = False) -> None:
+    """Where the time and memory go, and why the runners-up lost. Example: ntp explain plan.json"""
+    from ntp_planner.plan import Plan
+    from ntp_planner.report import explain_json, explain_view
+
+    p = Plan.load(plan_file)
+    if json_out:
+        show_json(explain_json(p))
+    else:
+        show(explain_view(p))
+
+
+def plan_inputs(
+    model: str,
+    cluster: str,
+    gpus: int,
+    gpus_per_domain: int | None,
+    seq_len: int,
+    global_batch: int,
+    dtype: str,
+    flash: bool,
+    distributed_optimizer: bool,
+    grad_reduce: str | None = None,
+    **precision,
+):
+    """The three inputs of a plan. ``precision`` holds the remaining TrainingSpec fields
+    (fp8_recipe, fp8_params, precision_aware_optimizer, fused_cross_entropy, attention_kernel)."""
+    from cost_models import TrainingSpec, resolve_model
+    from topologies import Cluster, resolve_cluster_spec
+
+    model_spec = resolve_model(model)
+    cluster_obj = Cluster(spec=resolve_cluster_spec(cluster), num_gpus=gpus, gpus_per_domain=gpus_per_domain)
+    training = TrainingSpec(
+        seq_len=seq_len,
+        global_batch=global_batch,
+        dtype=dtype,
+        flash_attention=flash,
+        distributed_optimizer=distributed_optimizer,
+        grad_reduce_in_fp32=None if grad_reduce is None else grad_reduce == "fp32",
+        **precision,
+    )
+    cluster_obj.gpu.peak_flops_per_s(training.dtype)  # fp8 on a GPU without it fails here, clearly
+    return model_spec, training, cluster_obj

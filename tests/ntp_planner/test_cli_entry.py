@@ -1,0 +1,206 @@
+"""The `ntp` program around the commands: version, `python -m`, --debug, one-line errors with the
+right exit code, help at 80 columns, choices that match the library, and small messages."""
+
+import json
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import get_args
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from ntp_planner.cli import app, options
+from topologies.errors import InputError
+
+runner = CliRunner()
+SMALL = ["-m", "llama3-8b", "-c", "dgx-h100", "-n", "32", "--seq-len", "4096", "--global-batch", "64"]
+COMMANDS = ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate", "export", "validate"]
+
+
+def run(*args, **kw):
+    return runner.invoke(app, [str(a) for a in args], **kw)
+
+
+def test_global_options_are_version_and_debug():
+    assert sorted(p.opts[0] for p in typer.main.get_command(app).params) == ["--debug", "--version"]
+
+
+def test_version():
+    try:
+        expected = version("ntp-planner")
+    except PackageNotFoundError:
+        from ntp_planner import __version__ as expected
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout == f"ntp-planner {expected}\n"
+
+
+@pytest.mark.parametrize(("argv", "code", "start"), [(["--version"], 0, "ntp-planner "), ([], 0, "Usage: ntp ")])
+def test_python_dash_m(argv, code, start):
+    out = subprocess.run([sys.executable, "-m", "ntp_planner", *argv], capture_output=True, text=True)
+    assert out.returncode == code and out.stdout.startswith(start) and out.stderr == ""
+
+
+def _boom(exc):
+    def raise_it(*_args, **_kw):
+        raise exc
+
+    return raise_it
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "line"),
+    [
+        (InputError("no such thing; pick another"), 2, "error: no such thing; pick another."),
+        (ValueError("a plain ValueError, bad input for now"), 2, "error: a plain ValueError, bad input for now."),
+        (
+            KeyError("tp"),
+            1,
+            "internal error: KeyError: 'tp'; this is a bug in ntp-planner, please report it; "
+            "rerun with --debug for the traceback",
+        ),
+        (
+            ZeroDivisionError("division by zero\nsecond line"),
+            1,
+            "internal error: ZeroDivisionError: division by zero second line; this is a bug in ntp-planner, "
+            "please report it; rerun with --debug for the traceback",
+        ),
+    ],
+)
+def test_input_errors_exit_2_and_bugs_exit_1_in_one_line(monkeypatch, exc, code, line):
+    monkeypatch.setattr("ntp_planner.report.models_table", _boom(exc))
+    result = run("models")
+    assert result.exit_code == code
+    assert result.stderr == line + "\n" and result.stdout == ""
+    debug = run("--debug", "models")
+    assert debug.exit_code == code
+    assert debug.stderr.startswith("Traceback (most recent call last):") and debug.stderr.endswith(line + "\n")
+    assert "raise_it" in debug.stderr
+
+
+def test_the_entry_point_reports_a_bug_with_exit_1(monkeypatch, capsys):
+    from ntp_planner.cli import main
+
+    monkeypatch.setattr("ntp_planner.report.clusters_table", _boom(RuntimeError("oops")))
+    monkeypatch.setattr(sys, "argv", ["ntp", "clusters"])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 1
+    assert capsys.readouterr().err.startswith("internal error: RuntimeError: oops; this is a bug")
+
+
+def test_a_library_field_error_names_the_option_that_set_it(tmp_path):
+    plan = tmp_path / "p.json"
+    assert run("estimate", *SMALL, "--tp", 8, "-o", plan).exit_code == 0
+    result = run("simulate", plan, "--failure-rate", "-1")
+    assert result.exit_code == 2
+    assert result.stderr == "error: --failure-rate -1.0: Input should be greater than or equal to 0.\n"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_fits_80_columns_and_names_every_option_whole(command):
+    result = run(command, "--help", terminal_width=80)
+    assert result.exit_code == 0
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert "…" not in result.stdout and "<bool>" not in result.stdout
+    cmd = typer.main.get_command(app).commands[command]
+    for param in cmd.params:
+        if not param.hidden:
+            assert all(name in result.stdout for name in [*param.opts[:1], *param.secondary_opts])
+
+
+def test_plan_help_says_per_layer_is_the_default():
+    text = " ".join(run("plan", "--help").stdout.split())
+    assert "every uniform layout" not in text
+    assert "with --per-layer, the default, per-layer TP degrees too" in text
+    assert "--per-layer / --uniform" in text and "[default: per-layer]" in text
+
+
+@pytest.mark.parametrize(
+    ("cli_choice", "library"),
+    [
+        ("Dtype", "cost_models.training:Dtype"),
+        ("Recompute", "cost_models.layout:Recompute"),
+        ("Policy", "ntp_planner.failures.replan:Policy"),
+        ("BatchMode", "ntp_planner.failures.replan:BatchMode"),
+        ("Blast", "ntp_planner.failures.sampling:Blast"),
+    ],
+)
+def test_choices_match_the_library(cli_choice, library):
+    import importlib
+
+    module, name = library.split(":")
+    assert get_args(getattr(options, cli_choice)) == get_args(getattr(importlib.import_module(module), name))
+
+
+def test_choice_tuples_match_the_library():
+    from ntp_planner.emitters import FORMATS
+    from ntp_planner.failures.simulator import STRATEGIES
+
+    assert get_args(options.Strategy) == STRATEGIES
+    assert get_args(options.Format) == tuple(FORMATS)
+
+
+def test_validate_without_torch_says_how_to_install_it(tmp_path, monkeypatch):
+    plan = tmp_path / "p.json"
+    assert run("estimate", *SMALL, "--tp", 8, "-o", plan).exit_code == 0
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    result = run("validate", plan)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: `ntp validate` runs the plan with PyTorch, which is not installed here; "
+        "install it with: pip install 'ntp-planner[torch]'.\n"
+    )
+
+
+def test_estimate_saves_a_layout_that_does_not_fit_with_one_warning(tmp_path):
+    out = tmp_path / "big.json"
+    args = ["estimate", "-m", "llama3-70b", "-c", "dgx-h100", "-n", 8, "--tp", 8, "--global-batch", 8]
+    result = run(*args, "-o", out, "--json")
+    assert result.exit_code == 0 and out.exists()
+    cost = json.loads(result.stdout)
+    need, have = cost["memory_per_gpu_bytes"] / 2**30, cost["hbm_bytes"] / 2**30
+    assert need > have
+    assert result.stderr == (
+        f"warning: {out} holds a layout that does not fit: needs {need:.1f} GiB of {have:.1f} GiB per GPU\n"
+    )
+    assert run(*args, "--json").stderr == ""  # nothing saved, nothing to warn about
+
+
+def test_a_gpu_count_below_one_host_suggests_one_host():
+    result = run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "-n", 7)
+    assert result.exit_code == 2
+    assert result.stderr.endswith("(7 % 8 = 7); use 8.\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["replan", "{plan}", "--failed", ""], "error: --failed '' lists nothing; give comma-separated whole numbers"),
+        (["replan", "{plan}", "--failed", "3,x"], "error: --failed '3,x' must be comma-separated whole numbers"),
+        (["sweep", "{plan}", "--fractions", "0.1,y"], "error: --fractions '0.1,y' must be comma-separated numbers"),
+        (["sweep", "{plan}", "--policies", " , "], "error: --policies ' , ' lists nothing; give comma-separated names"),
+        (["sweep", "{plan}", "--fractions", "1.5"], "error: --fractions must be numbers in [0, 1); got [1.5]"),
+        (["estimate", *SMALL, "--pp", 2, "--pp-layers", ","], "error: --pp-layers ',' lists nothing"),
+    ],
+)
+def test_every_list_option_goes_through_one_parser(tmp_path, args, message):
+    plan = tmp_path / "p.json"
+    assert run("estimate", *SMALL, "--tp", 8, "-o", plan).exit_code == 0
+    result = run(*[str(a).replace("{plan}", str(plan)) for a in args])
+    assert result.exit_code == 2 and result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1
+
+
+def test_explain_signs_runner_up_deltas(tmp_path):
+    from ntp_planner.plan import Plan
+    from ntp_planner.report import why_lost
+
+    out = tmp_path / "plan.json"
+    assert run("plan", *SMALL, "--top", 2, "-o", out).exit_code == 0
+    plan = Plan.load(out)
+    best, runner_up = plan.predicted, plan.runners_up[0]
+    faster = runner_up.model_copy(update={"step_time_s": best.step_time_s - 0.011})
+    slower = runner_up.model_copy(update={"step_time_s": best.step_time_s + 0.011})
+    assert why_lost(best, faster).startswith("-0.011 s (")
+    assert why_lost(best, slower).startswith("+0.011 s (")
