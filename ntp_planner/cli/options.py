@@ -83,7 +83,7 @@ SparesOpt = Annotated[int, typer.Option("--spares", min=0, help="Idle spare NVLi
 FallbackOpt = Annotated[Fallback, typer.Option("--fallback", help="What spares fall back to when they run out.")]
 BatchModeOpt = Annotated[BatchMode, typer.Option("--batch", help="flexible (shrinks) or fixed (pauses when short).")]
 PowerOpt = Annotated[float, typer.Option("--max-power", help="Largest power multiplier per GPU (ntp-pw).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random failures.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random failures (the same seed, the same failures).")]
 BlastOpt = Annotated[Blast, typer.Option("--blast", help="What one failure takes down.")]
 
 _KINDS = {int: "whole numbers", float: "numbers", str: "names"}

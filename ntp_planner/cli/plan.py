@@ -26,6 +26,7 @@ from ntp_planner.cli.options import (
     OutOpt,
     PlanArg,
     PrecisionAwareOpt,
+    SeedOpt,
     SeqOpt,
     Strategy,
 )
@@ -94,6 +95,7 @@ def plan(
     per_layer: PerLayerOpt = True,
     objective: ObjectiveOpt = "step-time",
     strategy: StrategyOpt = "ntp",
+    seed: SeedOpt = 0,
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -126,7 +128,14 @@ def plan(
     )
     space = SearchSpace(zeros=tuple(range(1, max_zero + 1)) or (0,))
     result = make_plan(
-        *inputs, headroom=headroom, top=top, space=space, per_layer=per_layer, objective=objective, strategy=strategy
+        *inputs,
+        headroom=headroom,
+        top=top,
+        space=space,
+        per_layer=per_layer,
+        objective=objective,
+        strategy=strategy,
+        seed=seed,
     )
     if output:
         result.save(output)

@@ -49,6 +49,7 @@ def test_cli_surface_is_frozen():
                 "--per-layer",
                 "--objective",
                 "--strategy",
+                "--seed",
                 "--top",
                 "--output",
                 "--json",
