@@ -104,7 +104,7 @@ def test_dp_drop_matches_the_hypergeometric_closed_form():
     replanner, cluster = Replanner(plan), plan.cluster.build()
     rng, failures, samples = np.random.default_rng(7), 10, 400
     kept = [
-        replanner.replan(random_failures(cluster, failures / 1024, rng), "dp-drop", detail=False)
+        replanner.throughput(random_failures(cluster, failures / 1024, rng), "dp-drop").throughput_relative
         for _ in range(samples)
     ]
     # expected fraction of untouched groups: C(N - g, F) / C(N, F)
@@ -144,6 +144,27 @@ def test_rank_map_uses_each_healthy_gpu_once():
     used = [g for g in r.rank_to_gpu if g is not None]
     assert len(used) == len(set(used)) and not set(used) & failed
     assert set(used) | set(r.idle_gpus) | failed == set(range(256))
+
+
+def test_the_throughput_path_agrees_with_the_full_result():
+    """Two failed TP8 slots (7 survivors each) packed into replica 7 with two healthy slots."""
+    replanner = Replanner(two_replicas(pp=4, dp=8, gpus=256, batch=64))
+    failed = frozenset({3, 40})
+    cases = [
+        # (policy, spares, idle GPUs: fast path, replicas' slots, whole cluster)
+        ("ntp", 0, 2, 2, 2),  # TP7 everywhere: one idle GPU in each healthy slot
+        ("dp-drop", 0, 8 + 8 + 7 + 7, 30, 30),  # the whole replica idles
+        # a spare domain takes one degraded slot (its 7 survivors idle outside every replica); the
+        # replica still drops; the fast path counts the spare domain's 8 GPUs as idle
+        ("spares", 1, 8 + 8 + 8 + 7, 8 + 8 + 7, 8 + 8 + 7 + 7),
+    ]
+    for policy, spares, fast_idle, slot_idle, cluster_idle in cases:
+        full = replanner.replan(failed, policy, spares)
+        fast = replanner.throughput(failed, policy, spares)
+        assert fast.throughput_relative == full.throughput_relative, policy
+        assert fast.idle_gpus == fast_idle and sum(r.gpus_idle for r in full.replicas) == slot_idle, policy
+        assert len(full.idle_gpus) == cluster_idle and full.replicas[7].status != "healthy"
+    assert replanner.throughput(failed, "dp-drop").throughput_relative == 7 / 8
 
 
 def test_failure_inputs_are_validated():
