@@ -3,7 +3,9 @@
 A replica is pp x cp TP groups of ``tp`` GPUs (one group = one NVLink domain when tp equals the
 domain size). After failures the job restarts and ranks are reassigned: degraded groups are
 packed into as few replicas as possible, worst groups together (the NTP paper's packing; the
-drop baseline packs too). Policies (shared/reference/ntp.md):
+drop baseline packs too). The healthy groups refill the replicas in the plan's own order (replica,
+then stage, then cp rank), so without failures every rank keeps its GPU. Policies
+(shared/reference/ntp.md):
 
 - ``dp-drop``: every replica holding a degraded group is dropped.
 - ``ntp``: a degraded replica runs all stages at TP = the survivors of its worst group (units
@@ -142,8 +144,9 @@ class Replanner:
         self.cluster = plan.cluster.build()
         self.n = lay.tp
         self.slots_per_replica = lay.pp * lay.cp
-        # GPUs of every TP slot, [pp, dp, cp, tp]: slot index (s * dp + r) * cp + c
-        self.grid = np.asarray(plan.placement, dtype=np.int64)[lay.rank_grid.array("pp", "dp", "cp", "tp")]
+        # GPUs of every TP slot of the plan, replica-major as replicas are refilled: [dp, pp, cp, tp],
+        # slot index (r * pp + s) * cp + c. With no failure, packing then gives every slot back its GPUs.
+        self.slot_gpus = np.asarray(plan.placement, dtype=np.int64)[lay.rank_grid.array("dp", "pp", "cp", "tp")]
         self.m = lay.num_micro_batches
         cost = plan.predicted
         self.healthy_s = cost.step_time_s
@@ -245,9 +248,8 @@ class Replanner:
         ids, covered, spare_ids = in_domain_cover(
             self.cluster, np.fromiter(failed, np.int64, len(failed)), domains_down
         )
-        fails = (
-            np.isin(self.grid, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.pp * lay.dp * lay.cp, np.int64)
-        )
+        # failed GPUs in each physical TP slot (index (r * pp + s) * cp + c)
+        fails = np.isin(self.slot_gpus, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.dp * R, np.int64)
         degraded = np.flatnonzero(fails)
         degraded = degraded[np.argsort(-fails[degraded], kind="stable")]  # worst first
         n_degraded = int(degraded.size)
@@ -287,7 +289,7 @@ class Replanner:
     def _result(self, policy: str, batch: BatchMode, failed: frozenset[int], packing: _Packing) -> ReplanResult:
         """The detailed result: every replica's state and the GPU of every rank."""
         lay, n, R = self.lay, self.n, self.slots_per_replica
-        groups = self.grid.reshape(lay.pp * lay.dp * lay.cp, n)  # GPUs of each physical TP slot
+        groups = self.slot_gpus.reshape(lay.dp * R, n)  # GPUs of each physical TP slot
         # ranks of each replica slot in TP order, [replica][stage * cp + c][i]
         slot_ranks = lay.rank_grid.array("dp", "pp", "cp", "tp").reshape(lay.dp, R, n).tolist()
         stand_in = dict(packing.stand_in)

@@ -146,6 +146,19 @@ def test_rank_map_uses_each_healthy_gpu_once():
     assert set(used) | set(r.idle_gpus) | failed == set(range(256))
 
 
+def test_replicas_keep_their_gpus_until_the_packing_moves_them():
+    """pp 2 x dp 4 of TP8 on 64 GPUs: replica r, stage s is ranks and GPUs 8 (r + 4 s) ... + 7."""
+    plan = two_replicas(pp=2, dp=4, gpus=64, batch=32)
+    replanner = Replanner(plan)
+    assert replanner.replan(frozenset(), "ntp").rank_to_gpu == plan.placement == list(range(64))
+    # GPU 27 is in replica 3 (stage 0): replicas 0-2 keep theirs; replica 3 takes stage 1's slot
+    # (GPUs 56-63) for stage 0 and the degraded slot (24-31, without 27) for stage 1 at TP7
+    r = replanner.replan(frozenset({27}), "ntp")
+    assert r.rank_to_gpu[:24] == list(range(24)) and r.rank_to_gpu[32:56] == list(range(32, 56))
+    assert r.rank_to_gpu[24:31] == list(range(56, 63)) and r.rank_to_gpu[56:63] == [24, 25, 26, 28, 29, 30, 31]
+    assert r.rank_to_gpu[31] is None and r.rank_to_gpu[63] is None
+
+
 def test_the_throughput_path_agrees_with_the_full_result():
     """Two failed TP8 slots (7 survivors each) packed into replica 7 with two healthy slots."""
     replanner = Replanner(two_replicas(pp=4, dp=8, gpus=256, batch=64))
