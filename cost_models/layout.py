@@ -25,6 +25,7 @@ from cost_models.pipeline_layout import (
     stage_chunk_spans,
     stage_totals,
 )
+from cost_models.rank_grid import RankGrid
 from cost_models.training import TrainingSpec
 
 Recompute = Literal["none", "selective", "full"]
@@ -131,6 +132,11 @@ class ParallelLayout(BaseModel):
     @property
     def world_size(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def rank_grid(self) -> RankGrid:
+        """The rank order of this layout (tp fastest, then cp, dp, pp)."""
+        return RankGrid(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp)
 
     @property
     def num_micro_batches(self) -> int:

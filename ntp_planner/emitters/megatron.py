@@ -232,12 +232,12 @@ def nonuniform_tp_settings(plan: Plan, replan) -> tuple[dict, list[str]]:
             f"reduced replicas are exported at TP{reduced}"
         )
     order = [r.replica for r in degraded] + [r.replica for r in replan.replicas if r.status != "degraded"]
-    inactive = {}
+    inactive, grid = {}, lay.rank_grid
     for new_dp, old_dp in enumerate(order[: len(degraded)]):
         for s in range(lay.pp):
             for c in range(lay.cp):
-                base = lay.tp * (c + lay.cp * (old_dp + lay.dp * s))
-                slots = [i for i in range(lay.tp) if replan.rank_to_gpu[base + i] is None]
+                tp_group = grid.group("tp", grid.rank(cp=c, dp=old_dp, pp=s))
+                slots = [i for i, rank in enumerate(tp_group) if replan.rank_to_gpu[rank] is None]
                 inactive[f"{new_dp},{c},{s}"] = slots[: lay.tp - reduced] if slots else list(range(reduced, lay.tp))
     dropped = [r.replica for r in replan.replicas if r.status == "dropped"]
     if dropped:

@@ -133,13 +133,13 @@ def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: in
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
     )
-    ranks = []
+    ranks, grid = [], lay.rank_grid
     gpus = plan.placement if replan is None else replan.rank_to_gpu
     for j, g in enumerate(groups):
         for (r, *_), ws in zip(picks, widths, strict=True):
             for c in range(cp):
                 for i in range(ws[j]):
-                    plan_rank = i + w * (c + lay.cp * (r + lay.dp * g[0]))
+                    plan_rank = grid.rank(tp=i, cp=c, dp=r, pp=g[0])
                     ranks.append((plan_rank, gpus[plan_rank]))
     return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
 

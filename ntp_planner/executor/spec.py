@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from cost_models.rank_grid import RankGrid
 from ntp_planner.executor.ownership import contiguous
 
 
@@ -256,7 +257,8 @@ def make_spec(
     by default the largest degree) and per replica (its stage widths, its micro-batches). A stage narrower
     than the healthy width (NTP) runs every block at its width. Each replica runs ``cp``
     pipelines, one per chunk of the sequence. Process ranks follow the project's rank order
-    restricted to live ranks: stage-major, then replica, then cp rank, then TP rank.
+    (``RankGrid``) restricted to live ranks: the TP groups are taken in rank order (stage-major,
+    then replica, then cp rank), each numbering as many ranks as its width.
 
     >>> s = make_spec(TinyConfig(layers=2), [[2, 2], [2, 2]], [([2, 2], 1), ([2, 1], 1)], 1, 4)
     >>> [[st.ranks for st in r.stages] for r in s.replicas]
@@ -278,11 +280,12 @@ def make_spec(
         blocks_per_stage.append(blocks)
     next_rank = 0
     ranks: dict[tuple[int, int, int], tuple[int, ...]] = {}
-    for s in range(len(stage_degrees)):
-        for r, (widths, _) in enumerate(replicas):
-            for c in range(cp):
-                ranks[r, c, s] = tuple(range(next_rank, next_rank + widths[s]))
-                next_rank += widths[s]
+    stage_slots = RankGrid(cp=cp, dp=len(replicas), pp=len(stage_degrees))  # one rank per TP group
+    for slot in range(stage_slots.world_size):
+        _, c, r, s = stage_slots.coords(slot)
+        width = replicas[r][0][s]
+        ranks[r, c, s] = tuple(range(next_rank, next_rank + width))
+        next_rank += width
     reps = []
     for r, (widths, micro) in enumerate(replicas):
         for c in range(cp):

@@ -3,7 +3,9 @@
 A replica is pp x cp TP groups of ``tp`` GPUs (one group = one NVLink domain when tp equals the
 domain size). After failures the job restarts and ranks are reassigned: degraded groups are
 packed into as few replicas as possible, worst groups together (the NTP paper's packing; the
-drop baseline packs too). Policies (shared/reference/ntp.md):
+drop baseline packs too). The healthy groups refill the replicas in the plan's own order (replica,
+then stage, then cp rank), so without failures every rank keeps its GPU. Policies
+(shared/reference/ntp.md):
 
 - ``dp-drop``: every replica holding a degraded group is dropped.
 - ``ntp``: a degraded replica runs all stages at TP = the survivors of its worst group (units
@@ -95,18 +97,40 @@ class ReplanResult(BaseModel):
     idle_gpus: list[int] = Field(description="Healthy GPUs not used, free to lend to other work.")
 
 
-@dataclass
-class _Group:
-    gpus: list[int]  # physical GPUs of the slot, in TP-rank order
-    alive: list[int]  # the healthy ones
+class ReplanThroughput(BaseModel):
+    """What sweeps and the failure simulator need from a re-plan: no rank map, no replica detail."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    throughput_relative: float = Field(description="Samples per second relative to the healthy job.")
+    idle_gpus: int = Field(
+        description="Healthy GPUs in the replicas' TP slots that run no rank, those of spare domains included."
+    )
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Outcome:
     status: str
-    stage_tp: list[int]
+    stage_tp: tuple[int, ...]
     micro_batches: int
-    power: list[float]
+    power: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class _Packing:
+    """Which TP slot each replica slot takes after failures, and what each replica then does."""
+
+    fallback: str | None  # the policy that decided the degraded replicas, under ``spares``
+    stand_in: tuple[tuple[int, int], ...]  # (failed GPU, the idle GPU of its domain taking its ranks)
+    n_degraded: int  # TP slots still degraded after in-domain spares, before spare domains
+    used_spares: int  # spare domains used
+    order: np.ndarray  # [dp * pp * cp] physical TP slot of each replica slot (replica-major); -1 = spare
+    slot_survivors: np.ndarray  # [dp, pp, cp] healthy GPUs of each replica slot
+    kinds: tuple[_Outcome, ...]  # what replicas do, one entry per distinct decision
+    kind_of: np.ndarray  # [dp] index into ``kinds`` of each replica
+    reached: int  # sequences per step
+    paused: bool
+    throughput: float
 
 
 class Replanner:
@@ -120,8 +144,9 @@ class Replanner:
         self.cluster = plan.cluster.build()
         self.n = lay.tp
         self.slots_per_replica = lay.pp * lay.cp
-        # placement[rank], rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i)) -> [pp, dp, cp, tp]
-        self.grid = np.asarray(plan.placement, dtype=np.int64).reshape(lay.pp, lay.dp, lay.cp, lay.tp)
+        # GPUs of every TP slot of the plan, replica-major as replicas are refilled: [dp, pp, cp, tp],
+        # slot index (r * pp + s) * cp + c. With no failure, packing then gives every slot back its GPUs.
+        self.slot_gpus = np.asarray(plan.placement, dtype=np.int64)[lay.rank_grid.array("dp", "pp", "cp", "tp")]
         self.m = lay.num_micro_batches
         cost = plan.predicted
         self.healthy_s = cost.step_time_s
@@ -132,8 +157,7 @@ class Replanner:
         self.work = {k: work_ratio(plan.model, self.n, k, seq) for k in range(1, self.n + 1)}
         fits = [k for k in range(1, self.n + 1) if scaled * self.work[k] + parts["runtime_reserved"] <= usable]
         self.min_degree = min(fits) if fits else self.n
-        self._micro: dict[tuple[int, float], int] = {}
-        self.last_idle = 0  # idle healthy GPUs of the last detail=False re-plan
+        self._micro: dict[tuple[int, float], int] = {}  # memo of micro_batches_at (ints, never handed out mutable)
 
     # ---- per-replica decisions -------------------------------------------------------------
     def micro_batches_at(self, degree: int, speed: float = 1.0) -> int:
@@ -155,26 +179,23 @@ class Replanner:
         """What one replica does, given the fewest survivors among its groups at each stage."""
         pp, n = self.lay.pp, self.n
         worst = min(stage_survivors)
+        dropped = _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp)
         if worst == n:
-            return _Outcome("healthy", [n] * pp, self.m, [1.0] * pp)
+            return _Outcome("healthy", (n,) * pp, self.m, (1.0,) * pp)
         if policy == "dp-drop" or worst < self.min_degree:
-            return _Outcome("dropped", [0] * pp, 0, [0.0] * pp)
+            return dropped
         if policy == "ntp":
             mm = self.micro_batches_at(worst)
-            return (
-                _Outcome("degraded", [worst] * pp, mm, [1.0] * pp)
-                if mm
-                else _Outcome("dropped", [0] * pp, 0, [0.0] * pp)
-            )
+            return _Outcome("degraded", (worst,) * pp, mm, (1.0,) * pp) if mm else dropped
         # ntp-pw: reduced stages keep pace by power, up to the maximum
-        powers = [power_for_speed(self.work[s], self.max_power) if s < n else 1.0 for s in stage_survivors]
+        powers = tuple(power_for_speed(self.work[s], self.max_power) if s < n else 1.0 for s in stage_survivors)
         if all(math.isfinite(p) for p in powers):
-            return _Outcome("degraded", list(stage_survivors), self.m, powers)
+            return _Outcome("degraded", tuple(stage_survivors), self.m, powers)
         mm = self.micro_batches_at(worst, speed_at_power(self.max_power))
         if not mm:
-            return _Outcome("dropped", [0] * pp, 0, [0.0] * pp)
-        capped = [self.max_power if s < n else 1.0 for s in stage_survivors]
-        return _Outcome("degraded", list(stage_survivors), mm, capped)
+            return dropped
+        capped = tuple(self.max_power if s < n else 1.0 for s in stage_survivors)
+        return _Outcome("degraded", tuple(stage_survivors), mm, capped)
 
     # ---- the whole job -----------------------------------------------------------------------
     def replan(
@@ -184,13 +205,39 @@ class Replanner:
         spares: int = 0,
         fallback: str = "dp-drop",
         batch: BatchMode = "flexible",
-        detail: bool = True,
-        count_idle: bool = False,
         domains_down: frozenset[int] = frozenset(),
-    ) -> ReplanResult | float:
-        """Re-plan for ``failed`` GPUs. With ``detail=False`` return only throughput_relative
-        (with ``count_idle``, ``last_idle`` then holds the idle healthy GPUs, for the simulator).
+    ) -> ReplanResult:
+        """Re-plan for ``failed`` GPUs: what every replica does and the GPU of every rank.
         ``domains_down``: domains lost whole, whose idle GPUs cannot stand in."""
+        packing = self._pack(failed, policy, spares, fallback, batch, domains_down)
+        return self._result(policy, batch, failed, packing)
+
+    def throughput(
+        self,
+        failed: frozenset[int],
+        policy: str = "ntp",
+        spares: int = 0,
+        fallback: str = "dp-drop",
+        batch: BatchMode = "flexible",
+        domains_down: frozenset[int] = frozenset(),
+    ) -> ReplanThroughput:
+        """The throughput and idle GPUs of ``replan`` without building the rank map (for sweeps
+        and the simulator, which re-plan thousands of times)."""
+        packing = self._pack(failed, policy, spares, fallback, batch, domains_down)
+        degree = np.array([o.stage_tp for o in packing.kinds])[packing.kind_of][:, :, None]  # [replica, stage, 1]
+        idle = int(np.clip(packing.slot_survivors - degree, 0, None).sum())
+        return ReplanThroughput(throughput_relative=packing.throughput, idle_gpus=idle)
+
+    def _pack(
+        self,
+        failed: frozenset[int],
+        policy: str,
+        spares: int,
+        fallback: str,
+        batch: BatchMode,
+        domains_down: frozenset[int],
+    ) -> _Packing:
+        """Pack the degraded TP slots into as few replicas as possible and decide each replica."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if fallback not in ("dp-drop", "ntp", "ntp-pw"):
@@ -201,10 +248,8 @@ class Replanner:
         ids, covered, spare_ids = in_domain_cover(
             self.cluster, np.fromiter(failed, np.int64, len(failed)), domains_down
         )
-        fails = (
-            np.isin(self.grid, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.pp * lay.dp * lay.cp, np.int64)
-        )
-        # slot order inside a replica is (stage, cp); group index = (s * dp + r) * cp + c
+        # failed GPUs in each physical TP slot (index (r * pp + s) * cp + c)
+        fails = np.isin(self.slot_gpus, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.dp * R, np.int64)
         degraded = np.flatnonzero(fails)
         degraded = degraded[np.argsort(-fails[degraded], kind="stable")]  # worst first
         n_degraded = int(degraded.size)
@@ -221,70 +266,46 @@ class Replanner:
         spare_groups = np.full(n_degraded - degraded.size, -1, dtype=np.int64)  # -1: a spare slot
         order = np.concatenate([healthy_groups, spare_groups, degraded])[: lay.dp * R]
         slot_survivors = np.where(order >= 0, survivors[np.maximum(order, 0)], n).reshape(lay.dp, lay.pp, lay.cp)
-        stage_min = slot_survivors.min(axis=2)  # [replica, stage]
-        outcomes = {}
-        micro = np.empty(lay.dp, dtype=np.int64)
-        for r in range(lay.dp):
-            key = tuple(int(x) for x in stage_min[r])
-            if key not in outcomes:
-                outcomes[key] = self.decide(decider, list(key))
-            micro[r] = outcomes[key].micro_batches
-        reached = int(micro.sum()) * lay.micro_batch
-        target = lay.global_batch
-        paused = batch == "fixed" and reached < target
-        throughput = 0.0 if paused else reached / target
-        if not detail and not count_idle:
-            return throughput
-        outs = [outcomes[tuple(int(x) for x in stage_min[r])] for r in range(lay.dp)]
-        if not detail:
-            degree = np.array([o.stage_tp for o in outs])[:, :, None]  # [replica, stage, 1]
-            self.last_idle = int(np.clip(slot_survivors - degree, 0, None).sum())
-            return throughput
-        return self._result(
-            policy,
-            decider if policy == "spares" else None,
-            batch,
-            failed,
-            dict(zip(covered.tolist(), spare_ids.tolist(), strict=True)),
-            n_degraded,
-            used_spares,
-            throughput,
-            reached,
-            paused,
-            order,
-            outs,
+        # replicas with the same fewest survivors per stage do the same: decide once per kind
+        kinds, kind_of = np.unique(slot_survivors.min(axis=2), axis=0, return_inverse=True)
+        decided = [self.decide(decider, kind.tolist()) for kind in kinds]
+        kind_of = kind_of.reshape(-1)
+        reached = int(np.array([o.micro_batches for o in decided])[kind_of].sum()) * lay.micro_batch
+        paused = batch == "fixed" and reached < lay.global_batch
+        return _Packing(
+            fallback=decider if policy == "spares" else None,
+            stand_in=tuple(zip(covered.tolist(), spare_ids.tolist(), strict=True)),
+            n_degraded=n_degraded,
+            used_spares=used_spares,
+            order=order,
+            slot_survivors=slot_survivors,
+            kinds=tuple(decided),
+            kind_of=kind_of,
+            reached=reached,
+            paused=paused,
+            throughput=0.0 if paused else reached / lay.global_batch,
         )
 
-    def _result(
-        self,
-        policy,
-        fallback,
-        batch,
-        failed,
-        stand_in,
-        n_degraded,
-        used_spares,
-        throughput,
-        reached,
-        paused,
-        order,
-        outs,
-    ) -> ReplanResult:
-        """The detailed result; ``stand_in`` maps covered failed GPUs to their in-domain spares."""
+    def _result(self, policy: str, batch: BatchMode, failed: frozenset[int], packing: _Packing) -> ReplanResult:
+        """The detailed result: every replica's state and the GPU of every rank."""
         lay, n, R = self.lay, self.n, self.slots_per_replica
-        groups = self.grid.reshape(lay.pp * lay.dp * lay.cp, n)  # physical groups, index (s * dp + r) * cp + c
-        rank_to_gpu: list[int | None] = [None] * (lay.tp * lay.cp * lay.dp * lay.pp)
+        groups = self.slot_gpus.reshape(lay.dp * R, n)  # GPUs of each physical TP slot
+        # ranks of each replica slot in TP order, [replica][stage * cp + c][i]
+        slot_ranks = lay.rank_grid.array("dp", "pp", "cp", "tp").reshape(lay.dp, R, n).tolist()
+        stand_in = dict(packing.stand_in)
+        rank_to_gpu: list[int | None] = [None] * lay.world_size
         replicas, used = [], set()
-        for r, out in enumerate(outs):
+        outcomes = [packing.kinds[k] for k in packing.kind_of.tolist()]
+        for r, out in enumerate(outcomes):
             gpus_used = idle = 0
             for j in range(R):
-                s, c = divmod(j, lay.cp)
-                g = int(order[r * R + j])
+                s = j // lay.cp
+                g = int(packing.order[r * R + j])
                 gpus = [] if g < 0 else [stand_in.get(int(x), int(x)) for x in groups[g]]
                 alive = [x for x in gpus if x not in failed]
                 degree = out.stage_tp[s] if g >= 0 else 0
-                for i, gpu in enumerate(alive[:degree]):
-                    rank_to_gpu[i + n * (c + lay.cp * (r + lay.dp * s))] = gpu
+                for rank, gpu in zip(slot_ranks[r][j], alive[:degree], strict=False):  # TP ranks past it: None
+                    rank_to_gpu[rank] = gpu
                     used.add(gpu)
                 gpus_used += min(degree, len(alive))
                 idle += len(alive) - min(degree, len(alive))
@@ -292,9 +313,9 @@ class Replanner:
                 ReplicaState.model_construct(
                     replica=r,
                     status=out.status,
-                    stage_tp=out.stage_tp,
+                    stage_tp=list(out.stage_tp),
                     local_batch=out.micro_batches * lay.micro_batch,
-                    power=out.power,
+                    power=list(out.power),
                     gpus_used=gpus_used,
                     gpus_idle=idle,
                 )
@@ -302,19 +323,19 @@ class Replanner:
         healthy = set(range(self.plan.cluster.num_gpus)) - set(failed)
         return ReplanResult.model_construct(
             policy=policy,
-            fallback=fallback,
+            fallback=packing.fallback,
             batch=batch,
             failed_gpus=len(failed),
             in_domain_spares_used=len(stand_in),
-            degraded_groups=n_degraded,
-            spares_used=used_spares,
-            throughput_relative=throughput,
+            degraded_groups=packing.n_degraded,
+            spares_used=packing.used_spares,
+            throughput_relative=packing.throughput,
             global_batch_target=lay.global_batch,
-            global_batch_reached=reached,
-            paused=paused,
+            global_batch_reached=packing.reached,
+            paused=packing.paused,
             healthy_step_time_s=self.healthy_s,
             replicas=replicas,
-            reshard=self._reshard(outs),
+            reshard=self._reshard(outcomes),
             rank_to_gpu=rank_to_gpu,
             idle_gpus=sorted(healthy - used),
         )

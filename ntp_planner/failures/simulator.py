@@ -231,17 +231,15 @@ class ThroughputTables:
                         if kind == 2:
                             down.add(d)
                     d += 1
-            tp = self.replanner.replan(
+            kept = self.replanner.throughput(
                 frozenset(failed),
                 strategy,
                 self.cfg.spares,
                 "dp-drop",
                 batch,
-                detail=False,
-                count_idle=True,
                 domains_down=frozenset(down),
             )
-            self.cache[key] = (tp, self.replanner.last_idle)
+            self.cache[key] = (kept.throughput_relative, kept.idle_gpus)
         return self.cache[key]
 
     def arrays(self, strategy: str, batch: str, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

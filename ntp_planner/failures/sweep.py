@@ -75,7 +75,7 @@ def sweep(
             failed = random_failures(cluster, fraction, rng, blast)
             down = lost_domains(cluster, failed, blast)
             for p in policies:
-                kept = replanner.replan(failed, p, spares, fallback, batch, detail=False, domains_down=down)
+                kept = replanner.throughput(failed, p, spares, fallback, batch, domains_down=down).throughput_relative
                 losses[p][i] = 1 - kept
             if progress:
                 progress()

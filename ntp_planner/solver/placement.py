@@ -1,8 +1,8 @@
 """Rank-to-GPU placement on the cluster graph.
 
-Ranks are numbered tp fastest, then cp, dp, pp (cost_models.layout): rank = tp_i + tp * (cp_i +
-cp * (dp_i + dp * pp_i)). A "pipeline column" is one (cp_i, dp_i) coordinate: the pp TP groups
-that pass activations to one another. Rules:
+Ranks follow the project's one rank order (``cost_models.rank_grid.RankGrid``: tp fastest, then
+cp, dp, pp). A "pipeline column" is one (cp_i, dp_i) coordinate: the pp TP groups that pass
+activations to one another. Rules:
 
 - every TP group fills one aligned slot of ``tp`` GPUs inside an NVLink domain
   (GPUs [k tp, (k+1) tp) of the GPUs the job uses there), all healthy; failed GPUs are never used;
@@ -22,18 +22,21 @@ pp=2 the columns become: column 0 -> slots {0,1} and {8,9}; column 1 -> offset 2
 {10,11} left, so it takes offset 4: {4,5} and {12,13}; column 2 -> {6,7} and {14,15}.
 
 >>> from topologies.cluster_catalogue import CLUSTERS
->>> place_ranks(12, 2, 2, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16, failed_gpus=frozenset({2})))
+>>> cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16, failed_gpus=frozenset({2}))
+>>> place_ranks(RankGrid(tp=2, dp=3, pp=2), cluster)
 [0, 1, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15]
 """
 
 from __future__ import annotations
 
+from cost_models.rank_grid import RankGrid
 from topologies.cluster import Cluster
 
 
-def place_ranks(world_size: int, tp: int, pp: int, cluster: Cluster) -> list[int]:
+def place_ranks(grid: RankGrid, cluster: Cluster) -> list[int]:
     """GPU id of each rank 0..world_size-1; ValueError if the healthy GPUs cannot host them."""
-    if not cluster.failed_gpus and _identity_ok(world_size, tp, pp, cluster):
+    world_size, tp, pp = grid.world_size, grid.tp, grid.pp
+    if not cluster.failed_gpus and _identity_ok(grid, cluster):
         return list(range(world_size))
     per_node = cluster.spec.gpus_per_node
     slots: dict[int, list[int]] = {}  # offset within host -> free slot starts, ascending
@@ -42,8 +45,9 @@ def place_ranks(world_size: int, tp: int, pp: int, cluster: Cluster) -> list[int
         for start in range(base, base + cluster.used_in_domain(d) - tp + 1, tp):
             if not any(g in cluster.failed_gpus for g in range(start, start + tp)):
                 slots.setdefault(start % per_node if tp < per_node else 0, []).append(start)
-    columns = world_size // (tp * pp)
-    need = columns * pp
+    # ranks of each pipeline column ((dp_i, cp_i), cp fastest), stage by stage, in TP order
+    columns = grid.array("dp", "cp", "pp", "tp").reshape(grid.dp * grid.cp, pp, tp)
+    need = len(columns) * pp
     have = sum(len(v) for v in slots.values())
     if have < need:
         raise ValueError(
@@ -51,7 +55,7 @@ def place_ranks(world_size: int, tp: int, pp: int, cluster: Cluster) -> list[int
             "lower tp or mark fewer GPUs failed"
         )
     column_slots = []
-    for c in range(columns):
+    for c in range(len(columns)):
         preferred = (c * tp) % per_node if tp < per_node else 0
         offsets = [preferred] + sorted(slots, key=lambda o: -len(slots[o]))
         offset = next((o for o in offsets if len(slots.get(o, [])) >= pp), None)
@@ -63,13 +67,13 @@ def place_ranks(world_size: int, tp: int, pp: int, cluster: Cluster) -> list[int
         column_slots.append(slots[offset][:pp])
         slots[offset] = slots[offset][pp:]
     gpus = [0] * world_size
-    for c, chain in enumerate(column_slots):
-        for stage, start in enumerate(chain):
-            for i in range(tp):
-                gpus[i + tp * (c + columns * stage)] = start + i
+    for ranks, chain in zip(columns, column_slots, strict=True):
+        for tp_group, start in zip(ranks, chain, strict=True):
+            for i, rank in enumerate(tp_group):
+                gpus[rank] = start + i
     return gpus
 
 
-def _identity_ok(world_size: int, tp: int, pp: int, cluster: Cluster) -> bool:
-    stride = world_size // pp
-    return cluster.tp_domain_size % tp == 0 and (pp == 1 or stride % cluster.spec.gpus_per_node == 0)
+def _identity_ok(grid: RankGrid, cluster: Cluster) -> bool:
+    stride = grid.stride("pp")
+    return cluster.tp_domain_size % grid.tp == 0 and (grid.pp == 1 or stride % cluster.spec.gpus_per_node == 0)

@@ -47,7 +47,7 @@ def _plan(
         inputs_hash=inputs_hash(model, training, inputs),
         headroom=headroom,
         layout=layout,
-        placement=place_ranks(layout.world_size, layout.tp, layout.pp, cluster),
+        placement=place_ranks(layout.rank_grid, cluster),
         predicted=cost,
         runners_up=runners_up,
         source=source,

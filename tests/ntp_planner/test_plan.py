@@ -5,6 +5,7 @@ import json
 import pytest
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
+from cost_models.rank_grid import RankGrid
 from ntp_planner.plan import Plan, inputs_hash
 from ntp_planner.solver.placement import place_ranks
 from ntp_planner.solver.planner import make_plan, plan_from_layout
@@ -142,7 +143,7 @@ def test_placement_rules(name, gpus, tp, pp, failed, per_domain):
     )
     world = slots * tp // 2  # half the healthy slots leave room for the same-rail rule
     world -= world % (tp * pp)
-    ranks = place_ranks(world, tp, pp, cluster)
+    ranks = place_ranks(RankGrid(tp=tp, dp=world // (tp * pp), pp=pp), cluster)
     check_placement(ranks, world, tp, pp, cluster)
     if not failed:
         assert ranks == list(range(world))
@@ -152,15 +153,15 @@ def test_placement_skips_the_tail_of_a_partial_domain():
     """128 GPUs of gb200-nvl72 are domains of 72 and 56: TP16 slots start at 0, 16, 32, 48 and at
     72, 88, 104; GPUs 64-71 and 120-127 hold no whole slot."""
     cluster = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128)
-    assert place_ranks(112, 16, 1, cluster) == [*range(64), *range(72, 120)]
+    assert place_ranks(RankGrid(tp=16, dp=7), cluster) == [*range(64), *range(72, 120)]
     with pytest.raises(ValueError, match="only 7 TP groups of 16 healthy GPUs"):
-        place_ranks(128, 16, 1, cluster)
+        place_ranks(RankGrid(tp=16, dp=8), cluster)
 
 
 def test_placement_reports_shortage():
     cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16, failed_gpus=frozenset({0, 8}))
     with pytest.raises(ValueError, match="only 0 TP groups of 8 healthy GPUs"):
-        place_ranks(16, 8, 1, cluster)
+        place_ranks(RankGrid(tp=8, dp=2), cluster)
 
 
 def test_user_layout_plan():

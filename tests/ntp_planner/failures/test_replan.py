@@ -104,7 +104,7 @@ def test_dp_drop_matches_the_hypergeometric_closed_form():
     replanner, cluster = Replanner(plan), plan.cluster.build()
     rng, failures, samples = np.random.default_rng(7), 10, 400
     kept = [
-        replanner.replan(random_failures(cluster, failures / 1024, rng), "dp-drop", detail=False)
+        replanner.throughput(random_failures(cluster, failures / 1024, rng), "dp-drop").throughput_relative
         for _ in range(samples)
     ]
     # expected fraction of untouched groups: C(N - g, F) / C(N, F)
@@ -144,6 +144,40 @@ def test_rank_map_uses_each_healthy_gpu_once():
     used = [g for g in r.rank_to_gpu if g is not None]
     assert len(used) == len(set(used)) and not set(used) & failed
     assert set(used) | set(r.idle_gpus) | failed == set(range(256))
+
+
+def test_replicas_keep_their_gpus_until_the_packing_moves_them():
+    """pp 2 x dp 4 of TP8 on 64 GPUs: replica r, stage s is ranks and GPUs 8 (r + 4 s) ... + 7."""
+    plan = two_replicas(pp=2, dp=4, gpus=64, batch=32)
+    replanner = Replanner(plan)
+    assert replanner.replan(frozenset(), "ntp").rank_to_gpu == plan.placement == list(range(64))
+    # GPU 27 is in replica 3 (stage 0): replicas 0-2 keep theirs; replica 3 takes stage 1's slot
+    # (GPUs 56-63) for stage 0 and the degraded slot (24-31, without 27) for stage 1 at TP7
+    r = replanner.replan(frozenset({27}), "ntp")
+    assert r.rank_to_gpu[:24] == list(range(24)) and r.rank_to_gpu[32:56] == list(range(32, 56))
+    assert r.rank_to_gpu[24:31] == list(range(56, 63)) and r.rank_to_gpu[56:63] == [24, 25, 26, 28, 29, 30, 31]
+    assert r.rank_to_gpu[31] is None and r.rank_to_gpu[63] is None
+
+
+def test_the_throughput_path_agrees_with_the_full_result():
+    """Two failed TP8 slots (7 survivors each) packed into replica 7 with two healthy slots."""
+    replanner = Replanner(two_replicas(pp=4, dp=8, gpus=256, batch=64))
+    failed = frozenset({3, 40})
+    cases = [
+        # (policy, spares, idle GPUs: fast path, replicas' slots, whole cluster)
+        ("ntp", 0, 2, 2, 2),  # TP7 everywhere: one idle GPU in each healthy slot
+        ("dp-drop", 0, 8 + 8 + 7 + 7, 30, 30),  # the whole replica idles
+        # a spare domain takes one degraded slot (its 7 survivors idle outside every replica); the
+        # replica still drops; the fast path counts the spare domain's 8 GPUs as idle
+        ("spares", 1, 8 + 8 + 8 + 7, 8 + 8 + 7, 8 + 8 + 7 + 7),
+    ]
+    for policy, spares, fast_idle, slot_idle, cluster_idle in cases:
+        full = replanner.replan(failed, policy, spares)
+        fast = replanner.throughput(failed, policy, spares)
+        assert fast.throughput_relative == full.throughput_relative, policy
+        assert fast.idle_gpus == fast_idle and sum(r.gpus_idle for r in full.replicas) == slot_idle, policy
+        assert len(full.idle_gpus) == cluster_idle and full.replicas[7].status != "healthy"
+    assert replanner.throughput(failed, "dp-drop").throughput_relative == 7 / 8
 
 
 def test_failure_inputs_are_validated():

@@ -1,0 +1,117 @@
+"""RankGrid: the one rank order of the project, as pure arithmetic.
+
+Ranks are numbered ``tp`` fastest, then ``cp``, then ``dp``, then ``pp`` (Megatron's default order
+"tp-cp-ep-dp-pp"; ``ep`` does not change the numbering, it regroups the flattened ``cp x dp``
+ranks). A rank and its coordinates are related by
+
+    rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i))
+
+so the ranks laid out as an array of shape ``(pp, dp, cp, tp)`` are ``arange(world_size)``
+(picotron's grid, Megatron's ``RankGenerator``). Placement, re-planning, the Megatron export and
+the executor ask this object for ranks, coordinates and groups instead of writing the formula out.
+
+Worked example, tp=2, dp=2, pp=2 on 8 GPUs:
+
+>>> g = RankGrid(tp=2, dp=2, pp=2)
+>>> g.groups("tp")
+((0, 1), (2, 3), (4, 5), (6, 7))
+>>> g.groups("dp")
+((0, 2), (1, 3), (4, 6), (5, 7))
+>>> g.groups("pp")  # the pipelines: rank 0 sends to rank 4
+((0, 4), (1, 5), (2, 6), (3, 7))
+>>> g.rank(tp=1, dp=1, pp=1), g.coords(7)
+(7, Coords(tp=1, cp=0, dp=1, pp=1))
+>>> g.array("dp", "pp", "tp")[1]  # replica 1: its stages (rows) and TP ranks (columns)
+array([[2, 3],
+       [6, 7]])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, NamedTuple, get_args
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+Axis = Literal["tp", "cp", "dp", "pp"]
+AXES: tuple[Axis, ...] = get_args(Axis)  # fastest-varying first
+GroupAxis = Literal["tp", "cp", "dp", "pp", "dp_cp"]
+
+
+class Coords(NamedTuple):
+    """Coordinates of one rank on every axis."""
+
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+
+
+class RankGrid(BaseModel):
+    """Degrees of the four rank-numbering axes; every rank computation of the project."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree; consecutive ranks.")
+    cp: int = Field(default=1, ge=1, description="Context-parallel degree; ranks tp apart.")
+    dp: int = Field(default=1, ge=1, description="Data-parallel replicas; ranks tp * cp apart.")
+    pp: int = Field(default=1, ge=1, description="Pipeline stages; ranks tp * cp * dp apart.")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Degree of each axis, fastest-varying first."""
+        return {a: getattr(self, a) for a in AXES}
+
+    def stride(self, axis: Axis) -> int:
+        """Distance between ranks one step apart on ``axis``: 1, tp, tp * cp, tp * cp * dp."""
+        return math.prod(getattr(self, a) for a in AXES[: AXES.index(axis)])
+
+    def rank(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        """The rank at these coordinates: tp + self.tp * (cp + self.cp * (dp + self.dp * pp))."""
+        coords = Coords(tp, cp, dp, pp)
+        for axis, i in zip(AXES, coords, strict=True):
+            if not 0 <= i < getattr(self, axis):
+                raise IndexError(f"{axis} coordinate {i} is outside 0..{getattr(self, axis) - 1}")
+        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+
+    def coords(self, rank: int) -> Coords:
+        """The coordinates of ``rank`` (the inverse of ``rank``)."""
+        if not 0 <= rank < self.world_size:
+            raise IndexError(f"rank {rank} is outside 0..{self.world_size - 1}")
+        rest, tp = divmod(rank, self.tp)
+        rest, cp = divmod(rest, self.cp)
+        pp, dp = divmod(rest, self.dp)
+        return Coords(tp, cp, dp, pp)
+
+    def array(self, *axes: Axis) -> np.ndarray:
+        """Ranks indexed by the coordinates of ``axes`` in that order (all four by default,
+        slowest first: ``[pp, dp, cp, tp]``). Axes left out are taken at coordinate 0."""
+        axes = axes or AXES[::-1]
+        if len(set(axes)) != len(axes) or not set(axes) <= set(AXES):
+            raise ValueError(f"axes {axes} must be distinct names from {AXES}")
+        full = np.arange(self.world_size, dtype=np.int64).reshape(self.pp, self.dp, self.cp, self.tp)
+        picked = full[tuple(slice(None) if a in axes else 0 for a in AXES[::-1])]
+        kept = [a for a in AXES[::-1] if a in axes]
+        return picked.transpose([kept.index(a) for a in axes])
+
+    def group(self, axis: GroupAxis, rank: int) -> tuple[int, ...]:
+        """Ranks that share every coordinate of ``rank`` but those of ``axis``, ascending
+        (``dp_cp``: Megatron's data-parallel group with context parallelism, dp x cp ranks)."""
+        c = self.coords(rank)
+        varying = ("dp", "cp") if axis == "dp_cp" else (axis,)
+        fixed = {a: slice(None) if a in varying else getattr(c, a) for a in AXES}
+        full = self.array()
+        return tuple(int(r) for r in np.sort(full[tuple(fixed[a] for a in AXES[::-1])], axis=None))
+
+    def groups(self, axis: GroupAxis) -> tuple[tuple[int, ...], ...]:
+        """Every group of ``axis``, ordered by their lowest rank."""
+        varying = ("dp", "cp") if axis == "dp_cp" else (axis,)
+        others = [a for a in AXES[::-1] if a not in varying]
+        members = [a for a in AXES[::-1] if a in varying]
+        table = self.array(*others, *members).reshape(-1, math.prod(getattr(self, a) for a in members))
+        return tuple(tuple(int(r) for r in row) for row in table)
