@@ -153,4 +153,4 @@ def resolve_model(name_or_path: str) -> ModelSpec:
         from cost_models.hf_config import load_model_file
 
         return load_model_file(path)
-    return lookup(MODELS, name_or_path, "model", "Run `ntp models` to list them, or pass a config.json.")
+    return lookup(MODELS, name_or_path, "model", "Or give the path of a HuggingFace config.json.")

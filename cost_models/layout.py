@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cost_models.model import ModelSpec
+from cost_models.model import MAX_LAYERS, ModelSpec
 from cost_models.pipeline_layout import (
     chunks_from_stages,
     describe_chunks,
@@ -26,16 +26,32 @@ from cost_models.pipeline_layout import (
     stage_totals,
 )
 from cost_models.rank_grid import RankGrid
-from cost_models.training import TrainingSpec
+from cost_models.training import MAX_GLOBAL_BATCH, TrainingSpec
+from topologies.bounds import Bound, bounds_validator
+from topologies.cluster import MAX_GPUS
+from topologies.errors import InputError
 
 Recompute = Literal["none", "selective", "full"]
 Zero = Literal[0, 1, 2, 3]
+MAX_CHUNKS = MAX_LAYERS + 2  # one layer per chunk, the embedding and the loss alone in the first and last
+_DEGREE = Bound(1, MAX_GPUS, "GPUs", "a degree cannot exceed the GPUs a cluster may hold (MAX_GPUS)")
+_BATCH = Bound(1, MAX_GLOBAL_BATCH, "sequences", "published runs step 1,000 to 16,000 sequences")
+_BOUNDS: dict[str, Bound] = {
+    "tp": _DEGREE,
+    "pp": _DEGREE,
+    "dp": _DEGREE,
+    "cp": _DEGREE,
+    "ep": _DEGREE,
+    "micro_batch": _BATCH,
+    "global_batch": _BATCH,
+    "vpp": Bound(1, MAX_LAYERS, "chunks per stage", "every chunk but the first and last holds a layer"),
+}
 
 
 class ParallelLayout(BaseModel):
     """Degrees of every parallel axis plus batching and memory-saving choices."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     tp: int = Field(default=1, ge=1, description="Tensor-parallel degree (inside one NVLink domain).")
     pp: int = Field(default=1, ge=1, description="Pipeline stages.")
@@ -59,6 +75,7 @@ class ParallelLayout(BaseModel):
     )
     chunk_layers: tuple[int, ...] | None = Field(
         default=None,
+        max_length=MAX_CHUNKS,
         description="Transformer layers in each model chunk, in model order (pp * vpp entries): chunk c runs on "
         "stage c % pp as its virtual chunk c // pp; the embedding is in chunk 0, the loss in the last. "
         "None = an even split, leading chunks one more.",
@@ -74,9 +91,12 @@ class ParallelLayout(BaseModel):
     )
     layer_tp: tuple[int, ...] | None = Field(
         default=None,
+        max_length=MAX_LAYERS + 2,
         description="Per-block TP degrees (embedding, each layer, LM head), each dividing tp, which is then "
         "the stage width; None = every block at tp. A block at degree t runs tp/t copies inside the stage.",
     )
+
+    _bounds = bounds_validator(_BOUNDS)
 
     @model_validator(mode="before")
     @classmethod
@@ -95,38 +115,59 @@ class ParallelLayout(BaseModel):
             pp, vpp = data.get("pp", 1), data.get("vpp", 1)
             if not isinstance(stages, list | tuple) or len(stages) != pp:
                 size = len(stages) if isinstance(stages, list | tuple) else "?"
-                raise ValueError(f"pp_layers has {size} entries but pp = {pp}")
+                raise InputError(f"pp_layers has {size} entries but pp = {pp}")
             if isinstance(vpp, int) and vpp >= 1 and all(isinstance(n, int) for n in stages):
                 data["chunk_layers"] = chunks_from_stages(tuple(stages), vpp)
         return data
 
     @model_validator(mode="after")
     def _check(self) -> ParallelLayout:
+        if self.world_size > MAX_GPUS:
+            raise InputError(
+                f"tp({self.tp}) * cp({self.cp}) * dp({self.dp}) * pp({self.pp}) = {self.world_size:,} GPUs is more "
+                f"than a cluster may hold ({MAX_GPUS:,}); lower the degrees"
+            )
+        if self.pp * self.vpp > MAX_CHUNKS:
+            raise InputError(
+                f"pp({self.pp}) * vpp({self.vpp}) = {self.pp * self.vpp:,} model chunks is more than a model can fill "
+                f"({MAX_CHUNKS:,}: {MAX_LAYERS:,} layers, the embedding and the loss); lower pp or vpp"
+            )
         if self.sequence_parallel and self.tp == 1:
-            raise ValueError("sequence parallelism needs tp > 1; drop --sequence-parallel or raise --tp")
+            raise InputError("sequence parallelism needs tp > 1; set sequence_parallel false or tp above 1")
         if self.global_batch % (self.micro_batch * self.dp):
-            raise ValueError(
+            raise InputError(
                 f"global_batch({self.global_batch}) is not divisible by micro_batch({self.micro_batch}) * "
                 f"dp({self.dp}) = {self.micro_batch * self.dp}; micro-batches per step must be whole"
             )
         if self.vpp > 1 and self.pp == 1:
-            raise ValueError(f"interleaving (vpp={self.vpp}) needs pp > 1")
+            raise InputError(f"interleaving (vpp={self.vpp}) needs pp > 1")
         if not self.reshard_after_forward and self.zero < 3:
-            raise ValueError(
+            raise InputError(
                 f"keeping weights after forward only applies to ZeRO-3 (this layout is ZeRO-{self.zero}); "
-                "drop --keep-params-after-forward or pass --zero 3"
+                "set reshard_after_forward true or zero 3"
             )
         if self.chunk_layers is not None:
             chunks = self.pp * self.vpp
             if len(self.chunk_layers) != chunks:
-                raise ValueError(
+                raise InputError(
                     f"chunk_layers has {len(self.chunk_layers)} entries but pp({self.pp}) * vpp({self.vpp}) = {chunks}"
                 )
             if min(self.chunk_layers) < 0:
-                raise ValueError(f"a chunk cannot hold a negative number of layers: {list(self.chunk_layers)}")
+                c = min(range(len(self.chunk_layers)), key=self.chunk_layers.__getitem__)
+                raise InputError(
+                    f"a chunk cannot hold a negative number of layers: chunk_layers[{c}] = {self.chunk_layers[c]}"
+                )
             empty = [s for s, n in enumerate(stage_totals(self.chunk_layers, self.pp)) if n == 0]
             if empty:
-                raise ValueError(f"every pipeline stage needs at least one layer; stage(s) {empty} hold none")
+                raise InputError(f"every pipeline stage needs at least one layer; stage(s) {empty[:5]} hold none")
+        if self.layer_tp is not None:
+            bad = [(b, t) for b, t in enumerate(self.layer_tp) if t < 1 or self.tp % t]
+            if bad:
+                block, t = bad[0]
+                raise InputError(
+                    f"layer_tp: block {block} has degree {t}, which does not divide the stage width tp({self.tp}); "
+                    "every per-block degree must divide tp"
+                )
         return self
 
     @property
@@ -236,7 +277,7 @@ def sub_batch(micro_batch: int, t: int, width: int) -> tuple[int, int]:
         return r // width, 1
     if width % r == 0:
         return 1, width // r
-    raise ValueError(
+    raise InputError(
         f"micro_batch({micro_batch}) * t({t}) = {r} and the stage width tp({width}) must divide one another "
         "so the micro-batch splits evenly over the stage's TP groups"
     )
@@ -245,66 +286,66 @@ def sub_batch(micro_batch: int, t: int, width: int) -> tuple[int, int]:
 def check_layout(
     layout: ParallelLayout, model: ModelSpec, training: TrainingSpec, num_gpus: int, domain_size: int
 ) -> None:
-    """Raise ValueError naming the first rule ``layout`` breaks for this model and cluster."""
+    """Raise InputError naming the first rule ``layout`` breaks for this model and cluster."""
     lay, m = layout, model
     if lay.world_size != num_gpus:
-        raise ValueError(
+        raise InputError(
             f"tp({lay.tp}) * cp({lay.cp}) * dp({lay.dp}) * pp({lay.pp}) = {lay.world_size} != GPUs({num_gpus}); "
             "the degrees must multiply to the GPU count"
         )
     if lay.global_batch != training.global_batch:
-        raise ValueError(f"layout global_batch({lay.global_batch}) != training global_batch({training.global_batch})")
+        raise InputError(f"layout global_batch({lay.global_batch}) != training global_batch({training.global_batch})")
     if lay.tp > domain_size or domain_size % lay.tp:
-        raise ValueError(
+        raise InputError(
             f"tp({lay.tp}) must divide the NVLink domain size ({domain_size}) so each TP group stays inside one domain"
         )
     if lay.layer_tp is None:  # per-layer layouts are checked block by block below
         if m.num_heads % lay.tp:
-            raise ValueError(f"heads({m.num_heads}) % tp({lay.tp}) = {m.num_heads % lay.tp}; tp must divide the heads")
+            raise InputError(f"heads({m.num_heads}) % tp({lay.tp}) = {m.num_heads % lay.tp}; tp must divide the heads")
         if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
-            raise ValueError(
+            raise InputError(
                 f"kv_heads({m.num_kv_heads}) and tp({lay.tp}) must divide one another "
                 "(KV groups are split or replicated)"
             )
         if m.ffn_hidden_size % lay.tp:
-            raise ValueError(f"ffn_hidden_size({m.ffn_hidden_size}) % tp({lay.tp}) != 0; tp must divide the MLP width")
+            raise InputError(f"ffn_hidden_size({m.ffn_hidden_size}) % tp({lay.tp}) != 0; tp must divide the MLP width")
     if lay.pp > m.num_layers:
-        raise ValueError(f"pp({lay.pp}) > layers({m.num_layers}); each stage needs at least one layer")
+        raise InputError(f"pp({lay.pp}) > layers({m.num_layers}); each stage needs at least one layer")
     chunks = lay.chunks(m.num_layers)
     if sum(chunks) != m.num_layers:
-        raise ValueError(f"the pipeline chunks hold {sum(chunks)} layers but the model has {m.num_layers}")
+        raise InputError(f"the pipeline chunks hold {sum(chunks)} layers but the model has {m.num_layers}")
     last = len(chunks) - 1
     empty = [c for c, n in enumerate(chunks) if n == 0 and c not in (0, last)]
     if empty:
-        raise ValueError(
+        raise InputError(
             f"pp({lay.pp}) * vpp({lay.vpp}) = {len(chunks)} chunks for {m.num_layers} layers leave chunk(s) "
             f"{empty[:5]} empty (only the first and last may hold just the embedding or the loss); lower vpp"
         )
     if lay.vpp > 1 and lay.num_micro_batches % lay.pp:
-        raise ValueError(
+        raise InputError(
             f"the interleaved schedule needs micro-batches per step ({lay.num_micro_batches}) to be a multiple of "
             f"pp({lay.pp}) (Megatron-Core); change the global batch, micro-batch or dp, or drop vpp"
         )
     if lay.cp > 1 and training.seq_len % (2 * lay.cp):
-        raise ValueError(
+        raise InputError(
             f"seq_len({training.seq_len}) % (2 * cp({lay.cp})) != 0; causal CP splits the sequence in 2*cp chunks"
         )
     if lay.sequence_parallel and (training.seq_len // lay.cp) % lay.tp:
-        raise ValueError(
+        raise InputError(
             f"seq_len({training.seq_len}) / cp({lay.cp}) is not divisible by tp({lay.tp}); sequence parallelism "
-            "splits each sequence chunk over the TP ranks (choose a multiple, or --no-sequence-parallel)"
+            "splits each sequence chunk over the TP ranks (choose a multiple, or set sequence_parallel false)"
         )
     if lay.ep > 1:
         if not m.is_moe:
-            raise ValueError(f"ep({lay.ep}) > 1 needs an MoE model; {m.name} is dense")
+            raise InputError(f"ep({lay.ep}) > 1 needs an MoE model; {m.name} is dense")
         if m.num_experts % lay.ep:
-            raise ValueError(f"experts({m.num_experts}) % ep({lay.ep}) != 0; ep must divide the experts")
+            raise InputError(f"experts({m.num_experts}) % ep({lay.ep}) != 0; ep must divide the experts")
         if (lay.dp * lay.cp) % lay.ep:
-            raise ValueError(f"dp({lay.dp}) * cp({lay.cp}) = {lay.dp * lay.cp} is not divisible by ep({lay.ep})")
+            raise InputError(f"dp({lay.dp}) * cp({lay.cp}) = {lay.dp * lay.cp} is not divisible by ep({lay.ep})")
     if lay.layer_tp is not None:
         _check_layer_tp(lay, m, training, domain_size)
     if training.seq_len > m.max_position_embeddings and m.position == "learned":
-        raise ValueError(
+        raise InputError(
             f"seq_len({training.seq_len}) > max_position_embeddings({m.max_position_embeddings}) of {m.name}"
         )
 
@@ -327,16 +368,16 @@ def block_degree_ok(model: ModelSpec, block: int, t: int) -> str | None:
 def _check_layer_tp(lay: ParallelLayout, m: ModelSpec, training: TrainingSpec, domain_size: int) -> None:
     degrees = lay.layer_tp or ()
     if len(degrees) != m.num_layers + 2:
-        raise ValueError(
+        raise InputError(
             f"layer_tp has {len(degrees)} entries but needs {m.num_layers + 2}: "
             f"embedding, {m.num_layers} layers, LM head"
         )
     for block, t in enumerate(degrees):
         if t < 1 or lay.tp % t:
-            raise ValueError(f"block {block} has degree {t}, which does not divide the stage width tp({lay.tp})")
+            raise InputError(f"block {block} has degree {t}, which does not divide the stage width tp({lay.tp})")
         why = block_degree_ok(m, block, t)
         if why:
-            raise ValueError(f"block {block} (layer {block - 1}) cannot run at degree {t}: {why}")
+            raise InputError(f"block {block} (layer {block - 1}) cannot run at degree {t}: {why}")
         _, split = sub_batch(lay.micro_batch, t, lay.tp)
         if split > 1 and training.seq_len % (2 * split * lay.cp):
-            raise ValueError(f"seq_len({training.seq_len}) cannot be split {split * lay.cp} ways for block {block}")
+            raise InputError(f"seq_len({training.seq_len}) cannot be split {split * lay.cp} ways for block {block}")

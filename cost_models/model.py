@@ -14,6 +14,32 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from topologies.bounds import Bound, bounds_validator
+from topologies.errors import InputError
+
+MAX_LAYERS = 10_000
+"""Most transformer layers a model may have: the deepest trained ones have about 1,000 (DeepNet);
+the per-layer search and the pipeline split walk every layer."""
+_WIDTH = Bound(1, 2**22, "elements", "published models reach 18,432 wide, 73,728 in the MLP (Nemotron-4 340B)")
+_OPTIONAL_WIDTH = _WIDTH._replace(lo=0)
+_HEADS = Bound(1, 65_536, "heads", "the largest published models have 128 to 256 heads")
+_BOUNDS: dict[str, Bound] = {
+    "hidden_size": _WIDTH,
+    "ffn_hidden_size": _WIDTH,
+    "num_layers": Bound(1, MAX_LAYERS, "layers", "the deepest trained transformers have about 1,000 layers"),
+    "num_heads": _HEADS,
+    "num_kv_heads": _HEADS,
+    "head_dim": Bound(1, 65_536, "elements", "published heads are 64 to 256 wide"),
+    "vocab_size": Bound(1, 2**24, "tokens", "the largest vocabularies hold about 256,000 tokens"),
+    "max_position_embeddings": Bound(1, 10**9, "tokens", "the longest contexts trained are about 10**7 tokens"),
+    "num_experts": Bound(0, 65_536, "experts", "the largest MoE models have 256 (DeepSeek-V3) to 384 experts"),
+    "moe_top_k": Bound(0, 65_536, "experts", "tokens visit 1 to 8 experts in published MoE models"),
+    "moe_ffn_hidden_size": _OPTIONAL_WIDTH,
+    "moe_layer_freq": Bound(1, MAX_LAYERS, "layers", "every k-th layer is MoE, so k is at most the layer count"),
+    "moe_first_dense_layers": Bound(0, MAX_LAYERS, "layers", "they are a prefix of the model's layers"),
+    "moe_shared_ffn_hidden_size": _OPTIONAL_WIDTH,
+}
+
 
 class LayerKind(NamedTuple):
     """What makes one transformer layer cost differently from another."""
@@ -28,17 +54,21 @@ class LayerOverride(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    layers: tuple[int, ...] = Field(min_length=1, description="0-based indices of the layers it applies to.")
+    layers: tuple[int, ...] = Field(
+        min_length=1, max_length=MAX_LAYERS, description="0-based indices of the layers it applies to."
+    )
     ffn_hidden_size: int | None = Field(default=None, ge=0, description="Dense MLP width; 0 removes the MLP.")
     attention: bool = Field(default=True, description="False removes self-attention from these layers.")
+
+    _bounds = bounds_validator({"ffn_hidden_size": _OPTIONAL_WIDTH})
 
 
 class ModelSpec(BaseModel):
     """What is trained. Sizes are element counts; derived sizes are properties."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(description="Catalogue name or file stem.")
+    name: str = Field(min_length=1, max_length=255, description="Catalogue name or file stem.")
     family: Literal["gpt", "llama", "nemotron"] = Field(description="Architecture family, for display.")
     hidden_size: int = Field(gt=0, description="Model width h.")
     ffn_hidden_size: int = Field(gt=0, description="Dense MLP width f.")
@@ -64,21 +94,23 @@ class ModelSpec(BaseModel):
         default=(), description="Layers that differ from the defaults (later entries win)."
     )
 
+    _bounds = bounds_validator(_BOUNDS)
+
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+            raise InputError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.num_experts:
             if not 0 < self.moe_top_k <= self.num_experts:
-                raise ValueError(f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})")
+                raise InputError(f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})")
             if self.moe_ffn_hidden_size <= 0:
-                raise ValueError("an MoE model needs moe_ffn_hidden_size > 0")
+                raise InputError("an MoE model needs moe_ffn_hidden_size > 0")
         for o in self.layer_overrides:
             bad = [i for i in o.layers if not 0 <= i < self.num_layers]
             if bad:
-                raise ValueError(f"layer_overrides name layers {bad[:5]} outside 0..{self.num_layers - 1}")
+                raise InputError(f"layer_overrides name layers {bad[:5]} outside 0..{self.num_layers - 1}")
             if o.ffn_hidden_size is not None and any(self.is_moe_layer(i) for i in o.layers):
-                raise ValueError("ffn_hidden_size overrides apply to dense layers; these include MoE layers")
+                raise InputError("ffn_hidden_size overrides apply to dense layers; these include MoE layers")
         return self
 
     # ---- derived widths ----------------------------------------------------------------

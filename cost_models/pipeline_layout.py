@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import re
 
+from topologies.errors import InputError
+
 LAYOUT_SYMBOLS = "EtL|"
 
 
@@ -46,12 +48,12 @@ def even_split(num_layers: int, chunks: int) -> tuple[int, ...]:
 def megatron_split(num_layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> tuple[int, ...]:
     """Layers per chunk when the embedding and/or the loss count as pipeline layers (Megatron's
     ``--account-for-*-in-pipeline-split``): ``L + #accounted`` slots split evenly, the first (and
-    last) chunk giving one slot to the embedding (and the loss). ValueError when the slots do not
+    last) chunk giving one slot to the embedding (and the loss). InputError when the slots do not
     divide evenly, as in Megatron."""
     chunks = pp * vpp
     slots = num_layers + embedding + loss
     if slots % chunks:
-        raise ValueError(
+        raise InputError(
             f"layers({num_layers}) + embedding({int(embedding)}) + loss({int(loss)}) = {slots} is not divisible "
             f"by pp({pp}) * vpp({vpp}) = {chunks}; Megatron needs equal chunks when the embedding or the loss "
             "count as pipeline layers"
@@ -62,7 +64,7 @@ def megatron_split(num_layers: int, pp: int, vpp: int, embedding: bool, loss: bo
     counts[-1] -= loss
     if min(counts) < 0:
         counted = " and ".join(n for n, k in (("the embedding", embedding), ("the loss", loss)) if k) or "nothing"
-        raise ValueError(f"{chunks} chunks of {per} layers each leave no room for {counted} counted as a layer")
+        raise InputError(f"{chunks} chunks of {per} layers each leave no room for {counted} counted as a layer")
     return tuple(counts)
 
 
@@ -77,7 +79,7 @@ def megatron_splits(num_layers: int, pp: int, vpp: int) -> dict[tuple[bool, bool
     for embedding, loss in ((True, True), (True, False), (False, True)):
         try:
             splits[(embedding, loss)] = megatron_split(num_layers, pp, vpp, embedding, loss)
-        except ValueError:
+        except InputError:
             continue
     return splits
 
@@ -169,26 +171,26 @@ def parse_layout(text: str, pp: int) -> tuple[int, ...]:
     """
     cleaned = text.replace(",", "").replace(" ", "")
     if "m" in cleaned:
-        raise ValueError(f"pipeline layout {text!r} has multi-token prediction layers ('m'), which are not modelled")
+        raise InputError(f"pipeline layout {text!r} has multi-token prediction layers ('m'), which are not modelled")
     if len(cleaned) > 1000 or any(len(n) > 6 for n in re.findall(r"\d+", cleaned)):
-        raise ValueError(f"pipeline layout {text!r} is too long; write repetitions as (...)*n with n < 1,000,000")
+        raise InputError(f"pipeline layout {text!r} is too long; write repetitions as (...)*n with n < 1,000,000")
     try:
         flat = _unroll(cleaned)
     except OverflowError:
-        raise ValueError(f"pipeline layout {text!r} unrolls to over {MAX_LAYOUT_CHARS:,} symbols") from None
+        raise InputError(f"pipeline layout {text!r} unrolls to over {MAX_LAYOUT_CHARS:,} symbols") from None
     bad = sorted(set(flat) - set(LAYOUT_SYMBOLS))
     if bad:
-        raise ValueError(
+        raise InputError(
             f"pipeline layout {text!r} has symbols {''.join(bad)!r}; use E (embedding), t (layer), L (loss), "
             "| (next chunk), (...)*n and x*n, e.g. 'Et*3|(tt|)*29,t|L'"
         )
     chunks = flat.split("|")
     if flat.count("E") != 1 or not chunks[0].startswith("E"):
-        raise ValueError(f"pipeline layout {text!r} must open its first chunk with E (the embedding), once")
+        raise InputError(f"pipeline layout {text!r} must open its first chunk with E (the embedding), once")
     if flat.count("L") != 1 or not chunks[-1].endswith("L"):
-        raise ValueError(f"pipeline layout {text!r} must close its last chunk with L (the loss), once")
+        raise InputError(f"pipeline layout {text!r} must close its last chunk with L (the loss), once")
     if len(chunks) % pp:
-        raise ValueError(
+        raise InputError(
             f"pipeline layout {text!r} has {len(chunks)} chunks, not a multiple of pp({pp}); "
             "each stage needs the same number of virtual chunks"
         )

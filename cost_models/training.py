@@ -6,17 +6,27 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from topologies.bounds import Bound, bounds_validator
+from topologies.errors import InputError
+
 Dtype = Literal["fp16", "bf16", "fp8", "mxfp8", "nvfp4"]
 # GEMMs in these, everything else in bf16: bytes per element, scales included (mxfp8: a scale byte
 # per 32 values; nvfp4: half a byte per value and a scale byte per 16)
 LOW_PRECISION_BYTES: dict[str, float] = {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
 LOW_PRECISION: tuple[str, ...] = tuple(LOW_PRECISION_BYTES)
+MAX_GLOBAL_BATCH = 10**7
+"""Most sequences per step: published runs step 1,000 to 16,000 sequences (about 16M tokens), so
+ten million only refuses typos (10**30) and tokens given for sequences."""
+_BOUNDS: dict[str, Bound] = {
+    "seq_len": Bound(1, 10**9, "tokens", "the longest contexts trained are about 10**7 tokens"),
+    "global_batch": Bound(1, MAX_GLOBAL_BATCH, "sequences", "published runs step 1,000 to 16,000 sequences"),
+}
 
 
 class TrainingSpec(BaseModel):
     """Sequence, batch, precision and optimizer."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     seq_len: int = Field(default=8192, gt=0, description="Tokens per sequence s.")
     global_batch: int = Field(default=1024, gt=0, description="Sequences per optimizer step B.")
@@ -67,12 +77,14 @@ class TrainingSpec(BaseModel):
         "Hopper) or the FlashAttention-2 package (NeMo 1.x's NVTE_FUSED_ATTN=0), about half as fast on Hopper.",
     )
 
+    _bounds = bounds_validator(_BOUNDS)
+
     @model_validator(mode="after")
     def _check(self) -> TrainingSpec:
         if self.fp8_params and not self.low_precision:
-            raise ValueError(
+            raise InputError(
                 f"low-precision primary weights (fp8_params) need an fp8 or fp4 format, not {self.dtype}; "
-                "drop --fp8-params or pick --dtype fp8, mxfp8 or nvfp4"
+                "set fp8_params false or dtype to fp8, mxfp8 or nvfp4"
             )
         return self
 

@@ -7,20 +7,31 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
+from collections import Counter
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cost_models.layout import ParallelLayout
+from cost_models.layout import ParallelLayout, check_layout
 from cost_models.model import ModelSpec
 from cost_models.step import StepCost
 from cost_models.training import TrainingSpec
-from topologies.cluster import Cluster
+from topologies.bounds import show
+from topologies.cluster import MAX_GPUS, Cluster
 from topologies.cluster_catalogue import ClusterSpec, first_error
+from topologies.errors import InputError
+from topologies.files import read_mapping
 
 SCHEMA_VERSION = 2  # 2: ZeRO levels, model chunks, number formats (a version-1 plan must be re-made)
+MAX_PLAN_BYTES = 256 * 2**20  # a plan of MAX_GPUS GPUs: its placement is about 8 MB, its pipeline a few MB
+RE_PLAN = "re-plan it instead of editing it"
+
+
+def _version_message(version) -> str:
+    return f"this plan has schema version {version!r}; this ntp reads version {SCHEMA_VERSION}: re-plan it"
 
 
 class ClusterInputs(BaseModel):
@@ -33,7 +44,15 @@ class ClusterInputs(BaseModel):
     gpus_per_domain: int | None = Field(
         default=None, description="GPUs used in each NVLink domain; None (and plans older than it) = all."
     )
-    failed_gpus: list[int] = Field(default_factory=list)
+    failed_gpus: list[int] = Field(default_factory=list, max_length=MAX_GPUS)
+
+    @model_validator(mode="after")
+    def _is_a_cluster(self) -> ClusterInputs:
+        try:
+            self.build()  # Cluster checks the GPU count, the domain use and the failed ids
+        except ValidationError as exc:
+            raise InputError(first_error(exc)) from None
+        return self
 
     def build(self) -> Cluster:
         return Cluster(
@@ -47,7 +66,7 @@ class ClusterInputs(BaseModel):
 class RunnerUp(BaseModel):
     """A layout that lost, with the numbers it lost on."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     layout: ParallelLayout
     step_time_s: float
@@ -56,16 +75,27 @@ class RunnerUp(BaseModel):
     memory_per_gpu_bytes: float
     time_breakdown_s: dict[str, float]
 
+    @field_validator("step_time_s", "tokens_per_s", "memory_per_gpu_bytes")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        return _positive(value)
+
 
 class GoodputEntry(BaseModel):
     """A candidate layout ranked by throughput under failures."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     layout: ParallelLayout
     tokens_per_s: float = Field(description="Failure-free throughput.")
     capacity_goodput: float = Field(description="Expected useful share under failures (short simulation).")
     effective_tokens_per_s: float = Field(description="tokens_per_s x capacity_goodput.")
+
+
+def _positive(value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{show(value)} must be a finite number above 0; {RE_PLAN}")
+    return value
 
 
 class ChunkPlacement(BaseModel):
@@ -142,16 +172,85 @@ class Plan(BaseModel):
         default_factory=list, description="Candidates by effective tokens/s under failures (objective goodput)."
     )
 
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _known_version(cls, value):
+        if type(value) is not int or value != SCHEMA_VERSION:
+            raise InputError(_version_message(value))
+        return value
+
+    @field_validator("headroom")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        if not 0 <= value < 1:
+            raise InputError(f"{show(value)} must lie in [0, 1): it is the fraction of HBM kept free")
+        return value
+
     @model_validator(mode="after")
-    def _pipeline_matches_layout(self) -> Plan:
+    def _consistent(self) -> Plan:
+        """The parts of a plan agree: a hand-edited or truncated plan fails here, on load."""
+        self._check_layout()
+        self._check_placement()
+        self._check_predicted()
         expected = chunk_placements(self.layout, self.model.num_layers)
         if not self.pipeline:
             object.__setattr__(self, "pipeline", expected)
         elif self.pipeline != expected:
-            raise ValueError(
-                "pipeline does not match the layout's chunks and degrees; re-create the plan instead of editing it"
-            )
+            raise InputError(f"pipeline does not match the layout's chunks and degrees; {RE_PLAN}")
         return self
+
+    def _check_layout(self) -> None:
+        lay, gpus, L = self.layout, self.cluster.num_gpus, self.model.num_layers
+        if lay.world_size != gpus:
+            raise InputError(
+                f"layout tp({lay.tp}) * cp({lay.cp}) * dp({lay.dp}) * pp({lay.pp}) = {lay.world_size} != "
+                f"cluster.num_gpus({gpus}); the degrees must multiply to the GPU count: {RE_PLAN}"
+            )
+        try:
+            check_layout(lay, self.model, self.training, gpus, self.cluster.build().tp_domain_size)
+        except InputError as exc:
+            raise InputError(f"the layout does not suit the model and cluster: {exc}") from None
+        if len(self.per_layer_tp) != L + 2:
+            raise InputError(
+                f"per_layer_tp has {len(self.per_layer_tp)} entries but needs {L + 2} (embedding, {L} layers, "
+                f"LM head); {RE_PLAN}"
+            )
+        expected = lay.block_tp(L)
+        wrong = [b for b, (t, u) in enumerate(zip(self.per_layer_tp, expected, strict=True)) if t != u]
+        if wrong:
+            b = wrong[0]
+            raise InputError(
+                f"per_layer_tp gives block {b} degree {self.per_layer_tp[b]} but the layout runs it at {expected[b]}; "
+                f"{RE_PLAN}"
+            )
+
+    def _check_placement(self) -> None:
+        """Rank r runs on GPU placement[r]: one healthy GPU of the cluster per rank, none twice."""
+        ranks, gpus = len(self.placement), self.cluster.num_gpus
+        if ranks != self.layout.world_size:
+            raise InputError(
+                f"placement lists {ranks} GPUs but the layout has {self.layout.world_size} ranks; {RE_PLAN}"
+            )
+        outside = [g for g in self.placement if not 0 <= g < gpus]
+        if outside:
+            raise InputError(f"placement names GPU(s) {outside[:5]} outside 0..{gpus - 1}; {RE_PLAN}")
+        twice = sorted(g for g, n in Counter(self.placement).items() if n > 1)
+        if twice:
+            raise InputError(f"placement puts two ranks on GPU(s) {twice[:5]}; {RE_PLAN}")
+        failed = sorted(set(self.placement) & set(self.cluster.failed_gpus))
+        if failed:
+            raise InputError(f"placement puts ranks on failed GPU(s) {failed[:5]}; {RE_PLAN}")
+
+    def _check_predicted(self) -> None:
+        p = self.predicted
+        for name in ("step_time_s", "memory_per_gpu_bytes", "tokens_per_s", "hbm_bytes"):
+            value = getattr(p, name)
+            if not (math.isfinite(value) and value > 0):
+                raise InputError(f"predicted.{name} is {show(value)}; it must be a finite number above 0: {RE_PLAN}")
+        numbers = [p.mfu, p.mfu_causal, p.model_flops_per_step, p.tflops_per_gpu, *p.stage_time_s]
+        numbers += [*p.stage_memory_bytes, *p.time_breakdown_s.values(), *p.memory_breakdown_bytes.values()]
+        if not all(math.isfinite(x) for x in numbers):
+            raise InputError(f"predicted holds a number that is not finite (NaN or infinite); {RE_PLAN}")
 
     @property
     def megatron_gap(self) -> float:
@@ -166,25 +265,17 @@ class Plan(BaseModel):
 
     @classmethod
     def load(cls, path: Path) -> Plan:
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise ValueError(f"cannot read plan {path}: {exc.strerror}.") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"plan {path} is not valid JSON ({exc.msg}, line {exc.lineno}); re-create it with `ntp plan -o`."
-            ) from None
-        if not isinstance(data, dict) or "schema_version" not in data:
-            raise ValueError(f"{path} is not an ntp plan (no schema_version); create one with `ntp plan -o`.")
-        if data["schema_version"] != SCHEMA_VERSION:
-            raise ValueError(
-                f"plan {path} has schema version {data['schema_version']}, this ntp reads version "
-                f"{SCHEMA_VERSION}; re-create it with this version's `ntp plan -o`."
-            )
+        """Read and check a plan file: any inconsistency fails here, in one sentence naming the file."""
+        data = read_mapping(path, "plan", max_bytes=MAX_PLAN_BYTES, kind="JSON")
+        if "schema_version" not in data:
+            raise InputError(f"{path} is not a plan file (no schema_version); give a file a Plan was saved to.")
+        version = data["schema_version"]
+        if type(version) is not int or version != SCHEMA_VERSION:
+            raise InputError(f"plan {path}: {_version_message(version)}.")
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ValueError(f"plan {path} is malformed: {first_error(exc)}.") from None
+            raise InputError(f"plan {path} is malformed: {first_error(exc)}.") from None
 
 
 def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs) -> str:
@@ -209,13 +300,13 @@ def write_atomic(path: Path, text: str) -> None:
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
-        raise ValueError(f"cannot write {path}: folder {folder} does not exist.")
+        raise InputError(f"cannot write {path}: folder {folder} does not exist.")
     if path.is_dir():
-        raise ValueError(f"cannot write {path}: it is a folder; give a file name, e.g. {path / 'plan.json'}")
+        raise InputError(f"cannot write {path}: it is a folder; give a file name, e.g. {path / 'plan.json'}")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
     except OSError as exc:
-        raise ValueError(f"cannot write {path}: {exc.strerror.lower()} in {folder}; pick a writable folder") from None
+        raise InputError(f"cannot write {path}: {exc.strerror.lower()} in {folder}; pick a writable folder") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from topologies.bounds import Bound, bounds_validator
 from topologies.cluster_catalogue import ClusterSpec
+from topologies.errors import InputError
 from topologies.gpus import GPUSpec
 
 if TYPE_CHECKING:
@@ -70,13 +72,19 @@ def _nearest(value: int, step: int, most: int | None = None) -> str:
     return " or ".join(str(x) for x in fits)
 
 
+MAX_GPUS = 10**6
+"""Most GPUs a cluster may hold: ten times the largest training clusters (about 10**5 GPUs).
+Placement, failure sampling and the graph walk every GPU, so a count far beyond this only makes
+a run that never ends or a list that does not fit in memory."""
+
+
 class Cluster(BaseModel):
     """``num_gpus`` GPUs built from ``spec``, some of which may have failed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     spec: ClusterSpec
-    num_gpus: int = Field(gt=0, description="GPUs the job uses, a whole number of hosts.")
+    num_gpus: int = Field(gt=0, description="GPUs the job uses, a whole number of hosts, at most MAX_GPUS.")
     gpus_per_domain: int | None = Field(
         default=None,
         gt=0,
@@ -85,35 +93,43 @@ class Cluster(BaseModel):
     )
     failed_gpus: frozenset[int] = Field(default=frozenset(), description="Ids of GPUs that are down.")
 
+    _bounds = bounds_validator(
+        {
+            "num_gpus": Bound(
+                1, MAX_GPUS, "GPUs", "the largest training clusters hold about 100,000; more cannot be planned here"
+            )
+        }
+    )
+
     @model_validator(mode="after")
     def _check(self) -> Cluster:
         s = self.spec
         node, domain = s.gpus_per_node, s.domain_size
         if self.num_gpus % node:
-            raise ValueError(
+            raise InputError(
                 f"{self.num_gpus} GPUs is not a multiple of {s.name}'s host size {node} "
                 f"({self.num_gpus} % {node} = {self.num_gpus % node}); use {_nearest(self.num_gpus, node)}"
             )
         used = self.gpus_per_domain
         if used is not None:
             if used > domain:
-                raise ValueError(
+                raise InputError(
                     f"{used} GPUs per domain is more than {s.name}'s NVLink domain size {domain}; use {domain} or fewer"
                 )
             if domain < node:
                 if used != domain:
-                    raise ValueError(
+                    raise InputError(
                         f"{used} GPUs per domain cannot be: {s.name}'s NVLink domains ({domain} GPUs) lie inside "
                         f"one {node}-GPU host, so a job uses all of a domain; use {domain}"
                     )
             elif used % node:
-                raise ValueError(
+                raise InputError(
                     f"{used} GPUs per domain is not a multiple of {s.name}'s host size {node} "
                     f"({used} % {node} = {used % node}); use {_nearest(used, node, domain)}"
                 )
         bad = sorted(g for g in self.failed_gpus if not 0 <= g < self.num_gpus)
         if bad:
-            raise ValueError(f"failed GPU ids {bad[:5]} are outside 0..{self.num_gpus - 1}")
+            raise InputError(f"failed GPU ids {bad[:5]} are outside 0..{self.num_gpus - 1}")
         return self
 
     # ---- ids ---------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from topologies.bounds import Bound, bounds_validator
+from topologies.errors import InputError
 from topologies.files import read_mapping
 from topologies.gpus import GPUS, resolve_gpu
 from topologies.naming import lookup
@@ -20,14 +22,31 @@ from topologies.naming import lookup
 _GBIT = 1e9 / 8  # bytes/s in one Gb/s
 
 
+# Wide ranges: they catch typos and wrong units (Gb/s for bytes/s, ms for s), never a real design.
+# A bandwidth near zero makes every collective last forever; an unbounded one makes it free.
+_BW_WHY = "NVLink moves 3e11 to 9e11 bytes/s per GPU each way and NICs 2.5e10 to 1e11; is the unit bytes/s?"
+_LAT_WHY = "a message step takes microseconds (1e-6 s); is the unit seconds?"
+_SIZE_WHY = "NVLink domains and hosts hold 4 to 72 GPUs today"
+_BOUNDS: dict[str, Bound] = {
+    "domain_size": Bound(1, 4096, "GPUs", _SIZE_WHY),
+    "gpus_per_node": Bound(1, 4096, "GPUs", _SIZE_WHY),
+    "nvlink_bw_bytes_per_s": Bound(1e8, 1e14, "bytes/s", _BW_WHY),
+    "scaleout_bw_bytes_per_s": Bound(1e8, 1e14, "bytes/s", _BW_WHY),
+    "nvlink_latency_s": Bound(0, 1, "s", _LAT_WHY),
+    "scaleout_latency_s": Bound(0, 1, "s", _LAT_WHY),
+    "nodes_per_leaf": Bound(1, 100_000, "hosts", "a leaf switch serves 32 hosts in NVIDIA's SuperPOD"),
+    "spine_oversubscription": Bound(1, 1000, "x", "1 is full bisection; fat trees are built at 1 to 4"),
+}
+
+
 class ClusterSpec(BaseModel):
     """A cluster design; the GPU count is chosen when a ``Cluster`` is built from it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(description="Catalogue name, e.g. 'dgx-h100'.")
-    description: str = Field(default="", description="One line for `ntp clusters`.")
-    gpu: str = Field(description="GPU catalogue name, e.g. 'H100-SXM'.")
+    name: str = Field(min_length=1, max_length=255, description="Catalogue name, e.g. 'dgx-h100'.")
+    description: str = Field(default="", max_length=10_000, description="One line for `ntp clusters`.")
+    gpu: str = Field(max_length=100, description="GPU catalogue name, e.g. 'H100-SXM'.")
     domain_size: int = Field(gt=0, description="GPUs per NVLink (scale-up) domain.")
     gpus_per_node: int = Field(gt=0, description="GPUs per host; also the number of rails.")
     nvlink_bw_bytes_per_s: float = Field(gt=0, description="NVLink bandwidth per GPU, one way.")
@@ -42,13 +61,15 @@ class ClusterSpec(BaseModel):
     )
     sources: dict[str, str] = Field(default_factory=dict, description="Field -> source of the figure.")
 
+    _bounds = bounds_validator(_BOUNDS)
+
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
         if self.gpu.lower() not in {g.lower() for g in GPUS}:
             resolve_gpu(self.gpu)  # raises with a suggestion
         big, small = max(self.domain_size, self.gpus_per_node), min(self.domain_size, self.gpus_per_node)
         if big % small:
-            raise ValueError(
+            raise InputError(
                 f"domain_size ({self.domain_size}) and gpus_per_node ({self.gpus_per_node}) must divide "
                 "one another: a host lies inside one NVLink domain or a domain inside one host"
             )
@@ -116,19 +137,20 @@ CLUSTERS: dict[str, ClusterSpec] = {row[0]: _spec(*row) for row in _TABLE}
 
 def load_cluster_spec(path: Path) -> ClusterSpec:
     """Read a custom cluster from a YAML or JSON file with ``ClusterSpec``'s fields."""
+    path = Path(path)
     data = read_mapping(path, "cluster file")
     data.setdefault("name", path.stem)
     try:
-        return ClusterSpec(**data)
+        return ClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise ValueError(f"cluster file {path}: {first_error(exc)}") from None
+        raise InputError(f"cluster file {path}: {first_error(exc)}") from None
 
 
 def first_error(exc: ValidationError) -> str:
     """One sentence from a pydantic error: the field path and what is wrong with it."""
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
+    msg = err["msg"].removeprefix("Value error, ").splitlines()[0]
     return f"{where}: {msg}" if where else msg
 
 
@@ -137,4 +159,4 @@ def resolve_cluster_spec(name_or_path: str) -> ClusterSpec:
     path = Path(name_or_path)
     if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
         return load_cluster_spec(path)
-    return lookup(CLUSTERS, name_or_path, "cluster", "Run `ntp clusters` to list them, or pass a YAML file.")
+    return lookup(CLUSTERS, name_or_path, "cluster", "Or give the path of a YAML or JSON cluster file.")

@@ -1,28 +1,96 @@
-"""Reading user files (cluster specs, model configs) with one-sentence errors."""
+"""Reading user files (cluster specs, model configs, plans) with one-sentence errors.
+
+A file may be anything: a folder, a pipe that never ends, gigabytes, Latin-1 bytes, JSON nested
+200,000 deep, or YAML whose aliases expand a few lines into billions of values. Each is refused
+with an ``InputError`` naming the file before it can take the process down or hang it.
+"""
 
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from topologies.bounds import show
+from topologies.errors import InputError
 
-def read_mapping(path: Path, what: str) -> dict[str, Any]:
-    """Parse a ``.json`` file as JSON and anything else as YAML; it must hold a mapping.
+MAX_FILE_BYTES = 16 * 2**20  # a cluster or model file is a few kilobytes; plans pass their own limit
+MAX_DEPTH = 32  # a cluster file nests 2 levels, a HuggingFace config 3, a plan 6
 
-    ``what`` names the file in messages, e.g. "cluster file".
-    """
+
+def read_text(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The text of a regular file of at most ``max_bytes``, decoded as UTF-8 (a BOM is dropped)."""
+    path = Path(path)
     try:
-        text = Path(path).read_text()
+        info = path.stat()
     except OSError as exc:
-        raise ValueError(f"cannot read {what} {path}: {exc.strerror}.") from None
-    kind = "JSON" if Path(path).suffix == ".json" else "YAML"
+        raise InputError(f"cannot read {what} {path}: {exc.strerror}.") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(f"cannot read {what} {path}: it is a folder; give the path of a file.")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"cannot read {what} {path}: it is not a regular file (a pipe or device); give a file.")
+    if info.st_size > max_bytes:
+        raise InputError(
+            f"{what} {path} holds {show(info.st_size)} bytes, more than the {show(max_bytes)} a {what} can need; "
+            "check that it is the right file."
+        )
+    try:
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)  # the file may have grown since stat
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror}.") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{what} {path} holds more than the {show(max_bytes)} bytes a {what} can need.")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as UTF-8."
+        ) from None
+
+
+def parse(text: str, path: Path, what: str, kind: str) -> Any:
+    """``text`` parsed as ``kind`` ("JSON" or "YAML"), checked to be a tree of bounded depth."""
     try:
         data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{what} {path} is not valid {kind}: {str(exc).splitlines()[0]}; fix the syntax.") from None
+        raise InputError(f"{what} {path} is not valid {kind}: {str(exc).splitlines()[0]}; fix the syntax.") from None
+    except RecursionError:
+        raise InputError(f"{what} {path} nests deeper than {MAX_DEPTH} levels; a {what} needs a few.") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise InputError(f"{what} {path} is not valid {kind}: {str(exc).splitlines()[0]}.") from None
+    check_tree(data, f"{what} {path}")
+    return data
+
+
+def check_tree(data: Any, where: str) -> None:
+    """Refuse nesting deeper than ``MAX_DEPTH`` and containers reached twice (YAML aliases, whose
+    expansion can grow exponentially, and self-references), walking without recursion."""
+    seen: set[int] = set()
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, dict | list):
+            continue
+        if id(node) in seen:
+            raise InputError(f"{where} reuses a block through a YAML alias (*name); write the values out.")
+        seen.add(id(node))
+        if depth > MAX_DEPTH:
+            raise InputError(f"{where} nests deeper than {MAX_DEPTH} levels; a file of this kind needs a few.")
+        stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+
+
+def read_mapping(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES, kind: str | None = None) -> dict[str, Any]:
+    """Parse a file as ``kind``, by default JSON for ``.json`` and YAML otherwise; it must hold a
+    mapping. ``what`` names the file in messages, e.g. "cluster file"."""
+    kind = kind or ("JSON" if Path(path).suffix == ".json" else "YAML")
+    data = parse(read_text(path, what, max_bytes), path, what, kind)
     if not isinstance(data, dict):
-        raise ValueError(f"{what} {path} must hold a mapping of keys to values.")
+        raise InputError(f"{what} {path} must hold a mapping of keys to values.")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise InputError(f"{what} {path} has key {bad[0]!r}, which is not text; keys are field names.")
     return data

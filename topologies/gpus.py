@@ -19,6 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from topologies.bounds import Bound, bounds_validator
+from topologies.errors import InputError
 from topologies.naming import lookup
 
 Architecture = Literal["ampere", "hopper", "blackwell"]
@@ -33,12 +35,24 @@ FORMATS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+# Wide ranges: they catch typos and wrong units, never a real accelerator.
+_BOUNDS: dict[str, Bound] = {
+    "sm_count": Bound(1, 10_000, "SMs", "the largest GPUs have 148 (B200)"),
+    "bf16_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 3e14 (A100) to 2.5e15 (GB200)"),
+    "fp8_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 2e15 (H100) to 5e15 (GB200)"),
+    "fp4_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 9e15 (B200) to 1e16 (GB200)"),
+    "hbm_bytes": Bound(2**30, 2**50, "bytes", "GPUs hold 80 GiB (8.6e10 bytes) to 186 GiB"),
+    "hbm_bw_bytes_per_s": Bound(1e10, 1e15, "bytes/s", "HBM moves 2e12 (A100) to 8e12 (GB200)"),
+    "tdp_watts": Bound(1, 100_000, "W", "GPUs draw 400 W (A100) to 1,200 W (GB200)"),
+}
+
+
 class GPUSpec(BaseModel):
     """One accelerator model, with the source of each figure."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(description="Catalogue name, e.g. 'H100-SXM'.")
+    name: str = Field(min_length=1, max_length=100, description="Catalogue name, e.g. 'H100-SXM'.")
     architecture: Architecture = Field(description="Tensor-core generation; decides the number formats.")
     sm_count: int = Field(gt=0, description="Streaming multiprocessors (GEMM tiles run one per SM at a time).")
     bf16_flops_per_s: float = Field(gt=0, description="Dense fp16/bf16 tensor-core peak, FLOP/s.")
@@ -53,6 +67,8 @@ class GPUSpec(BaseModel):
     tdp_watts: float = Field(gt=0, description="Thermal design power (max board power), W.")
     sources: dict[str, str] = Field(description="Field name -> where the figure comes from.")
 
+    _bounds = bounds_validator(_BOUNDS)
+
     def supports(self, dtype: str) -> bool:
         return self.architecture in FORMATS[dtype][0] and getattr(self, FORMATS[dtype][1]) is not None
 
@@ -63,12 +79,12 @@ class GPUSpec(BaseModel):
         4.0
         """
         if dtype not in FORMATS:
-            raise ValueError(f"unknown number format {dtype!r}; use one of {', '.join(FORMATS)}.")
+            raise InputError(f"unknown number format {dtype!r}; use one of {', '.join(FORMATS)}.")
         if not self.supports(dtype):
             runs = [f for f in FORMATS if self.supports(f)]
-            raise ValueError(
-                f"{self.name} ({self.architecture}) has no {dtype} tensor cores; it runs {', '.join(runs)}. "
-                "Pick one of those with --dtype."
+            raise InputError(
+                f"{self.name} ({self.architecture}) has no {dtype} tensor cores; it runs {', '.join(runs)}: "
+                "choose a format this GPU runs."
             )
         return getattr(self, FORMATS[dtype][1])
 

@@ -6,6 +6,8 @@ import difflib
 from collections.abc import Mapping
 from typing import TypeVar
 
+from topologies.errors import InputError
+
 T = TypeVar("T")
 
 
@@ -25,4 +27,4 @@ def lookup(catalogue: Mapping[str, T], name: str, kind: str, hint: str) -> T:
         if close
         else f"known: {', '.join(sorted(catalogue))}."
     )
-    raise ValueError(f"unknown {kind} {name!r}: {suggestion} {hint}".rstrip())
+    raise InputError(f"unknown {kind} {name!r}: {suggestion} {hint}".rstrip())

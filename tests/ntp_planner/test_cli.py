@@ -415,7 +415,7 @@ def test_malformed_files(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"schema_version": 0}))
     result = run("explain", plan)
-    assert result.exit_code == 2 and "schema version 0, this ntp reads version 2" in result.stderr
+    assert result.exit_code == 2 and "schema version 0; this ntp reads version 2" in result.stderr
 
 
 def test_custom_model_file_plans(tmp_path):

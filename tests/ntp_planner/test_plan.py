@@ -1,15 +1,18 @@
 """Plan files: required keys, round trip, schema checks, atomic writes, placement."""
 
 import json
+import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
 from cost_models.rank_grid import RankGrid
 from ntp_planner.plan import Plan, inputs_hash
 from ntp_planner.solver.placement import place_ranks
 from ntp_planner.solver.planner import make_plan, plan_from_layout
-from topologies import CLUSTERS, Cluster
+from topologies import CLUSTERS, Cluster, InputError
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +78,13 @@ def test_schema_and_garbage_are_rejected(plan, tmp_path):
     path = tmp_path / "p.json"
     data = json.loads(plan.model_dump_json())
     path.write_text(json.dumps({**data, "schema_version": 99}))
-    with pytest.raises(ValueError, match="schema version 99, this ntp reads version 2"):
+    with pytest.raises(ValueError, match="has schema version 99; this ntp reads version 2: re-plan it"):
         Plan.load(path)
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         Plan.load(path)
     path.write_text(json.dumps({**data, "layout": {**data["layout"], "tp": "eight"}}))
-    with pytest.raises(ValueError, match="layout.tp"):
+    with pytest.raises(InputError, match="layout.tp"):
         Plan.load(path)
 
 
@@ -173,3 +176,129 @@ def test_user_layout_plan():
         layout,
     )
     assert p.source == "user" and p.layout == layout and p.placement == list(range(32))
+
+
+# ---- an inconsistent plan fails on load, in one sentence ----------------------------------
+@pytest.fixture(scope="module")
+def small():
+    """llama3-8b on 16 GPUs, tp4 dp2 pp2, with a Megatron runner-up to edit."""
+    layout = ParallelLayout(tp=4, pp=2, dp=2, global_batch=64)
+    p = plan_from_layout(
+        MODELS["llama3-8b"],
+        TrainingSpec(seq_len=4096, global_batch=64),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16),
+        layout,
+    )
+    runner = {k: getattr(p.predicted, k) for k in ("step_time_s", "mfu", "tokens_per_s", "memory_per_gpu_bytes")}
+    return json.loads(p.model_dump_json()) | {
+        "megatron": {"layout": p.layout.model_dump(), **runner, "time_breakdown_s": {}}
+    }
+
+
+def _edited(data, path, value):
+    """A deep copy of ``data`` with the item at ``path`` (keys and indices) set, or deleted if ``value`` is DELETE."""
+    data = json.loads(json.dumps(data))
+    *parents, last = path
+    node = data
+    for key in parents:
+        node = node[key]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+DELETE = object()
+INCONSISTENT = [
+    (("layout", "dp"), 4, "layout tp(4) * cp(1) * dp(4) * pp(2) = 32 != cluster.num_gpus(16); the degrees must"),
+    (("placement", 1), 0, "placement puts two ranks on GPU(s) [0]"),
+    (("placement", 15), 16, "placement names GPU(s) [16] outside 0..15"),
+    (("placement", 15), -1, "placement names GPU(s) [-1] outside 0..15"),
+    (("placement", 15), DELETE, "placement lists 15 GPUs but the layout has 16 ranks"),
+    (("cluster", "failed_gpus"), [3], "placement puts ranks on failed GPU(s) [3]"),
+    (("per_layer_tp", 33), DELETE, "per_layer_tp has 33 entries but needs 34 (embedding, 32 layers, LM head)"),
+    (("per_layer_tp", 5), 0, "per_layer_tp gives block 5 degree 0 but the layout runs it at 4"),
+    (("layout", "layer_tp"), [4] * 33, "layer_tp has 33 entries but needs 34"),
+    (("layout", "layer_tp"), [4] * 5 + [3] + [4] * 28, "layer_tp: block 5 has degree 3, which does not divide"),
+    (("layout", "global_batch"), 32, "layout global_batch(32) != training global_batch(64)"),
+    (("predicted", "step_time_s"), 0, "predicted.step_time_s is 0; it must be a finite number above 0"),
+    (("predicted", "step_time_s"), -1.5, "predicted.step_time_s is -1.5"),
+    (("predicted", "step_time_s"), float("nan"), "predicted.step_time_s is nan"),
+    (("predicted", "step_time_s"), float("inf"), "predicted.step_time_s is inf"),
+    (("predicted", "memory_per_gpu_bytes"), float("nan"), "predicted.memory_per_gpu_bytes is nan"),
+    (("predicted", "mfu"), float("inf"), "predicted holds a number that is not finite"),
+    (("megatron", "step_time_s"), 0, "megatron.step_time_s: 0 must be a finite number above 0"),
+    (("megatron", "step_time_s"), float("nan"), "megatron.step_time_s: Input should be a finite number"),
+    (("headroom",), 1.5, "headroom: 1.5 must lie in [0, 1)"),
+    (("schema_version",), "2", "this plan has schema version '2'; this ntp reads version 2: re-plan it"),
+    (("schema_version",), 1, "this plan has schema version 1; this ntp reads version 2: re-plan it"),
+    (("schema_version",), DELETE, "is not a plan file (no schema_version)"),
+    (("cluster", "num_gpus"), 10**30, "cluster: num_gpus: must lie in 1..1,000,000 GPUs, not 1e+30"),
+    (("cluster", "spec", "nvlink_bw_bytes_per_s"), 1e-300, "nvlink_bw_bytes_per_s: must lie in 1e+08..1e+14"),
+    (("training", "global_batch"), 10**30, "training.global_batch: must lie in 1..10,000,000 sequences"),
+    (("model", "num_layers"), 10**30, "model.num_layers: must lie in 1..10,000 layers"),
+    (("pipeline", 0, "stage"), 1, "pipeline does not match the layout's chunks and degrees"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), INCONSISTENT)
+def test_inconsistent_plans_fail_on_load(small, tmp_path, path, value, message):
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps(_edited(small, path, value)))
+    with pytest.raises(InputError) as err:
+        Plan.load(file)
+    text = str(err.value)
+    assert "\n" not in text and str(file) in text and message in text, text
+    assert "--" not in text and "ntp plan" not in text  # library terms, no CLI flags
+
+
+def test_the_unedited_small_plan_loads(small, tmp_path):
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps(small))
+    assert Plan.load(file).megatron_gap == 0.0
+
+
+def test_hostile_plan_files(tmp_path):
+    file = tmp_path / "plan.json"
+    file.write_bytes(b"[" * 200_000 + b"]" * 200_000)
+    with pytest.raises(InputError, match="nests deeper than 32 levels"):
+        Plan.load(file)
+    file.write_bytes(b'{"schema_version": 2, "source": "caf\xe9"}')
+    with pytest.raises(InputError, match=r"plan .*plan.json is not UTF-8 text \(byte 0xe9"):
+        Plan.load(file)
+    file.write_text("[1, 2]")
+    with pytest.raises(InputError, match="must hold a mapping"):
+        Plan.load(file)
+
+
+NUMBERS = st.one_of(
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.text(max_size=3),
+)
+
+
+def _leaves(data, path=()):
+    """Paths of every number in a JSON tree."""
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _leaves(v, (*path, k))]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in _leaves(v, (*path, i))]
+    return [path] if isinstance(data, int | float) and not isinstance(data, bool) else []
+
+
+@settings(max_examples=150, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), value=NUMBERS)
+def test_any_edited_number_loads_or_fails_in_one_sentence(small, tmp_path, data, value):
+    path = data.draw(st.sampled_from(_leaves(small)))
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps(_edited(small, path, value)))
+    try:
+        plan = Plan.load(file)
+    except InputError as exc:
+        assert "\n" not in str(exc) and str(file) in str(exc)
+        return
+    assert plan.layout.world_size == plan.cluster.num_gpus == len(set(plan.placement))
+    assert math.isfinite(plan.predicted.step_time_s) and plan.predicted.step_time_s > 0

@@ -61,13 +61,13 @@ def test_custom_cluster_yaml(tmp_path):
         ("- a list", "must hold a mapping"),
         ("gpu: H100-SXM\ndomain_size: 8\n", "gpus_per_node: Field required"),
         (
-            "gpu: H101\ndomain_size: 8\ngpus_per_node: 8\nnvlink_bw_bytes_per_s: 1\nnvlink_latency_s: 0\n"
-            "scaleout_bw_bytes_per_s: 1\nscaleout_latency_s: 0\n",
+            "gpu: H101\ndomain_size: 8\ngpus_per_node: 8\nnvlink_bw_bytes_per_s: 4.5e11\nnvlink_latency_s: 0\n"
+            "scaleout_bw_bytes_per_s: 5e10\nscaleout_latency_s: 0\n",
             "unknown GPU 'H101'",
         ),
         (
-            "gpu: H100-SXM\ndomain_size: 12\ngpus_per_node: 8\nnvlink_bw_bytes_per_s: 1\nnvlink_latency_s: 0\n"
-            "scaleout_bw_bytes_per_s: 1\nscaleout_latency_s: 0\n",
+            "gpu: H100-SXM\ndomain_size: 12\ngpus_per_node: 8\nnvlink_bw_bytes_per_s: 4.5e11\nnvlink_latency_s: 0\n"
+            "scaleout_bw_bytes_per_s: 5e10\nscaleout_latency_s: 0\n",
             "must divide one another",
         ),
     ],
