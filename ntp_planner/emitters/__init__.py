@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ntp_planner.emitters import bridge, json_plan, megatron, nemo, nemo2
 from ntp_planner.emitters.common import Export
+from topologies.errors import InputError
 
 FORMATS = {
     "megatron": megatron.emit,
@@ -17,7 +18,7 @@ FORMATS = {
 
 def export(plan, fmt: str, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
     if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+        raise InputError(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
     return FORMATS[fmt](plan, replan=replan, data_path=data_path, save_dir=save_dir)
 
 

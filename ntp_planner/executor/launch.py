@@ -169,7 +169,7 @@ def _diagnose(spec, codes, progress, errs: Path, timeout_s: float | None = None)
     if timeout_s is None:
         return f"{names} lost contact with the other ranks during step {step[culprits[0]]}."
     if culprits is stuck:
-        return f"{names} made no progress for {timeout_s:g} s; raise --timeout if the run is just slow."
+        return f"{names} made no progress for {timeout_s:g} s; allow a longer timeout if the run is just slow."
     return (
         f"{names} hung: no rank made progress for {timeout_s:g} s; it stopped during step {step[culprits[0]]} "
         f"outside any collective while the other ranks waited for it in one."

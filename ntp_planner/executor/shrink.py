@@ -15,6 +15,7 @@ from cost_models.step import stage_blocks
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.failures.replan import ReplanResult
 from ntp_planner.plan import Plan
+from topologies.errors import InputError
 
 MAX_LAYERS_PER_STAGE = 6
 SEQ_LEN = 8
@@ -170,8 +171,8 @@ def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: in
         possible = [x for x in steps if {"stages": k > 1, "cp": c > 1, "replicas": len(reps) > 1}[x]]
         if not possible:
             need = ranks(1, reps[:1], 1)
-            raise ValueError(
-                f"one replica of this plan needs {need} processes (its stage width); pass --nproc {need} or more"
+            raise InputError(
+                f"one replica of this plan needs {need} processes (its stage width); run at least {need} processes"
             )
         if possible[0] == "stages":
             k -= 1
@@ -200,7 +201,7 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> 
     if lay.cp > 1:
         notes.append(
             f"context parallelism cp {lay.cp}"
-            + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more --nproc keeps it)")
+            + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more processes keep it)")
         )
     skipped = []
     skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []

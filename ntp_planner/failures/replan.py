@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_models.degraded import degraded_step_time, power_for_speed, speed_at_power, work_ratio
 from ntp_planner.failures.sampling import in_domain_cover
 from ntp_planner.plan import Plan
+from topologies.errors import InputError
 
 Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "spares")
@@ -138,7 +139,7 @@ class Replanner:
 
     def __init__(self, plan: Plan, max_power: float = 1.3):
         if not 1 <= max_power < math.inf:  # also refuses nan
-            raise ValueError(f"--max-power {max_power} must be a finite number of at least 1 (1 = no boost)")
+            raise InputError(f"max_power {max_power} must be a finite number of at least 1 (1 = no boost)")
         lay = plan.layout
         self.plan, self.lay, self.max_power = plan, lay, max_power
         self.cluster = plan.cluster.build()
@@ -243,7 +244,7 @@ class Replanner:
         if fallback not in ("dp-drop", "ntp", "ntp-pw"):
             raise ValueError(f"unknown fallback {fallback!r}; choose dp-drop, ntp or ntp-pw")
         if spares < 0:
-            raise ValueError(f"--spares {spares} must be zero or more")
+            raise InputError(f"spares {spares} must be zero or more")
         lay, n, R = self.lay, self.n, self.slots_per_replica
         ids, covered, spare_ids = in_domain_cover(
             self.cluster, np.fromiter(failed, np.int64, len(failed)), domains_down

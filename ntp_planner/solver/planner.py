@@ -10,6 +10,7 @@ from ntp_planner.plan import ClusterInputs, Plan, RunnerUp, inputs_hash
 from ntp_planner.solver.placement import place_ranks
 from ntp_planner.solver.search import SearchSpace, no_fit_message, search
 from topologies.cluster import Cluster
+from topologies.errors import InputError
 
 
 def _runner_up(layout: ParallelLayout, cost: StepCost) -> RunnerUp:
@@ -79,7 +80,7 @@ def make_plan(
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom {headroom} must lie in [0, 1): it is the fraction of HBM kept free")
     if top < 1:
-        raise ValueError(f"--top {top} must be at least 1")
+        raise InputError(f"top {top} (layouts to keep) must be at least 1")
     from ntp_planner.solver.per_layer import rebalance_uniform, search_per_layer
 
     pass_caches: dict = {}  # block passes, shared by the uniform and the per-layer search
@@ -95,7 +96,7 @@ def make_plan(
     if not ranked:
         raise ValueError(no_fit_message(result, model, cluster, headroom))
     if objective not in ("step-time", "goodput"):
-        raise ValueError(f"--objective {objective!r} is not one of step-time, goodput")
+        raise InputError(f"objective {objective!r} is not one of step-time, goodput")
     ranking = []
     if objective == "goodput":
         ranking = goodput_ranking(model, training, cluster, headroom, ranked[:candidates], strategy, seed)
@@ -146,7 +147,7 @@ def goodput_ranking(
     from ntp_planner.plan import GoodputEntry
 
     if strategy not in STRATEGIES:
-        raise ValueError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        raise InputError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     entries = []
     for c in candidates:
         plan = _plan(model, training, cluster, c.layout, c.cost, headroom, [], "search")

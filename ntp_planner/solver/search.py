@@ -175,5 +175,5 @@ def no_fit_message(result: SearchResult, model: ModelSpec, cluster: Cluster, hea
         f"{c.layout.describe()}, needs {c.cost.memory_per_gpu_bytes / 2**30:.1f} GiB per GPU on stage {stage} "
         f"(its tightest) but {usable / 2**30:.1f} GiB is usable ({c.cost.hbm_bytes / 2**30:.0f} GiB x "
         f"(1 - headroom {headroom:g})), {missing / 2**30:.1f} GiB short ({missing:,.0f} bytes); "
-        "add GPUs, shorten the sequence or lower --headroom"
+        "add GPUs, shorten the sequence or keep less memory free (headroom)"
     )

@@ -516,7 +516,7 @@ def small_plan(tmp_path):
         (["simulate", "{plan}", "--days", "1e9"], "less than or equal to 3650"),
         (["simulate", "{plan}", "--checkpoint-write-s", "nan"], "--checkpoint-write-s nan"),
         (["simulate", "{plan}", "--strategies", ","], "--strategies ',' lists nothing; give comma-separated names"),
-        (["replan", "{plan}", "--failed", "3", "--max-power", "nan"], "--max-power nan must be a finite number"),
+        (["replan", "{plan}", "--failed", "3", "--max-power", "nan"], "max_power nan must be a finite number"),
         (["estimate", *SMALL, "-o", "{folder}"], "it is a folder; give a file name"),
     ],
 )

@@ -72,7 +72,7 @@ def test_a_dead_rank_fails_validate_with_its_name(plans):
     [
         (["--backend", "nccl"], "--backend nccl needs CUDA GPUs"),
         (["--backend", "mpi"], "'--backend': Value error, 'mpi' is not one of 'gloo', 'nccl'"),
-        (["--nproc", 2], "needs 4 processes (its stage width); pass --nproc 4 or more"),
+        (["--nproc", 2], "needs 4 processes (its stage width); run at least 4 processes"),
         (["--steps", 0], "'--steps': Input should be greater than or equal to 1"),
         (["--tolerance", -1], "--tolerance -1 must lie between 0 and 1"),
         (["--timeout", 0], "--timeout 0 must be positive"),

@@ -342,7 +342,7 @@ def test_every_replan_option_reaches_the_result(plan_file, command, option):
 
 def test_sweep_validates_max_power(plan_file):
     result = CliRunner().invoke(app, ["sweep", str(plan_file), "--samples", "2", "--max-power", "0.5"])
-    assert result.exit_code == 2 and "--max-power 0.5 must be a finite number of at least 1" in result.stderr
+    assert result.exit_code == 2 and "max_power 0.5 must be a finite number of at least 1" in result.stderr
 
 
 # ---- in-domain spares: jobs that use part of each NVLink domain ---------------------------------
