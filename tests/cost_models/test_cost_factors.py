@@ -1,0 +1,151 @@
+"""Every factor of the block costs pinned to a number derived by hand from the docstrings' formulas.
+
+Hardware figures (DGX H100, ``topologies.cluster_catalogue``): NVLink 900 GB/s bidirectional =
+450 GB/s one way and 1 us per message step; the NIC 400 Gb/s = 50 GB/s and 5 us; dense bf16 peak
+989.4 TFLOP/s. Fitted fractions are read from ``DEFAULT_EFFICIENCY`` (a re-fit must not break
+these tests); what is pinned is how the formulas use them. Llama 3 8B: hidden 4,096, 32 query
+heads and 8 KV heads of 128; Mixtral 8x7B: hidden 4,096, top-2 routing.
+"""
+
+import dataclasses
+import math
+
+import pytest
+
+from cost_models import MODELS, ParallelLayout, TrainingSpec, estimate_step
+from cost_models.blocks import EMBED, HEAD, CostEnv
+from cost_models.efficiency import DEFAULT_EFFICIENCY as EFF
+from cost_models.flops import gemm, layer_ops
+from topologies import CLUSTERS, Cluster
+
+L8, MIXTRAL = MODELS["llama3-8b"], MODELS["mixtral-8x7b"]
+NVL_BW, NVL_LAT = 450e9 * EFF.nvlink_efficiency, 1e-6
+IB_BW, IB_LAT = 50e9 * EFF.scaleout_efficiency, 5e-6
+BF16_PEAK = 989.4e12
+ATTENTION = BF16_PEAK * EFF.flash_efficiency["hopper"]["cudnn"]  # FLOP/s of fused attention on H100
+
+
+def env_of(model=L8, gpus=8, seq=8192, dtype="bf16", **layout):
+    layout = {"global_batch": 8, **layout}
+    training = TrainingSpec(seq_len=seq, global_batch=layout["global_batch"], dtype=dtype)
+    return CostEnv(model, training, ParallelLayout(**layout), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=gpus))
+
+
+def nvlink_all_reduce(nbytes, n):
+    """Ring all-reduce inside one NVLink domain: 2 (n - 1)/n of the buffer per GPU, and a tree's
+    2 log2(n) latency steps (half for each of its reduce-scatter and all-gather)."""
+    return 2 * ((n - 1) / n * nbytes / NVL_BW + 2 * math.ceil(math.log2(n)) * NVL_LAT / 2)
+
+
+# ---- context parallelism: the ring exchange of K and V (CostEnv._cp_comm) ----------------------
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_ring_exposes_the_kv_send_that_outlasts_a_chunk_of_attention(cp):
+    # tp8 x cp on cp hosts: ring neighbours sit 8 GPUs apart, one per host, over InfiniBand. Each
+    # GPU holds 8192 / cp tokens and one of the 8 KV heads (8 over tp8); K and V in bf16:
+    # 2 x 2 bytes x tokens x 128 per send. Attention on one chunk: the executed causal half of the
+    # scores, 4 heads x 8192 x (8192 / cp), 2 x 128 FLOPs each, spread over cp steps.
+    env = env_of(gpus=8 * cp, tp=8, cp=cp, dp=1, sequence_parallel=True)
+    tokens = 8192 // cp
+    send = 2 * 2 * tokens * 128 / IB_BW + IB_LAT
+    attention = 2 * (4 * 8192 * tokens) * 128 / ATTENTION
+    fwd = (cp - 1) * max(0.0, send - attention / cp)  # cp - 1 sends, each beside one chunk's forward
+    bwd = (cp - 1) * max(0.0, 2 * send - 2.5 * attention / cp)  # K, V and their gradients; backward 2.5x
+    assert fwd > 0 and bwd > 0  # both exposed: every factor above is visible in the sum
+    assert env.block_pass(L8.layer_kind(0), 8).cp_comm == pytest.approx(fwd + bwd, rel=1e-12)
+    # with this release's efficiencies: 19.4 + 22.8 us at cp2, 60.8 + 109.5 us at cp4
+    assert (fwd + bwd) * 1e6 == pytest.approx({2: 42.27, 4: 170.31}[cp], abs=0.01)
+
+
+def test_cp_comm_is_paid_per_layer_and_micro_batch_and_forward_again_under_full_recompute():
+    lay = dict(gpus=16, tp=8, cp=2, dp=1, sequence_parallel=True, global_batch=4)
+    env, kind = env_of(**lay), L8.layer_kind(0)
+    per_layer = env.block_pass(kind, 8).cp_comm
+    cost = estimate_step(L8, env.training, env.layout, env.cluster)
+    assert cost.time_breakdown_s["cp_comm"] == pytest.approx(4 * 32 * per_layer, rel=1e-12)  # 4 mb x 32 layers
+    assert env.block_pass(EMBED, 8).cp_comm == env.block_pass(HEAD, 8).cp_comm == 0.0
+    # full recompute re-runs the forward with its exposed sends (19.4 us here, as above)
+    full = env_of(**lay, recompute="full").block_pass(kind, 8)
+    send = 2 * 2 * 4096 * 128 / IB_BW + IB_LAT
+    cp_fwd = send - 2 * (4 * 8192 * 4096) * 128 / ATTENTION / 2
+    tp_fwd = 2 * nvlink_all_reduce(2 * 4096 * 4096, 8)  # SP: gather + scatter per sublayer, no GEMM overlap
+    assert full.recompute == pytest.approx(full.fwd + tp_fwd + cp_fwd, rel=1e-12)
+
+
+# ---- tensor parallelism (CostEnv._tp_layer_comm, _tp_exposed, embedding and LM head) -----------
+
+
+def _gemm_lasting(env, seconds):
+    """A GEMM op whose forward takes ``seconds`` on ``env`` (op time is linear in its FLOPs)."""
+    op = gemm("probe", 4096, 4096, 4096)
+    return dataclasses.replace(op, flops=op.flops * seconds / env.op_time(op))
+
+
+@pytest.mark.parametrize(
+    ("sp", "dtype", "fwd_halves", "bwd_halves"),
+    [
+        # SP: forward gathers the input and scatters the output; backward gathers the output
+        # gradient, scatters the input gradient and gathers the input again: per sublayer 2 and 3
+        (True, "bf16", 2 * 2, 2 * 3),
+        # fp8 gathers the forward input in 1 byte instead of 2 (the backward re-gather too)
+        (True, "fp8", 2 * 1.5, 2 * 2.5),
+        # no SP: one all-reduce (two halves) per sublayer each way
+        (False, "bf16", 2 * 2, 2 * 2),
+    ],
+)
+def test_tp_layer_moves_the_activation_as_megatron_does(sp, dtype, fwd_halves, bwd_halves):
+    env = env_of(tp=8, dp=1, sequence_parallel=sp, dtype=dtype)
+    half = nvlink_all_reduce(2 * 8192 * 4096, 8) / 2  # one all-gather or reduce-scatter of the activation
+    fwd, bwd = env._tp_layer_comm(L8.layer_kind(0), env.degree(8), [])  # no GEMM to hide behind
+    assert (fwd, bwd) == pytest.approx((fwd_halves * half, bwd_halves * half), rel=1e-12)
+
+
+def test_tp_backward_hides_behind_twice_the_forward_gemm_time():
+    # without SP the backward's two all-reduces run beside the weight- and input-gradient GEMMs,
+    # which take twice the forward GEMM time g: exposed max(0, 4 half - 2 g). Forward hides nothing.
+    env = env_of(tp=8, dp=1, sequence_parallel=False)
+    half = nvlink_all_reduce(2 * 8192 * 4096, 8) / 2
+    fwd, bwd = env._tp_layer_comm(L8.layer_kind(0), env.degree(8), [_gemm_lasting(env, half)])
+    assert (fwd, bwd) == pytest.approx((4 * half, 2 * half), rel=1e-12)
+    # userbuffers overlap hides tp_overlap_hidden of each collective, never more than the GEMM time
+    over = env_of(tp=8, dp=1, sequence_parallel=True, tp_comm_overlap=True)
+    hidden = EFF.tp_overlap_hidden
+    fwd, _ = over._tp_layer_comm(L8.layer_kind(0), over.degree(8), [_gemm_lasting(over, 3.5 * half)])
+    assert fwd == pytest.approx(max((1 - hidden) * 4 * half, 4 * half - 3.5 * half), rel=1e-12)
+    fwd, _ = over._tp_layer_comm(L8.layer_kind(0), over.degree(8), [_gemm_lasting(over, half)])
+    assert fwd == pytest.approx(3 * half, rel=1e-12)
+
+
+@pytest.mark.parametrize("block", [EMBED, HEAD])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_embedding_and_head_pay_one_tp_all_reduce(block, overlap):
+    env = env_of(tp=8, dp=1, sequence_parallel=True, tp_comm_overlap=overlap)
+    expected = nvlink_all_reduce(2 * 8192 * 4096, 8) * (1 - EFF.tp_overlap_hidden if overlap else 1)
+    assert env.block_pass(block, 8).tp_comm == pytest.approx(expected, rel=1e-12)
+
+
+# ---- expert parallelism (CostEnv._layer_pass) -------------------------------------------------
+
+
+def test_ep_pays_four_all_to_alls_and_full_recompute_repeats_the_forward_two():
+    # Mixtral at ep2 on GPUs 0-1 (one host): dispatch and combine, forward and backward, each an
+    # all-to-all of the routed activation (tokens x hidden x top-2, bf16); a member keeps half
+    # and sends half over NVLink, plus one latency step (2 log2(2) / 2).
+    lay = dict(model=MIXTRAL, seq=4096, tp=1, dp=8, ep=2, global_batch=8)
+    a2a = (2 * 4096 * 4096 * 2) / 2 / NVL_BW + NVL_LAT
+    p = env_of(**lay).block_pass(MIXTRAL.layer_kind(0), 1)
+    assert p.ep_comm == pytest.approx(4 * a2a, rel=1e-12)
+    full = env_of(**lay, recompute="full").block_pass(MIXTRAL.layer_kind(0), 1)
+    assert full.recompute - full.fwd == pytest.approx(2 * a2a, rel=1e-9)
+    assert env_of(**{**lay, "ep": 1}).block_pass(MIXTRAL.layer_kind(0), 1).ep_comm == 0.0
+
+
+def test_cp_merge_moves_12_bytes_per_output_and_10_per_gradient_element_and_step():
+    # Llama 3 8B at tp8 cp2 (one 8192-token sequence): 4096 tokens, 4 query heads and 1 KV head
+    # of 128 per GPU. Forward: 2 steps x 12 bytes x 4096 x 512; backward: 2 x 10 x 4096 x (512 + 256).
+    ops = {op.name: op for op in layer_ops(L8, 0, 1, 8192, 8, 2, 1, True, True)}
+    merge = ops["cp-merge"]
+    assert merge.mem_bytes == 2 * 12 * 4096 * 512 == 50_331_648
+    assert merge.bwd * merge.mem_bytes == pytest.approx(2 * 10 * 4096 * (512 + 2 * 128), rel=1e-12)
+    assert "cp-merge" not in {op.name for op in layer_ops(L8, 0, 1, 8192, 8, 1, 1, True, True)}
