@@ -149,3 +149,33 @@ def test_cp_merge_moves_12_bytes_per_output_and_10_per_gradient_element_and_step
     assert merge.mem_bytes == 2 * 12 * 4096 * 512 == 50_331_648
     assert merge.bwd * merge.mem_bytes == pytest.approx(2 * 10 * 4096 * (512 + 2 * 128), rel=1e-12)
     assert "cp-merge" not in {op.name for op in layer_ops(L8, 0, 1, 8192, 8, 1, 1, True, True)}
+
+
+# ---- changing degree between blocks, and the tied LM head (CostEnv.transition_time, block_memory)
+
+
+def test_changing_degree_without_sp_gathers_the_wider_share_and_twice_when_regrown():
+    # tp4 stage, one 8192-token sequence: growing from degree lo to hi all-gathers hi/lo shares of
+    # 2 x 8192 x 4096 x hi/4 bytes over the hi/lo GPUs at stride lo; under full recompute a grown
+    # degree is gathered again in the recomputed forward.
+    def gather(lo, hi):
+        n, nbytes = hi // lo, 2 * 8192 * 4096 * hi / 4
+        return (n - 1) / n * nbytes / NVL_BW + 2 * math.ceil(math.log2(n)) * NVL_LAT / 2
+
+    env = env_of(gpus=8, tp=4, dp=2, global_batch=4)
+    full = env_of(gpus=8, tp=4, dp=2, global_batch=4, recompute="full")
+    assert env.transition_time(1, 4) == env.transition_time(4, 1) == pytest.approx(gather(1, 4), rel=1e-12)
+    assert env.transition_time(2, 4) == pytest.approx(gather(2, 4), rel=1e-12)
+    assert full.transition_time(1, 4) == pytest.approx(2 * gather(1, 4), rel=1e-12)
+    assert full.transition_time(4, 1) == pytest.approx(gather(1, 4), rel=1e-12)
+    assert env_of(gpus=8, tp=4, dp=2, global_batch=4, sequence_parallel=True).transition_time(1, 4) == 0.0
+
+
+def test_a_tied_lm_head_on_its_own_stage_keeps_a_copy_of_the_embedding():
+    # GPT-3 ties the output layer to the embedding (51,200 x hidden, already a multiple of 128):
+    # with pp > 1 the last stage holds its own bf16 copy, 2 bytes per parameter
+    gpt = MODELS["gpt3-175b"]
+    flat = env_of(model=gpt, gpus=8, seq=2048, tp=8, dp=1)
+    piped = env_of(model=gpt, gpus=16, seq=2048, tp=8, pp=2, dp=1)
+    extra = piped.block_memory(HEAD, 8, 0.0)[0].weights - flat.block_memory(HEAD, 8, 0.0)[0].weights
+    assert extra == pytest.approx(2 * 51200 * gpt.hidden_size / 8, rel=1e-12)

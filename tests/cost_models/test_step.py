@@ -287,3 +287,69 @@ def test_fp8_primary_weights_cover_only_gemm_weights():
     assert env.weight_bytes(EMBED, 1) == 2.0
     n = 218_103_808 + 8_192
     assert env.weight_bytes(m.layer_kind(0), 1) == pytest.approx((218_103_808 * 1 + 8_192 * 2) / n)
+
+
+@pytest.mark.parametrize(("zero", "dtype"), [(1, "bf16"), (2, "bf16"), (1, "fp8")])
+def test_optimizer_step_is_fused_adam_over_the_shard_at_hbm_speed(zero, dtype):
+    # Llama 3 8B at dp8 on one host. Fused Adam moves 34 bytes per parameter of this GPU's optimizer
+    # shard (N / 8); zeroing the gradient buffer writes its bytes per parameter it holds (all N
+    # below ZeRO-2, N / 8 from it): 4 in bf16 training, 2 in fp8 (gradients reduced in bf16). fp8
+    # also recasts each of the 32 layers' 218,103,808 GEMM weights once per step: read 2 bytes,
+    # write the fp8 row-wise and column-wise copies (1 + 1 on Hopper).
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    t = TrainingSpec(seq_len=4096, global_batch=8, dtype=dtype)
+    cost = estimate_step(L8, t, ParallelLayout(dp=8, global_batch=8, zero=zero), c)
+    n = L8.num_params
+    grad = {"bf16": 4, "fp8": 2}[dtype]
+    nbytes = n / 8 * 34 + grad * n / (8 if zero >= 2 else 1) + (32 * 218_103_808 * (2 + 2) if dtype == "fp8" else 0)
+    assert cost.time_breakdown_s["optimizer"] == pytest.approx(nbytes / (3.35e12 * 0.85), rel=1e-12)
+
+
+# ---- which blocks a stage runs, and the fixed memory terms --------------------------------------
+from cost_models.step import EMBED, HEAD, range_blocks, runs_of, stage_blocks, stage_runs  # noqa: E402
+
+
+def test_stage_blocks_follow_megatrons_interleaved_chunks():
+    # 8 layers, pp2 vpp2: chunks of 2 layers; stage 0 runs chunks 0 and 2 (layers 0-1, 4-5) with
+    # the embedding (index 0) first, stage 1 chunks 1 and 3 (layers 2-3, 6-7) with the LM head
+    # (index L + 1 = 9) last. Layer i is block i + 1.
+    m = L8.model_copy(update={"num_layers": 8})
+    k = m.layer_kind(0)
+    lay = ParallelLayout(tp=2, pp=2, dp=2, vpp=2, global_batch=8)
+    assert stage_blocks(m, lay, 0) == [(0, EMBED), (1, k), (2, k), (5, k), (6, k)]
+    assert stage_blocks(m, lay, 1) == [(3, k), (4, k), (7, k), (8, k), (9, HEAD)]
+    assert stage_runs(m, lay, 0) == [(EMBED, 2, 1), (k, 2, 2), (k, 2, 2)]
+    assert stage_runs(m, lay, 1) == [(k, 2, 2), (k, 2, 2), (HEAD, 2, 1)]
+    # without interleaving, layers start..start+count-1 of a stage (the per-layer solver's view)
+    flat = lay.model_copy(update={"vpp": 1})
+    assert range_blocks(m, flat, 0, 0, 3) == [(0, EMBED), (1, k), (2, k), (3, k)]
+    assert range_blocks(m, flat, 1, 3, 5) == [(4, k), (5, k), (6, k), (7, k), (8, k), (9, HEAD)]
+    # per-layer degrees (indexed by block) merge into runs of equal block and degree
+    degrees = (2, 2, 1, 1, 2, 2, 2, 2, 2, 1)
+    assert runs_of(stage_blocks(m, flat, 0), degrees) == [(EMBED, 2, 1), (k, 2, 1), (k, 1, 2), (k, 2, 1)]
+    per_layer = flat.model_copy(update={"layer_tp": degrees})
+    assert stage_runs(m, per_layer, 1) == [(k, 2, 4), (HEAD, 1, 1)]
+
+
+def test_memory_reserves_two_gigabytes_for_the_runtime_and_fits_leaves_the_headroom():
+    cost = estimate_step(L8, TrainingSpec(seq_len=4096, global_batch=64), ParallelLayout(dp=64, global_batch=64), H64)
+    assert cost.memory_breakdown_bytes["runtime_reserved"] == 2e9  # CUDA context, NCCL buffers, allocator slack
+    half = cost.model_copy(update={"memory_per_gpu_bytes": cost.hbm_bytes / 2})
+    assert half.fits() and half.fits(0.5) and not half.fits(0.51)
+    assert not half.model_copy(update={"memory_per_gpu_bytes": cost.hbm_bytes * 1.01}).fits()
+
+
+def test_a_stage_pays_each_change_of_degree_once_split_between_forward_and_backward():
+    # 4 layers at tp4 without SP, layers 1-2 at degree 1: the stage time is its blocks' passes
+    # plus one shrink (4 -> 1) and one growth (1 -> 4), half of each in forward, half in backward
+    m = L8.model_copy(update={"num_layers": 4})
+    t = TrainingSpec(seq_len=4096, global_batch=8)
+    degrees = (4, 4, 1, 1, 4, 4)
+    lay = ParallelLayout(tp=4, dp=2, global_batch=8, layer_tp=degrees)
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    env = CostEnv(m, t, lay, c)
+    blocks = [EMBED, *(m.layer_kind(i) for i in range(4)), HEAD]
+    passes = sum(env.block_pass(b, d).total for b, d in zip(blocks, degrees, strict=True))
+    switches = env.transition_time(4, 1) + env.transition_time(1, 4)
+    assert switches > 0
+    assert estimate_step(m, t, lay, c).stage_time_s == [pytest.approx(passes + switches, rel=1e-12)]
