@@ -179,3 +179,70 @@ def test_a_tied_lm_head_on_its_own_stage_keeps_a_copy_of_the_embedding():
     piped = env_of(model=gpt, gpus=16, seq=2048, tp=8, pp=2, dp=1)
     extra = piped.block_memory(HEAD, 8, 0.0)[0].weights - flat.block_memory(HEAD, 8, 0.0)[0].weights
     assert extra == pytest.approx(2 * 51200 * gpt.hidden_size / 8, rel=1e-12)
+
+
+# ---- data-parallel exposure (cost_models.data_parallel.exposed_dp_time) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("zero", "overlap", "reshard", "expected"),
+    [
+        # not overlapped: the step waits for all of it; ZeRO-2 reduces every micro-batch (3 x 4);
+        # ZeRO-3 gathers every micro-batch, twice when it reshards after forward (3 x 2 x 2)
+        (0, False, True, (4.0, 2.0)),
+        (1, False, True, (4.0, 2.0)),
+        (2, False, True, (12.0, 2.0)),
+        (3, False, True, (12.0, 12.0)),
+        (3, False, False, (12.0, 6.0)),
+        # overlapped in 2 pieces: max(c / b, C - W (1 - 1/b)) = max(2, 4 - 3/2) and max(1, 2 - 1.5/2)
+        (1, True, True, (2.5, 1.25)),
+        # ZeRO-2 adds the 2 earlier micro-batches' reductions beyond their compute: 2 x (4 - 3)
+        (2, True, True, (2.0 + 2.5, 1.25)),
+        # ZeRO-3, 4 layers: per micro-batch, backward moves gradients and re-gathered weights
+        # (4 + 2) behind its 2 s, forward gathers 2 behind its 1 s: 3 x max(6/4, 6 - 2 x 3/4), 3 x max(2/4, 2 - 3/4)
+        (3, True, True, (13.5, 3.75)),
+        (3, True, False, (7.5, 3.75)),  # weights kept from forward: backward moves only the 4 s of gradients
+    ],
+)
+def test_dp_exposure_closed_forms(zero, overlap, reshard, expected):
+    from cost_models.data_parallel import DpTraffic, exposed_dp_time
+
+    traffic = DpTraffic(reduce_s=4.0, gather_s=2.0, buckets=4)
+    got = exposed_dp_time(traffic, zero, overlap, reshard, 1.0, 2.0, 3, 3.0, 1.5, 2)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+# ---- a replica at reduced TP (cost_models.degraded) -------------------------------------------
+
+
+def test_degraded_step_scales_each_term_as_its_docstring_says():
+    from cost_models.degraded import degraded_step_time
+
+    breakdown = dict(compute=6.0, recompute=2.0, tp_comm=4.0, cp_comm=1.0, ep_comm=1.0, pp_p2p=2.0)
+    breakdown |= dict(pp_bubble=3.0, dp_comm_exposed=1.0, optimizer=0.5, overhead=0.1)
+    # per micro-batch (2 of them): compute 4 -> 4 x 2 / 1.25 = 6.4; TP 2 -> 2 x (3/4) / (7/8) = 12/7
+    # (ring factors of tp4 and tp8); CP + EP + PP 2 unchanged: 70.8 / 7 instead of 8. Three
+    # micro-batches, the bubble scaled by the same ratio, DP and optimizer x 2, overhead as is.
+    per_mb = 6.4 + 12 / 7 + 2.0
+    expected = 3 * per_mb + 3.0 * per_mb / 8 + 1.5 * 2 + 0.1
+    assert degraded_step_time(breakdown, 2, 3, 8, 4, work=2.0, speed=1.25) == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx(37.2357142857, rel=1e-10)
+
+
+def test_work_ratio_weights_heads_ffn_columns_and_vocabulary_rows_by_their_flops():
+    from cost_models.degraded import work_ratio
+
+    # Llama 3 8B from tp8 to tp7: the fullest GPU gets 5 of 32 heads instead of 4, and
+    # 14,336 / 7 = 2,048 FFN columns instead of 1,792. Per token and layer, attention costs
+    # 2h(q + 2kv) + 2qh + 4sq FLOPs (h = q = 4,096, kv = 1,024, s = 4,096), the gated MLP 2 x 3 h f.
+    h, s = 4096, 4096
+    attention = 2 * h * (h + 2 * 1024) + 2 * h * h + 4 * s * h
+    mlp = 2 * 3 * h * 14336
+    expected = (attention * 5 / 4 + mlp * 2048 / 1792) / (attention + mlp)
+    assert work_ratio(L8, 8, 7, s) == pytest.approx(expected, rel=1e-12)
+    # with the vocabulary (first and last stage): 128,256 rows, 18,323 on the fullest of 7 GPUs, 16,032 of 8
+    vocab = 2 * h * 128256
+    with_vocab = (32 * (attention * 5 / 4 + mlp * 2048 / 1792) + vocab * 18323 / 16032) / (
+        32 * (attention + mlp) + vocab
+    )
+    assert work_ratio(L8, 8, 7, s, with_vocab=True) == pytest.approx(with_vocab, rel=1e-12)

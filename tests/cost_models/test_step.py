@@ -334,6 +334,7 @@ def test_stage_blocks_follow_megatrons_interleaved_chunks():
 def test_memory_reserves_two_gigabytes_for_the_runtime_and_fits_leaves_the_headroom():
     cost = estimate_step(L8, TrainingSpec(seq_len=4096, global_batch=64), ParallelLayout(dp=64, global_batch=64), H64)
     assert cost.memory_breakdown_bytes["runtime_reserved"] == 2e9  # CUDA context, NCCL buffers, allocator slack
+    assert cost.memory_breakdown_bytes["low_precision_weights"] == 0.0  # bf16 training keeps no cast copies
     half = cost.model_copy(update={"memory_per_gpu_bytes": cost.hbm_bytes / 2})
     assert half.fits() and half.fits(0.5) and not half.fits(0.51)
     assert not half.model_copy(update={"memory_per_gpu_bytes": cost.hbm_bytes * 1.01}).fits()
@@ -353,3 +354,16 @@ def test_a_stage_pays_each_change_of_degree_once_split_between_forward_and_backw
     switches = env.transition_time(4, 1) + env.transition_time(1, 4)
     assert switches > 0
     assert estimate_step(m, t, lay, c).stage_time_s == [pytest.approx(passes + switches, rel=1e-12)]
+
+
+@pytest.mark.parametrize(("dp", "zero", "buckets"), [(8, 1, 201), (64, 1, 126), (128, 0, 63), (8, 3, 32)])
+def test_gradient_buckets_are_megatrons_size_or_one_layer_under_zero3(dp, zero, buckets):
+    # Llama 3 8B has 8,030,261,248 parameters, all on one stage. Megatron's bucket holds
+    # max(40M, 1M x dp) parameters: ceil(8.03e9 / 40e6) = 201 at dp8, / 64e6 = 126 at dp64,
+    # / 128e6 = 63 at dp128; ZeRO-3 gathers and reduces one transformer layer at a time: 32.
+    from cost_models.step import stage_cost
+
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=dp)
+    lay = ParallelLayout(dp=dp, global_batch=dp, zero=zero)
+    env = CostEnv(L8, TrainingSpec(seq_len=4096, global_batch=dp), lay, c)
+    assert stage_cost(env, stage_runs(L8, lay, 0)).dp.buckets == buckets
