@@ -289,10 +289,10 @@ def test_fp8_primary_weights_cover_only_gemm_weights():
     assert env.weight_bytes(m.layer_kind(0), 1) == pytest.approx((218_103_808 * 1 + 8_192 * 2) / n)
 
 
-@pytest.mark.parametrize(("zero", "dtype"), [(1, "bf16"), (2, "bf16"), (1, "fp8")])
+@pytest.mark.parametrize(("zero", "dtype"), [(0, "bf16"), (1, "bf16"), (2, "bf16"), (1, "fp8")])
 def test_optimizer_step_is_fused_adam_over_the_shard_at_hbm_speed(zero, dtype):
     # Llama 3 8B at dp8 on one host. Fused Adam moves 34 bytes per parameter of this GPU's optimizer
-    # shard (N / 8); zeroing the gradient buffer writes its bytes per parameter it holds (all N
+    # shard (N / 8 from ZeRO-1, else all N); zeroing the gradient buffer writes its bytes per parameter it holds (all N
     # below ZeRO-2, N / 8 from it): 4 in bf16 training, 2 in fp8 (gradients reduced in bf16). fp8
     # also recasts each of the 32 layers' 218,103,808 GEMM weights once per step: read 2 bytes,
     # write the fp8 row-wise and column-wise copies (1 + 1 on Hopper).
@@ -301,7 +301,11 @@ def test_optimizer_step_is_fused_adam_over_the_shard_at_hbm_speed(zero, dtype):
     cost = estimate_step(L8, t, ParallelLayout(dp=8, global_batch=8, zero=zero), c)
     n = L8.num_params
     grad = {"bf16": 4, "fp8": 2}[dtype]
-    nbytes = n / 8 * 34 + grad * n / (8 if zero >= 2 else 1) + (32 * 218_103_808 * (2 + 2) if dtype == "fp8" else 0)
+    nbytes = (
+        n / (8 if zero >= 1 else 1) * 34
+        + grad * n / (8 if zero >= 2 else 1)
+        + (32 * 218_103_808 * (2 + 2) if dtype == "fp8" else 0)
+    )
     assert cost.time_breakdown_s["optimizer"] == pytest.approx(nbytes / (3.35e12 * 0.85), rel=1e-12)
 
 
@@ -367,3 +371,53 @@ def test_gradient_buckets_are_megatrons_size_or_one_layer_under_zero3(dp, zero, 
     lay = ParallelLayout(dp=dp, global_batch=dp, zero=zero)
     env = CostEnv(L8, TrainingSpec(seq_len=4096, global_batch=dp), lay, c)
     assert stage_cost(env, stage_runs(L8, lay, 0)).dp.buckets == buckets
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_dp_traffic_of_a_stage_is_one_collective_per_run_of_blocks(zero):
+    # Llama 3 8B at tp4 dp2 on one host: N parameters per GPU, its DP peer 4 GPUs away over
+    # NVLink. Below ZeRO-1 the gradients (4 bytes each) are
+    # all-reduced: 2 x (1/2) x 4N / bw; from ZeRO-1 reduce-scattered, (1/2) x 4N / bw, and the bf16
+    # weights all-gathered, (1/2) x 2N / bw. The stage's three runs (embedding, 32 layers, LM head)
+    # each pay a tree's latency: 2 log2(2) x 1 us per all-reduce, half that per half of it.
+    from cost_models.step import stage_cost
+
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    lay = ParallelLayout(tp=4, dp=2, global_batch=2, zero=zero)
+    env = CostEnv(L8, TrainingSpec(seq_len=4096, global_batch=2), lay, c)
+    n = sum(sum(env.block_params(b, 4)) for b in (EMBED, *(L8.layer_kind(i) for i in range(32)), HEAD))
+    bw = 450e9 * DEFAULT_EFFICIENCY.nvlink_efficiency
+    dp = stage_cost(env, stage_runs(L8, lay, 0)).dp
+    if zero == 0:
+        assert (dp.reduce_s, dp.gather_s) == pytest.approx((4 * n / bw + 3 * 2e-6, 0.0), rel=1e-12)
+    else:
+        assert (dp.reduce_s, dp.gather_s) == pytest.approx((2 * n / bw + 3e-6, n / bw + 3e-6), rel=1e-12)
+
+
+def test_pipeline_sends_inside_a_host_go_over_nvlink_and_pp2_interleaving_shrinks_the_bubble():
+    # tp2 pp2 dp2 on one host: stage 1 is 4 GPUs after stage 0. Without overlap each of the 4
+    # micro-batches waits for its send forward and backward: 2 bytes x 4096 x 4096 / tp2 per send.
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    t = TrainingSpec(seq_len=4096, global_batch=8)
+    lay = ParallelLayout(tp=2, pp=2, dp=2, global_batch=8, sequence_parallel=True, overlap_p2p=False)
+    one = 2 * 4096 * 4096 / 2 / (450e9 * DEFAULT_EFFICIENCY.nvlink_efficiency) + 1e-6
+    assert estimate_step(L8, t, lay, c).time_breakdown_s["pp_p2p"] == pytest.approx(4 * 2 * one, rel=1e-12)
+    # two virtual stages at pp2: the fill and drain are the other stage's time over vpp
+    cost = estimate_step(L8, t, lay.model_copy(update={"vpp": 2}), c)
+    times = cost.stage_time_s
+    assert cost.time_breakdown_s["pp_bubble"] == pytest.approx((sum(times) - max(times)) / 2, rel=1e-12)
+
+
+def test_a_tied_lm_head_on_the_last_stage_adds_its_copy_to_the_stages_parameters():
+    # GPT-3 175B at tp8 pp2: the last stage's own copy of the 51,200 x 12,288 embedding, over tp8,
+    # is optimised and synchronised with it; with pp1 the head shares the embedding's.
+    from cost_models.step import stage_cost
+
+    gpt = MODELS["gpt3-175b"]
+    t = TrainingSpec(seq_len=2048, global_batch=8)
+    piped = ParallelLayout(tp=8, pp=2, dp=1, global_batch=8)
+    env = CostEnv(gpt, t, piped, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16))
+    flat = CostEnv(gpt, t, piped.model_copy(update={"pp": 1}), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8))
+    runs = stage_runs(gpt, piped, 1)
+    extra = stage_cost(env, runs).params - stage_cost(flat, runs).params
+    assert extra == pytest.approx(51200 * 12288 / 8, rel=1e-12)
