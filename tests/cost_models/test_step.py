@@ -421,3 +421,36 @@ def test_a_tied_lm_head_on_the_last_stage_adds_its_copy_to_the_stages_parameters
     runs = stage_runs(gpt, piped, 1)
     extra = stage_cost(env, runs).params - stage_cost(flat, runs).params
     assert extra == pytest.approx(51200 * 12288 / 8, rel=1e-12)
+
+
+def _stage(reduce_s, gather_s, buckets=3):
+    """A stage whose micro-batch takes 1 s forward and 2 s backward, with the given DP traffic."""
+    from cost_models.blocks import Pass
+    from cost_models.data_parallel import DpTraffic
+    from cost_models.step import StageCost
+
+    dp = DpTraffic(reduce_s=reduce_s, gather_s=gather_s, buckets=buckets)
+    return StageCost(Pass(fwd=1.0, bwd=2.0), 0.0, {}, 0.0, 0.0, dp, 0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("vpp", "zero", "stage1_reduce_s", "expected"),
+    [
+        # 1F1B, 3 buckets on stage 0: max(6/3, 6 - 2 x 2/3) + max(3/3, 3 - 1 x 2/3); stage 1
+        # finishes its backward one micro-batch earlier (6 - 2, 3 - 1 exposed): smaller
+        (1, 1, 6.0, 14 / 3 + 7 / 3),
+        # interleaved pp2 vpp2, 4 micro-batches: stage 0 reduces over the cool-down of 5 chunk
+        # backwards (2.5 micro-batches), stage 1 over 3 (1.5), each in vpp = 2 pieces:
+        # max(6 - 2 x 1.5 / 2, 6 - 5 / 2) + max(3 - 1.5 / 2, 3 - 2.5 / 2) = 4.5 + 2.25
+        (2, 1, 6.0, 4.5 + 2.25),
+        # ZeRO-3 stalls every micro-batch: no drain slack for stage 1, whose traffic is larger:
+        # 4 x max(15/3, 15 - 2 x 2/3) + 4 x max(3/3, 3 - 2/3)
+        (1, 3, 12.0, 4 * (15 - 4 / 3) + 4 * (3 - 2 / 3)),
+    ],
+)
+def test_dp_exposure_of_the_step_takes_each_stages_slack(vpp, zero, stage1_reduce_s, expected):
+    from cost_models.step import dp_exposed_s
+
+    lay = ParallelLayout(pp=2, dp=1, vpp=vpp, global_batch=4, zero=zero)
+    got = dp_exposed_s(lay, [_stage(6.0, 3.0), _stage(stage1_reduce_s, 3.0)])
+    assert got == pytest.approx(expected, rel=1e-12)
