@@ -439,6 +439,8 @@ def _stage(reduce_s, gather_s, buckets=3):
         # 1F1B, 3 buckets on stage 0: max(6/3, 6 - 2 x 2/3) + max(3/3, 3 - 1 x 2/3); stage 1
         # finishes its backward one micro-batch earlier (6 - 2, 3 - 1 exposed): smaller
         (1, 1, 6.0, 14 / 3 + 7 / 3),
+        # a larger stage 1 moves its gradients in one piece after its last backward: 12 - 2
+        (1, 1, 12.0, 10 + 7 / 3),
         # interleaved pp2 vpp2, 4 micro-batches: stage 0 reduces over the cool-down of 5 chunk
         # backwards (2.5 micro-batches), stage 1 over 3 (1.5), each in vpp = 2 pieces:
         # max(6 - 2 x 1.5 / 2, 6 - 5 / 2) + max(3 - 1.5 / 2, 3 - 2.5 / 2) = 4.5 + 2.25
