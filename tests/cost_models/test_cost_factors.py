@@ -246,3 +246,18 @@ def test_work_ratio_weights_heads_ffn_columns_and_vocabulary_rows_by_their_flops
         32 * (attention + mlp) + vocab
     )
     assert work_ratio(L8, 8, 7, s, with_vocab=True) == pytest.approx(with_vocab, rel=1e-12)
+
+
+# ---- collectives across two domains (cost_models.collectives) -----------------------------------
+
+
+def test_reduce_scatter_over_two_hosts_with_two_gpus_each_is_hierarchical():
+    # GPUs 0, 1, 8, 9: 2 per host on 2 hosts. Inside the host (1/2) nbytes over NVLink, across
+    # hosts (1/2) of each member's 1/2 shard over its NIC, and half a tree's 2 log2(4) IB steps.
+    from cost_models.collectives import reduce_scatter_time
+
+    links = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16).group_links([0, 1, 8, 9])
+    assert (links.domains, links.per_domain) == (2, 2)
+    nbytes = 1e9
+    expected = nbytes / 2 / NVL_BW + (nbytes / 2) / 2 / IB_BW + 2 * 2 * IB_LAT / 2
+    assert reduce_scatter_time(nbytes, links, EFF) == pytest.approx(expected, rel=1e-12)
