@@ -246,6 +246,8 @@ def test_work_ratio_weights_heads_ffn_columns_and_vocabulary_rows_by_their_flops
         32 * (attention + mlp) + vocab
     )
     assert work_ratio(L8, 8, 7, s, with_vocab=True) == pytest.approx(with_vocab, rel=1e-12)
+    # down to one GPU, it holds everything: 8 times its share at tp8
+    assert work_ratio(L8, 8, 1, s) == 8.0
 
 
 # ---- collectives across two domains (cost_models.collectives) -----------------------------------
