@@ -227,6 +227,27 @@ def test_degraded_step_scales_each_term_as_its_docstring_says():
     expected = 3 * per_mb + 3.0 * per_mb / 8 + 1.5 * 2 + 0.1
     assert degraded_step_time(breakdown, 2, 3, 8, 4, work=2.0, speed=1.25) == pytest.approx(expected, rel=1e-12)
     assert expected == pytest.approx(37.2357142857, rel=1e-10)
+    # without power boost (speed 1): compute 4 x 2 = 8 per micro-batch
+    slow = 8.0 + 12 / 7 + 2.0
+    assert degraded_step_time(breakdown, 2, 3, 8, 4, work=2.0) == pytest.approx(
+        3 * slow + 3.0 * slow / 8 + 3.1, rel=1e-12
+    )
+    # tp2 -> tp1 drops TP traffic (a ring of one moves nothing); a tp1 job keeps its breakdown's
+    base = 3 * (4.0 + 2.0) + 3.0 * 6.0 / 8 + 0.1 + 1.5
+    assert degraded_step_time(breakdown, 2, 3, 2, 1, work=1.0) == pytest.approx(base, rel=1e-12)
+    assert degraded_step_time(breakdown, 2, 3, 1, 1, work=1.0) == pytest.approx(
+        3 * 8.0 + 3.0 * 8.0 / 8 + 0.1 + 1.5, rel=1e-12
+    )
+    # nothing per micro-batch: the bubble stays as it was
+    idle = {**breakdown, **dict(compute=0.0, recompute=0.0, tp_comm=0.0, cp_comm=0.0, ep_comm=0.0, pp_p2p=0.0)}
+    assert degraded_step_time(idle, 2, 3, 8, 4, work=1.0) == pytest.approx(3.0 + 1.5 + 0.1, rel=1e-12)
+
+
+def test_ring_factor_and_power_below_nominal():
+    from cost_models.degraded import power_for_speed, ring_factor
+
+    assert (ring_factor(1), ring_factor(2), ring_factor(8)) == (0.0, 0.5, 7 / 8)
+    assert power_for_speed(0.9) == power_for_speed(1.0) == 1.0  # no boost needed at or below nominal speed
 
 
 def test_work_ratio_weights_heads_ffn_columns_and_vocabulary_rows_by_their_flops():
