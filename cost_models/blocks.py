@@ -226,7 +226,8 @@ class CostEnv:
         if kind.moe and lay.ep > 1:  # dispatch + combine, forward and backward
             routed = ACT_BYTES * d.tokens * m.hidden_size * m.moe_top_k
             p.ep_comm = 4 * coll.all_to_all_time(routed, d.ep_links, self.eff)
-        if lay.recompute == "full":
+        if lay.recompute == "full":  # the forward again, with its collectives: of the four
+            # all-to-alls in ep_comm, the forward's two (dispatch and combine) are half
             p.recompute = p.fwd + tp_fwd + cp_fwd + p.ep_comm / 2
             p.hw_flops += sum(op.flops for op in ops)
         elif lay.recompute == "selective":
@@ -259,10 +260,21 @@ class CostEnv:
         return self._tp_exposed(fwd, 0.0, gemm_fwd), self._tp_exposed(bwd, overlappable, 2 * gemm_fwd)
 
     def _cp_comm(self, kind: LayerKind, d: Degree, core: list[Op]) -> tuple[float, float]:
-        """Context parallelism's ring exchange (Transformer Engine's default ``p2p``): cp - 1
-        steps, each sending this rank's K and V forward (K, V and their gradients backward) to
-        its neighbour while attention computes on the chunk it holds; a step is exposed only
-        where the send outlasts that chunk's attention. Returns (forward, backward) seconds."""
+        """Context parallelism's ring exchange (Transformer Engine's default ``p2p``,
+        ``AttnFuncWithCPAndKVP2P``; Liu et al. 2023, Ring Attention): cp - 1 steps, each sending
+        this rank's K and V forward (K, V and their gradients backward) to its neighbour while
+        attention computes on the chunk it holds; a step is exposed only where the send outlasts
+        that chunk's attention. Returns (forward, backward) seconds.
+
+        Step by step, per GPU and micro-batch (pinned in tests/cost_models/test_cost_factors.py):
+
+        - one send: K and V (2) in 16 bits (``ACT_BYTES``) for the ``d.tokens`` this rank holds,
+          over its KV heads of ``head_dim``: 2 x 2 x tokens x kv_heads x head_dim bytes;
+        - backward sends twice that: K and V travel round the ring again with dK and dV;
+        - the ring has cp - 1 sends in each direction: the chunk a rank holds first needs none;
+        - the attention a send can hide behind is one chunk's: the layer's core attention time
+          (``core``: the fused kernel, or the scores, softmax and values without flash) over cp.
+        """
         if d.cp <= 1 or not kind.attention:
             return 0.0, 0.0
         kv_bytes = 2 * ACT_BYTES * d.tokens * kv_heads_per_rank(self.model, d.t) * self.model.head_dim
@@ -270,7 +282,7 @@ class CostEnv:
         attn_fwd = sum(op.fwd * self.op_time(op) for op in core) / d.cp
         attn_bwd = sum(op.bwd * self.op_time(op) for op in core) / d.cp
         fwd = (d.cp - 1) * max(0.0, send - attn_fwd)
-        bwd = (d.cp - 1) * max(0.0, 2 * send - attn_bwd)
+        bwd = (d.cp - 1) * max(0.0, 2 * send - attn_bwd)  # K, V and dK, dV
         return fwd, bwd
 
     def transition_time(self, t_from: int, t_to: int) -> float:

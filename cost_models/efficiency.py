@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from topologies.errors import InputError
+
 A100_BF16_FLOPS_PER_SM = 312e12 / 108  # the reference GPU of gemm_half_dim (A100 datasheet, 108 SMs)
 FORMAT_CLASS = {"fp16": "16-bit", "bf16": "16-bit", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
@@ -104,10 +106,14 @@ class Efficiency(BaseModel):
     )
 
     def attention_fraction(self, architecture: str, kernel: str) -> float:
-        return self.flash_efficiency[architecture][kernel]
+        """The fused-attention fraction of ``architecture``; no fallback for one not listed."""
+        return _lookup(self.flash_efficiency, "flash_efficiency", architecture, kernel)
 
     def gemm_peak_fraction(self, architecture: str, dtype: str) -> float:
-        return self.gemm_max[architecture][FORMAT_CLASS[dtype]]
+        """The sustained GEMM fraction of ``architecture`` in ``dtype``'s format class. There is
+        no fallback: a GPU generation without a fitted or stated figure is an error, not a
+        silent guess (an earlier version used 0.63 for any unknown GPU)."""
+        return _lookup(self.gemm_max, "gemm_max", architecture, FORMAT_CLASS[dtype])
 
     def half_dim(self, flops_per_s_per_sm: float) -> float:
         """``gemm_half_dim`` scaled by how much faster one SM is than an A100's in bf16."""
@@ -117,6 +123,18 @@ class Efficiency(BaseModel):
         """Product of d / (d + half) over the three GEMM dimensions (1 for huge GEMMs)."""
         half = self.gemm_half_dim if half is None else half
         return (m / (m + half)) * (n / (n + half)) * (k / (k + half))
+
+
+def _lookup(table: dict[str, dict[str, float]], name: str, architecture: str, key: str) -> float:
+    """``table[architecture][key]``, or an InputError that names what the table covers."""
+    row = table.get(architecture)
+    if row is None or key not in row:
+        covered = "; ".join(f"{arch}: {', '.join(keys)}" for arch, keys in table.items())
+        raise InputError(
+            f"Efficiency.{name} has no figure for {architecture} {key} (it covers {covered}); "
+            "add one with its source before costing this GPU."
+        )
+    return row[key]
 
 
 DEFAULT_EFFICIENCY = Efficiency()

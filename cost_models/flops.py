@@ -136,10 +136,13 @@ def attention_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp:
 
 def cp_correction_op(tokens: int, q: int, kv: int, cp: int) -> Op:
     """Context parallelism's ring attention (Transformer Engine's ``AttnFuncWithCPAndKVP2P``)
-    computes cp partial outputs and merges them: forward writes each step's 16-bit output and
-    folds it into an fp32 running output (2 + 2 + 8 bytes per output element and step);
-    backward accumulates each step's query and key/value gradients in fp32 (2 + 8 bytes per
-    element and step). ``fwd`` counts one unit, ``bwd`` the backward's share of it."""
+    computes cp partial outputs and merges them. Forward, per output element (``q`` wide) and
+    step: the kernel writes the step's 16-bit output (2 bytes), the merge reads it (2) and reads
+    and writes the fp32 running output (4 + 4): 12. Backward, per element of the query and
+    key/value gradients (q + 2 kv wide) and step: the step's 16-bit gradient (2) and the fp32
+    accumulator it is added into, read and written (4 + 4): 10 (the 16-bit gradient is counted
+    once, as if the kernel's write and the merge's read were one pass; counted twice, as in
+    forward, it would be 12). ``fwd`` counts one unit, ``bwd`` the backward's share of it."""
     fwd = cp * 12.0 * tokens * q
     bwd = cp * 10.0 * tokens * (q + 2 * kv)
     return Op("cp-merge", "memory", mem_bytes=fwd, bwd=bwd / fwd)

@@ -24,6 +24,34 @@ from ntp_planner.emitters.common import (
 from ntp_planner.plan import Plan
 
 PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16"], "mxfp8": ["--bf16"], "nvfp4": ["--bf16"]}
+# The optimisation settings of the launch, which a Plan does not hold (it plans parallelism, not
+# training): a starting point to edit, not a recommendation for the model at hand. They are the
+# Llama 2 pretraining recipe (Touvron et al. 2023, "Llama 2", section 2.2 and table 1, 7B/13B):
+# AdamW at peak learning rate 3e-4, 2,000 warmup steps, cosine decay to 10% of the peak, weight
+# decay 0.1, gradient clipping at 1.0. The recipe's beta2 0.95 and eps 1e-5 are not exported
+# (Megatron's defaults, 0.999 and 1e-8, apply). --train-iters, --log-interval and --save-interval
+# are placeholders of the usual order (Megatron-LM's examples/gpt3 script logs every 100 and saves
+# every 10,000 of 500,000 iterations); nothing in ntp-planner depends on them.
+TRAINING_HYPERPARAMETERS = (
+    "--train-iters",
+    "100000",  # placeholder: set the run's length
+    "--lr",
+    "3.0e-4",  # Llama 2 7B/13B peak learning rate (Touvron et al. 2023, table 1)
+    "--min-lr",
+    "3.0e-5",  # decayed to 10% of the peak (ibid., section 2.2)
+    "--lr-decay-style",
+    "cosine",  # ibid.
+    "--lr-warmup-iters",
+    "2000",  # ibid.
+    "--clip-grad",
+    "1.0",  # ibid.
+    "--weight-decay",
+    "0.1",  # ibid.
+    "--log-interval",
+    "10",  # placeholder
+    "--save-interval",
+    "1000",  # placeholder
+)
 # megatron-core config field -> Megatron-LM flag (emitters.common builds the fields)
 FLAGS = {
     "virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
@@ -162,24 +190,7 @@ def megatron_args(
         save_dir or f"checkpoints/{m.name}",
         "--load",
         save_dir or f"checkpoints/{m.name}",
-        "--train-iters",
-        "100000",
-        "--lr",
-        "3.0e-4",
-        "--min-lr",
-        "3.0e-5",
-        "--lr-decay-style",
-        "cosine",
-        "--lr-warmup-iters",
-        "2000",
-        "--clip-grad",
-        "1.0",
-        "--weight-decay",
-        "0.1",
-        "--log-interval",
-        "10",
-        "--save-interval",
-        "1000",
+        *TRAINING_HYPERPARAMETERS,
     ]
     return args
 

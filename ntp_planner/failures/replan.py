@@ -351,12 +351,16 @@ class Replanner:
             return None
         k = min(reduced)
         cost = self.plan.predicted
+        # the primary weights are 16-bit: 2 bytes per parameter (fp8_params stores GEMM weights in
+        # 1 byte, so there this undercounts the parameters, at most by half)
         params_per_gpu = cost.memory_breakdown_bytes["weights"] / 2
         grad_bytes = 2.0 if self.plan.training.dtype == "fp16" else 4.0
         shard = params_per_gpu * grad_bytes
         busiest = max(shard, shard * (n - k) / k)  # an extra rank sends all; a core rank receives (n-k)/k shares
         bw = self.plan.cluster.spec.nvlink_bw_bytes_per_s
         before = busiest / bw
+        # backward costs twice forward (input and weight gradients: cost_models.flops), so one
+        # micro-batch's backward is 2/3 of its forward + backward compute
         last_backward = cost.time_breakdown_s["compute"] * 2 / 3 / self.m
         overlap = min(before, last_backward)
         return Reshard(

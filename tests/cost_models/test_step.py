@@ -287,3 +287,172 @@ def test_fp8_primary_weights_cover_only_gemm_weights():
     assert env.weight_bytes(EMBED, 1) == 2.0
     n = 218_103_808 + 8_192
     assert env.weight_bytes(m.layer_kind(0), 1) == pytest.approx((218_103_808 * 1 + 8_192 * 2) / n)
+
+
+@pytest.mark.parametrize(("zero", "dtype"), [(0, "bf16"), (1, "bf16"), (2, "bf16"), (1, "fp8")])
+def test_optimizer_step_is_fused_adam_over_the_shard_at_hbm_speed(zero, dtype):
+    # Llama 3 8B at dp8 on one host. Fused Adam moves 34 bytes per parameter of this GPU's optimizer
+    # shard (N / 8 from ZeRO-1, else all N); zeroing the gradient buffer writes its bytes per parameter it holds (all N
+    # below ZeRO-2, N / 8 from it): 4 in bf16 training, 2 in fp8 (gradients reduced in bf16). fp8
+    # also recasts each of the 32 layers' 218,103,808 GEMM weights once per step: read 2 bytes,
+    # write the fp8 row-wise and column-wise copies (1 + 1 on Hopper).
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    t = TrainingSpec(seq_len=4096, global_batch=8, dtype=dtype)
+    cost = estimate_step(L8, t, ParallelLayout(dp=8, global_batch=8, zero=zero), c)
+    n = L8.num_params
+    grad = {"bf16": 4, "fp8": 2}[dtype]
+    nbytes = (
+        n / (8 if zero >= 1 else 1) * 34
+        + grad * n / (8 if zero >= 2 else 1)
+        + (32 * 218_103_808 * (2 + 2) if dtype == "fp8" else 0)
+    )
+    assert cost.time_breakdown_s["optimizer"] == pytest.approx(nbytes / (3.35e12 * 0.85), rel=1e-12)
+
+
+# ---- which blocks a stage runs, and the fixed memory terms --------------------------------------
+from cost_models.step import EMBED, HEAD, range_blocks, runs_of, stage_blocks, stage_runs  # noqa: E402
+
+
+def test_stage_blocks_follow_megatrons_interleaved_chunks():
+    # 8 layers, pp2 vpp2: chunks of 2 layers; stage 0 runs chunks 0 and 2 (layers 0-1, 4-5) with
+    # the embedding (index 0) first, stage 1 chunks 1 and 3 (layers 2-3, 6-7) with the LM head
+    # (index L + 1 = 9) last. Layer i is block i + 1.
+    m = L8.model_copy(update={"num_layers": 8})
+    k = m.layer_kind(0)
+    lay = ParallelLayout(tp=2, pp=2, dp=2, vpp=2, global_batch=8)
+    assert stage_blocks(m, lay, 0) == [(0, EMBED), (1, k), (2, k), (5, k), (6, k)]
+    assert stage_blocks(m, lay, 1) == [(3, k), (4, k), (7, k), (8, k), (9, HEAD)]
+    assert stage_runs(m, lay, 0) == [(EMBED, 2, 1), (k, 2, 2), (k, 2, 2)]
+    assert stage_runs(m, lay, 1) == [(k, 2, 2), (k, 2, 2), (HEAD, 2, 1)]
+    # without interleaving, layers start..start+count-1 of a stage (the per-layer solver's view)
+    flat = lay.model_copy(update={"vpp": 1})
+    assert range_blocks(m, flat, 0, 0, 3) == [(0, EMBED), (1, k), (2, k), (3, k)]
+    assert range_blocks(m, flat, 1, 3, 5) == [(4, k), (5, k), (6, k), (7, k), (8, k), (9, HEAD)]
+    # per-layer degrees (indexed by block) merge into runs of equal block and degree
+    degrees = (2, 2, 1, 1, 2, 2, 2, 2, 2, 1)
+    assert runs_of(stage_blocks(m, flat, 0), degrees) == [(EMBED, 2, 1), (k, 2, 1), (k, 1, 2), (k, 2, 1)]
+    per_layer = flat.model_copy(update={"layer_tp": degrees})
+    assert stage_runs(m, per_layer, 1) == [(k, 2, 4), (HEAD, 1, 1)]
+
+
+def test_memory_reserves_two_gigabytes_for_the_runtime_and_fits_leaves_the_headroom():
+    cost = estimate_step(L8, TrainingSpec(seq_len=4096, global_batch=64), ParallelLayout(dp=64, global_batch=64), H64)
+    assert cost.memory_breakdown_bytes["runtime_reserved"] == 2e9  # CUDA context, NCCL buffers, allocator slack
+    assert cost.memory_breakdown_bytes["low_precision_weights"] == 0.0  # bf16 training keeps no cast copies
+    half = cost.model_copy(update={"memory_per_gpu_bytes": cost.hbm_bytes / 2})
+    assert half.fits() and half.fits(0.5) and not half.fits(0.51)
+    assert not half.model_copy(update={"memory_per_gpu_bytes": cost.hbm_bytes * 1.01}).fits()
+
+
+def test_a_stage_pays_each_change_of_degree_once_split_between_forward_and_backward():
+    # 4 layers at tp4 without SP, layers 1-2 at degree 1: the stage time is its blocks' passes
+    # plus one shrink (4 -> 1) and one growth (1 -> 4), half of each in forward, half in backward
+    m = L8.model_copy(update={"num_layers": 4})
+    t = TrainingSpec(seq_len=4096, global_batch=8)
+    degrees = (4, 4, 1, 1, 4, 4)
+    lay = ParallelLayout(tp=4, dp=2, global_batch=8, layer_tp=degrees)
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    env = CostEnv(m, t, lay, c)
+    blocks = [EMBED, *(m.layer_kind(i) for i in range(4)), HEAD]
+    passes = sum(env.block_pass(b, d).total for b, d in zip(blocks, degrees, strict=True))
+    switches = env.transition_time(4, 1) + env.transition_time(1, 4)
+    assert switches > 0
+    assert estimate_step(m, t, lay, c).stage_time_s == [pytest.approx(passes + switches, rel=1e-12)]
+
+
+@pytest.mark.parametrize(("dp", "zero", "buckets"), [(8, 1, 201), (64, 1, 126), (128, 0, 63), (8, 3, 32)])
+def test_gradient_buckets_are_megatrons_size_or_one_layer_under_zero3(dp, zero, buckets):
+    # Llama 3 8B has 8,030,261,248 parameters, all on one stage. Megatron's bucket holds
+    # max(40M, 1M x dp) parameters: ceil(8.03e9 / 40e6) = 201 at dp8, / 64e6 = 126 at dp64,
+    # / 128e6 = 63 at dp128; ZeRO-3 gathers and reduces one transformer layer at a time: 32.
+    from cost_models.step import stage_cost
+
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=dp)
+    lay = ParallelLayout(dp=dp, global_batch=dp, zero=zero)
+    env = CostEnv(L8, TrainingSpec(seq_len=4096, global_batch=dp), lay, c)
+    assert stage_cost(env, stage_runs(L8, lay, 0)).dp.buckets == buckets
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_dp_traffic_of_a_stage_is_one_collective_per_run_of_blocks(zero):
+    # Llama 3 8B at tp4 dp2 on one host: N parameters per GPU, its DP peer 4 GPUs away over
+    # NVLink. Below ZeRO-1 the gradients (4 bytes each) are
+    # all-reduced: 2 x (1/2) x 4N / bw; from ZeRO-1 reduce-scattered, (1/2) x 4N / bw, and the bf16
+    # weights all-gathered, (1/2) x 2N / bw. The stage's three runs (embedding, 32 layers, LM head)
+    # each pay a tree's latency: 2 log2(2) x 1 us per all-reduce, half that per half of it.
+    from cost_models.step import stage_cost
+
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    lay = ParallelLayout(tp=4, dp=2, global_batch=2, zero=zero)
+    env = CostEnv(L8, TrainingSpec(seq_len=4096, global_batch=2), lay, c)
+    n = sum(sum(env.block_params(b, 4)) for b in (EMBED, *(L8.layer_kind(i) for i in range(32)), HEAD))
+    bw = 450e9 * DEFAULT_EFFICIENCY.nvlink_efficiency
+    dp = stage_cost(env, stage_runs(L8, lay, 0)).dp
+    if zero == 0:
+        assert (dp.reduce_s, dp.gather_s) == pytest.approx((4 * n / bw + 3 * 2e-6, 0.0), rel=1e-12)
+    else:
+        assert (dp.reduce_s, dp.gather_s) == pytest.approx((2 * n / bw + 3e-6, n / bw + 3e-6), rel=1e-12)
+
+
+def test_pipeline_sends_inside_a_host_go_over_nvlink_and_pp2_interleaving_shrinks_the_bubble():
+    # tp2 pp2 dp2 on one host: stage 1 is 4 GPUs after stage 0. Without overlap each of the 4
+    # micro-batches waits for its send forward and backward: 2 bytes x 4096 x 4096 / tp2 per send.
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    t = TrainingSpec(seq_len=4096, global_batch=8)
+    lay = ParallelLayout(tp=2, pp=2, dp=2, global_batch=8, sequence_parallel=True, overlap_p2p=False)
+    one = 2 * 4096 * 4096 / 2 / (450e9 * DEFAULT_EFFICIENCY.nvlink_efficiency) + 1e-6
+    assert estimate_step(L8, t, lay, c).time_breakdown_s["pp_p2p"] == pytest.approx(4 * 2 * one, rel=1e-12)
+    # two virtual stages at pp2: the fill and drain are the other stage's time over vpp
+    cost = estimate_step(L8, t, lay.model_copy(update={"vpp": 2}), c)
+    times = cost.stage_time_s
+    assert cost.time_breakdown_s["pp_bubble"] == pytest.approx((sum(times) - max(times)) / 2, rel=1e-12)
+
+
+def test_a_tied_lm_head_on_the_last_stage_adds_its_copy_to_the_stages_parameters():
+    # GPT-3 175B at tp8 pp2: the last stage's own copy of the 51,200 x 12,288 embedding, over tp8,
+    # is optimised and synchronised with it; with pp1 the head shares the embedding's.
+    from cost_models.step import stage_cost
+
+    gpt = MODELS["gpt3-175b"]
+    t = TrainingSpec(seq_len=2048, global_batch=8)
+    piped = ParallelLayout(tp=8, pp=2, dp=1, global_batch=8)
+    env = CostEnv(gpt, t, piped, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16))
+    flat = CostEnv(gpt, t, piped.model_copy(update={"pp": 1}), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8))
+    runs = stage_runs(gpt, piped, 1)
+    extra = stage_cost(env, runs).params - stage_cost(flat, runs).params
+    assert extra == pytest.approx(51200 * 12288 / 8, rel=1e-12)
+
+
+def _stage(reduce_s, gather_s, buckets=3):
+    """A stage whose micro-batch takes 1 s forward and 2 s backward, with the given DP traffic."""
+    from cost_models.blocks import Pass
+    from cost_models.data_parallel import DpTraffic
+    from cost_models.step import StageCost
+
+    dp = DpTraffic(reduce_s=reduce_s, gather_s=gather_s, buckets=buckets)
+    return StageCost(Pass(fwd=1.0, bwd=2.0), 0.0, {}, 0.0, 0.0, dp, 0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("vpp", "zero", "stage1_reduce_s", "expected"),
+    [
+        # 1F1B, 3 buckets on stage 0: max(6/3, 6 - 2 x 2/3) + max(3/3, 3 - 1 x 2/3); stage 1
+        # finishes its backward one micro-batch earlier (6 - 2, 3 - 1 exposed): smaller
+        (1, 1, 6.0, 14 / 3 + 7 / 3),
+        # a larger stage 1 moves its gradients in one piece after its last backward: 12 - 2
+        (1, 1, 12.0, 10 + 7 / 3),
+        # interleaved pp2 vpp2, 4 micro-batches: stage 0 reduces over the cool-down of 5 chunk
+        # backwards (2.5 micro-batches), stage 1 over 3 (1.5), each in vpp = 2 pieces:
+        # max(6 - 2 x 1.5 / 2, 6 - 5 / 2) + max(3 - 1.5 / 2, 3 - 2.5 / 2) = 4.5 + 2.25
+        (2, 1, 6.0, 4.5 + 2.25),
+        # ZeRO-3 stalls every micro-batch: no drain slack for stage 1, whose traffic is larger:
+        # 4 x max(15/3, 15 - 2 x 2/3) + 4 x max(3/3, 3 - 2/3)
+        (1, 3, 12.0, 4 * (15 - 4 / 3) + 4 * (3 - 2 / 3)),
+    ],
+)
+def test_dp_exposure_of_the_step_takes_each_stages_slack(vpp, zero, stage1_reduce_s, expected):
+    from cost_models.step import dp_exposed_s
+
+    lay = ParallelLayout(pp=2, dp=1, vpp=vpp, global_batch=4, zero=zero)
+    got = dp_exposed_s(lay, [_stage(6.0, 3.0), _stage(stage1_reduce_s, 3.0)])
+    assert got == pytest.approx(expected, rel=1e-12)
