@@ -8,7 +8,9 @@ activations to one another. Rules:
   (GPUs [k tp, (k+1) tp) of the GPUs the job uses there), all healthy; failed GPUs are never used;
 - the TP groups of a pipeline column take slots at the same offset within their hosts, so TP
   rank i of every stage sits on the same rail and pipeline sends stay under one leaf switch;
-- data-parallel peers are distinct GPUs, each with its own NIC.
+- data-parallel peers are distinct GPUs, each with its own NIC;
+- when several stages share a host (a small job, or a first test on one machine), their sends
+  ride NVLink and the rails cannot line up: TP groups then take the healthy slots in rank order.
 
 On a healthy cluster this is the identity (rank r on GPU r), which satisfies the rules whenever
 tp divides every used domain (``tp_domain_size``) and tp * cp * dp is a multiple of the host
@@ -31,10 +33,11 @@ from __future__ import annotations
 
 from cost_models.rank_grid import RankGrid
 from topologies.cluster import Cluster
+from topologies.errors import InputError
 
 
 def place_ranks(grid: RankGrid, cluster: Cluster) -> list[int]:
-    """GPU id of each rank 0..world_size-1; ValueError if the healthy GPUs cannot host them."""
+    """GPU id of each rank 0..world_size-1; InputError if the healthy GPUs cannot host them."""
     world_size, tp, pp = grid.world_size, grid.tp, grid.pp
     if not cluster.failed_gpus and _identity_ok(grid, cluster):
         return list(range(world_size))
@@ -50,20 +53,21 @@ def place_ranks(grid: RankGrid, cluster: Cluster) -> list[int]:
     need = len(columns) * pp
     have = sum(len(v) for v in slots.values())
     if have < need:
-        raise ValueError(
+        raise InputError(
             f"only {have} TP groups of {tp} healthy GPUs fit inside NVLink domains, but the layout needs {need}; "
             "lower tp or mark fewer GPUs failed"
         )
+    free = sorted(start for starts in slots.values() for start in starts)
     column_slots = []
     for c in range(len(columns)):
         preferred = (c * tp) % per_node if tp < per_node else 0
         offsets = [preferred] + sorted(slots, key=lambda o: -len(slots[o]))
         offset = next((o for o in offsets if len(slots.get(o, [])) >= pp), None)
         if offset is None:
-            raise ValueError(
-                f"no {pp} healthy TP slots at one host offset remain for pipeline column {c}; "
-                "lower pp or tp, or mark fewer GPUs failed"
-            )
+            # fewer hosts than stages hold a free slot at one offset: stages share hosts, their
+            # sends ride NVLink and rails cannot line up, so TP groups take the healthy slots in
+            # rank order (the identity on a healthy cluster)
+            return [free[rank // tp] + rank % tp for rank in range(world_size)]
         column_slots.append(slots[offset][:pp])
         slots[offset] = slots[offset][pp:]
     gpus = [0] * world_size
@@ -75,5 +79,7 @@ def place_ranks(grid: RankGrid, cluster: Cluster) -> list[int]:
 
 
 def _identity_ok(grid: RankGrid, cluster: Cluster) -> bool:
-    stride = grid.stride("pp")
-    return cluster.tp_domain_size % grid.tp == 0 and (grid.pp == 1 or stride % cluster.spec.gpus_per_node == 0)
+    """Rank r on GPU r obeys the rules: TP groups aligned in their domains, and each stage on
+    whole hosts (or the whole pipeline inside hosts, where its sends ride NVLink)."""
+    stride, per_node = grid.stride("pp"), cluster.spec.gpus_per_node
+    return cluster.tp_domain_size % grid.tp == 0 and (grid.pp == 1 or stride % per_node == 0 or per_node % stride == 0)
