@@ -9,6 +9,7 @@ step estimator ask repeatedly; ``cost_models.step`` composes blocks into stages 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from cost_models import collectives as coll
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
@@ -109,6 +110,7 @@ class CostEnv:
         self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
         self._degrees: dict[int, Degree] = {}
         self._state: dict[tuple[Block, int], tuple[StateBytes, float]] = {}
+        self._facts: dict[tuple[Block, int], BlockFacts] = {}
         self._passes: dict[tuple[Block, int], Pass] = {} if pass_cache is None else pass_cache
 
     # ---- degrees and groups ------------------------------------------------------------------
@@ -117,6 +119,7 @@ class CostEnv:
             lay, c = self.layout, self.cluster
             seqs, split = sub_batch(lay.micro_batch, t, lay.tp)
             copies = lay.tp // t
+            cp_stride = lay.rank_grid.stride("cp")  # the rank order's, like every stride below
             self._degrees[t] = Degree(
                 t=t,
                 seqs=seqs,
@@ -124,12 +127,12 @@ class CostEnv:
                 tokens=seqs * self.training.seq_len // (split * lay.cp),
                 copies=copies,
                 tp_links=c.strided_links(0, 1, t),
-                cp_links=c.grid_links(t, split, lay.tp, lay.cp),
+                cp_links=c.grid_links(t, split, cp_stride, lay.cp),
                 # Megatron generates expert groups over the flattened cp x dp ranks ("tp-cp-ep-dp-pp"):
                 # EP takes consecutive ones, the expert data-parallel group the rest
-                ep_links=c.strided_links(0, lay.tp, lay.ep),
-                dp_links=c.grid_links(t, copies, lay.tp, lay.cp * lay.dp),
-                expert_dp_links=c.grid_links(t, copies, lay.tp * lay.ep, lay.dp * lay.cp // lay.ep),
+                ep_links=c.strided_links(0, cp_stride, lay.ep),
+                dp_links=c.grid_links(t, copies, cp_stride, lay.cp * lay.dp),
+                expert_dp_links=c.grid_links(t, copies, cp_stride * lay.ep, lay.dp * lay.cp // lay.ep),
             )
         return self._degrees[t]
 
@@ -302,13 +305,7 @@ class CostEnv:
     # ---- memory and gradient sync of one block -------------------------------------------------
     def block_params(self, block: Block, t: int, last_stage_ties: bool = False) -> tuple[float, float]:
         """(non-expert, expert) parameters of a block on one GPU at degree t."""
-        m = self.model
-        if block == EMBED:
-            return embedding_params_per_gpu(m, t), 0.0
-        if block == HEAD:
-            return head_params_per_gpu(m, t, last_stage_ties), 0.0
-        expert = m.layer_expert_params(block) / (t * self.layout.ep)
-        return layer_params_per_gpu(m, block, t, self.layout.ep) - expert, expert
+        return _block_params(self.model, block, t, self.layout.ep, last_stage_ties)
 
     def gemm_params(self, block: Block, t: int) -> float:
         """Weights of the block's low-precision GEMMs on one GPU (none in the embedding and LM
@@ -328,6 +325,26 @@ class CostEnv:
         dense, expert = self.block_params(block, t)
         n, g = dense + expert, self.gemm_params(block, t)
         return (ACT_BYTES * (n - g) + tr.param_bytes * g) / n if n else ACT_BYTES
+
+    def block_facts(self, block: Block, t: int) -> BlockFacts:
+        """Everything ``stage_cost`` reads of one block at degree t besides its pass, looked up once
+        per layout."""
+        key = (block, t)
+        if key not in self._facts:
+            dense, expert = self.block_params(block, t, last_stage_ties=self.layout.pp > 1)
+            state, act = self.block_memory(block, t, 1.0)
+            logits = self.block_memory(block, t, 0.0)[1] if block == HEAD else 0.0
+            self._facts[key] = BlockFacts(
+                dense=dense,
+                expert=expert,
+                gemm=self.gemm_params(block, t) if self.training.low_precision else 0.0,
+                weight_bytes=self.weight_bytes(block, t),
+                state=state,
+                act=act - logits,
+                logits=logits,
+                working=self.full_recompute_working_bytes(block, t),
+            )
+        return self._facts[key]
 
     def block_memory(self, block: Block, t: int, held: float) -> tuple[StateBytes, float]:
         """(model state, activation bytes) of one block on one GPU when ``held`` micro-batches
@@ -366,7 +383,7 @@ class CostEnv:
             )
             for n, ranks in zip((dense, expert), shards, strict=True)
         ]
-        state = StateBytes(*(sum(getattr(p, f.name) for p in parts) for f in fields(StateBytes)))
+        state = StateBytes(*(sum(getattr(p, name) for p in parts) for name in _STATE_FIELDS))
         return state, self.block_activation_bytes(block, t)
 
     def full_recompute_working_bytes(self, block: Block, t: int) -> float:
@@ -393,6 +410,36 @@ class CostEnv:
             d.cp,
             linear_input_bytes=saved_input_bytes(self.training.dtype),
         )
+
+
+_STATE_FIELDS = tuple(f.name for f in fields(StateBytes))
+
+
+@dataclass(frozen=True)
+class BlockFacts:
+    """One block at one degree in one layout: parameters on a GPU (non-expert, expert, of them
+    low-precision GEMM weights), bytes per weight, model state, activation bytes per micro-batch
+    in flight (the LM head's logits apart: they live once), and full recompute's working bytes."""
+
+    dense: float
+    expert: float
+    gemm: float
+    weight_bytes: float
+    state: StateBytes
+    act: float
+    logits: float
+    working: float
+
+
+@lru_cache(maxsize=65536)
+def _block_params(model: ModelSpec, block: Block, t: int, ep: int, last_stage_ties: bool) -> tuple[float, float]:
+    """``CostEnv.block_params``, shared by every layout of a search (it depends on nothing else)."""
+    if block == EMBED:
+        return embedding_params_per_gpu(model, t), 0.0
+    if block == HEAD:
+        return head_params_per_gpu(model, t, last_stage_ties), 0.0
+    expert = model.layer_expert_params(block) / (t * ep)
+    return layer_params_per_gpu(model, block, t, ep) - expert, expert
 
 
 def pass_cache_key(layout: ParallelLayout) -> tuple:

@@ -175,21 +175,19 @@ def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
             p.bwd += switch / 2
         prev_t = t
         layers += n if block not in (EMBED, HEAD) else 0
-        block_state, block_act = env.block_memory(block, t, 1.0)
+        f = env.block_facts(block, t)
         for k in state:
-            state[k] += n * getattr(block_state, k)
-        if block == HEAD:  # the logits live once, not per micro-batch in flight
-            head = env.block_memory(block, t, 0.0)[1]
-            block_act -= head
-        act += n * block_act
-        working = max(working, env.full_recompute_working_bytes(block, t))
+            state[k] += n * getattr(f.state, k)
+        head = max(head, f.logits)  # the logits live once, not per micro-batch in flight
+        act += n * f.act
+        working = max(working, f.working)
         d = env.degree(t)
         dp_group = max(dp_group, lay.dp * d.copies)
-        dense, expert = env.block_params(block, t, last_stage_ties=lay.pp > 1)
+        dense, expert = f.dense, f.expert
         params += n * (dense + expert)
         largest_block = max(largest_block, dense + expert)
-        gemm += n * env.gemm_params(block, t) if training.low_precision else 0.0
-        weight_bytes = env.weight_bytes(block, t)
+        gemm += n * f.gemm
+        weight_bytes = f.weight_bytes
         for nparams, links in ((n * dense, d.dp_links), (n * expert, d.expert_dp_links)):
             if nparams <= 0:
                 continue
@@ -229,9 +227,30 @@ def estimate_step(
 ) -> StepCost:
     """Predict step time, memory per GPU and MFU of ``layout``; raise ValueError if it is invalid.
     ``pass_caches`` (keyed by ``pass_cache_key``) lets many layouts share block passes."""
+    return cost_from_stages(cost_env(model, training, layout, cluster, efficiency, pass_caches))
+
+
+def cost_env(
+    model: ModelSpec,
+    training: TrainingSpec,
+    layout: ParallelLayout,
+    cluster: Cluster,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    pass_caches: dict | None = None,
+) -> CostEnv:
+    """The checked ``CostEnv`` of a layout (InputError if the layout is invalid), sharing block
+    passes through ``pass_caches``."""
     check_layout(layout, model, training, cluster.num_gpus, cluster.tp_domain_size)
     cache = None if pass_caches is None else pass_caches.setdefault(pass_cache_key(layout), {})
-    return cost_from_stages(CostEnv(model, training, layout, cluster, efficiency, cache))
+    return CostEnv(model, training, layout, cluster, efficiency, cache)
+
+
+def stage_memory(env: CostEnv, stages: list[StageCost]) -> list[dict[str, float]]:
+    """Peak bytes per GPU of each stage, by part, with its in-flight micro-batches."""
+    lay = env.layout
+    return [
+        st.memory(in_flight_micro_batches(i, lay.pp, lay.num_micro_batches, lay.vpp)) for i, st in enumerate(stages)
+    ]
 
 
 def layout_stages(env: CostEnv) -> list[StageCost]:
@@ -260,15 +279,13 @@ def pipeline_p2p_s(env: CostEnv) -> tuple[float, float]:
     lay, cluster = env.layout, env.cluster
     if lay.pp == 1:
         return 0.0, 0.0
-    stride = lay.tp * lay.cp * lay.dp
+    stride = lay.rank_grid.stride("pp")
     split = lay.sequence_parallel or lay.p2p_scatter_gather
     # a block of degree t at the boundary runs tp / t copies, each on its share of the tokens
     # (per-layer layouts: the widest degree, a bound)
     t = max(lay.layer_tp) if lay.layer_tp else lay.tp
     nbytes = p2p_bytes(env.stage_tokens * t // lay.tp, env.model.hidden_size, t if split else 1)
-    one = max(
-        coll.send_recv_time(nbytes, cluster.strided_links(s * stride, stride, 2), env.eff) for s in range(lay.pp - 1)
-    )
+    one = max(coll.send_recv_time(nbytes, links, env.eff) for links in cluster.neighbour_links(stride, lay.pp - 1))
     if not lay.overlap_p2p or lay.vpp == 1:
         return 2 * lay.vpp * one, 0.0
     return 0.0, 2 * (lay.pp - 1) * one
@@ -298,7 +315,7 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
         "overhead": eff.step_overhead_s,
     }
     step_time = sum(breakdown.values())
-    memory = [st.memory(in_flight_micro_batches(i, lay.pp, m, lay.vpp)) for i, st in enumerate(stages)]
+    memory = stage_memory(env, stages)
     totals = [sum(parts.values()) for parts in memory]
     fullest = max(range(lay.pp), key=totals.__getitem__)
     model_flops = model_flops_per_step(model, training.seq_len, training.global_batch)

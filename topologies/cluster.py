@@ -281,6 +281,21 @@ class Cluster(BaseModel):
             cache[key] = self.group_links(range(start, start + stride * count, stride))
         return cache[key]
 
+    def neighbour_links(self, stride: int, count: int) -> frozenset[GroupLinks]:
+        """The distinct links between GPU pairs (s * stride, (s + 1) * stride), s < count:
+        between neighbouring pipeline stages. Memoised; they repeat with the hosts, so a few kinds.
+
+        >>> from topologies.cluster_catalogue import CLUSTERS
+        >>> c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=32)
+        >>> sorted(links.tier.name for links in c.neighbour_links(4, 7))  # in a host, across hosts
+        ['LEAF', 'NVLINK']
+        """
+        key = ("neighbours", stride, count)
+        cache = self._links_cache
+        if key not in cache:
+            cache[key] = frozenset(self.strided_links(s * stride, stride, 2) for s in range(count))
+        return cache[key]
+
     def grid_links(self, inner_stride: int, inner_count: int, outer_stride: int, outer_count: int) -> GroupLinks:
         """Links of the group {i * inner_stride + j * outer_stride}, memoised: a per-layer TP
         group's data-parallel peers are its copies inside the stage times the outer replicas."""

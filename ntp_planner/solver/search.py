@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from cost_models.layout import ParallelLayout, Recompute
 from cost_models.model import ModelSpec
-from cost_models.step import StepCost, estimate_step
+from cost_models.step import StepCost, cost_env, cost_from_stages, layout_stages, stage_memory
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
 
@@ -141,10 +141,16 @@ def search(
     pass_caches = {} if pass_caches is None else pass_caches
     fitting, rejected, least = [], 0, None
     layouts = enumerate_layouts(model, training, cluster, space)
+    usable = cluster.gpu.hbm_bytes * (1 - headroom)
     for base in layouts:
-        for layout in [base, *escalations(base, space)]:
-            cost = estimate_step(model, training, layout, cluster, efficiency, pass_caches)
-            if cost.fits(headroom):
+        levels = [base, *escalations(base, space)]
+        for layout in levels:
+            # memory first: only the ZeRO level that fits (or the last one tried) is costed in full
+            env = cost_env(model, training, layout, cluster, efficiency, pass_caches)
+            stages = layout_stages(env)
+            fits = max(sum(parts.values()) for parts in stage_memory(env, stages)) <= usable
+            if fits or layout is levels[-1]:
+                cost = cost_from_stages(env, stages)
                 break
         cand = Candidate(layout=layout, cost=cost)
         if least is None or cost.memory_per_gpu_bytes < least.cost.memory_per_gpu_bytes:

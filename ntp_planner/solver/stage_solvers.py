@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import combinations
 
 import numpy as np
 
@@ -191,17 +192,27 @@ def _solve_counts(p: ChainProblem) -> ChainSolution | None:
 
 @lru_cache(maxsize=256)
 def compositions(n: int, k: int) -> np.ndarray:
-    """Every way to write n as an ordered sum of k non-negative integers, one per row.
+    """Every way to write n as an ordered sum of k non-negative integers, one per row, in
+    lexicographic order: the first k - 1 parts off a grid, or for large n and k by stars and
+    bars (the k - 1 bars among n + k - 1 places). Read-only, as the cache shares it.
 
     >>> compositions(2, 2).tolist()
     [[0, 2], [1, 1], [2, 0]]
+    >>> compositions(3, 3).shape
+    (10, 3)
     """
     if k == 1:
-        return np.array([[n]], dtype=np.int64)
-    parts = [
-        np.column_stack([np.full(len(rest), a), rest]) for a in range(n + 1) for rest in [compositions(n - a, k - 1)]
-    ]
-    return np.vstack(parts)
+        parts = np.array([[n]], dtype=np.int64)
+    elif (n + 1) ** (k - 1) <= 200_000:  # the first k - 1 parts off a grid, in C (lexicographic) order
+        head = np.indices((n + 1,) * (k - 1), dtype=np.int64).reshape(k - 1, -1).T
+        head = head[head.sum(axis=1) <= n]
+        parts = np.column_stack([head, n - head.sum(axis=1)])
+    else:
+        bars = np.array(list(combinations(range(n + k - 1), k - 1)), dtype=np.int64)
+        edges = np.column_stack([np.full(len(bars), -1), bars, np.full(len(bars), n + k - 1)])
+        parts = np.diff(edges, axis=1) - 1
+    parts.flags.writeable = False
+    return parts
 
 
 def _front(cost: np.ndarray, mem: np.ndarray) -> np.ndarray:
