@@ -6,6 +6,8 @@ each function, with the non-interactive Agg backend, so the rest of ntp runs wit
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,21 +34,50 @@ def _pyplot():
     return plt
 
 
+def check_plot_path(path) -> Path:
+    """``path`` as a Path if a PNG can be written there, else InputError (before any work)."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(f"cannot write plot {path}: it is a folder; give a file name, e.g. {path / 'plot.png'}")
+    if not folder.is_dir():
+        raise InputError(f"cannot write plot {path}: folder {folder} does not exist; create it or pick another")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"cannot write plot {path}: folder {folder} is not writable; pick another")
+    return path
+
+
+def _save(plt, fig, path) -> None:
+    """Write ``fig`` to ``path`` through a temporary file and a rename: never half a PNG."""
+    path = check_plot_path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.tight_layout()
+        fig.savefig(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+
+
 def plot_simulation(trace: Trace, results: dict[str, StrategyResult], folder, title: str) -> list[Path]:
     """Three PNGs in ``folder``: throughput over time (trial 0), goodput distribution over
     trials, failed share over time (trial 0)."""
     plt = _pyplot()
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot make the plot folder {folder}: {exc.strerror.lower()}; pick another") from None
     days = np.arange(len(trace.failed_fraction)) * trace.bin_h / 24
     paths = []
 
     def save(fig, name):
-        path = folder / name
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(path)
+        _save(plt, fig, folder / name)
+        paths.append(folder / name)
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     window = max(1, round(SMOOTH_H / trace.bin_h))
@@ -86,6 +117,4 @@ def plot_sweep(rows: list[SweepRow], path, title: str) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(plt, fig, path)

@@ -151,6 +151,10 @@ def sweep(
     names = parse_list(policies, "--policies", str, "dp-drop,ntp")
     p = Plan.load(plan_file)
     _need_matplotlib(plot)
+    if plot is not None:
+        from ntp_planner.plots import check_plot_path
+
+        check_plot_path(plot)  # before the sweep's work, not after
     rng = np.random.default_rng(seed)
     with progress("failure samples", samples * len(shares), json_out) as advance:
         rows = run_sweep(p, shares, samples, names, rng, spares, fallback, batch, blast, max_power, progress=advance)

@@ -266,3 +266,18 @@ def test_non_finite_numbers_are_never_printed(plan_file):
     result = CliRunner().invoke(app, ["explain", str(plan_file), "--json"])
     assert result.exit_code == 0
     assert all(math.isfinite(v) for _, v in _paths(json.loads(result.stdout)) if isinstance(v, float))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sweep", "{plan}", "--samples", 2, "--plot", "missing/loss.png"], "folder missing does not exist"),
+        (["sweep", "{plan}", "--samples", 2, "--plot", "."], "it is a folder"),
+        (["simulate", "{plan}", "--days", 1, "--trials", 2, "--plot", "/proc/plots"], "cannot make the plot folder"),
+    ],
+)
+def test_plot_paths_are_checked_before_the_work(plan_file, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run([str(a).replace("{plan}", str(plan_file)) for a in args])
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # no partial PNG, no temp file
