@@ -14,6 +14,7 @@ between TP regions is cut along the sequence, unevenly when the degree does not 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import contextmanager
 
 import torch
@@ -92,7 +93,7 @@ class Comm:
             dist.reduce_scatter(out, chunks, group=self.groups[ranks])
         return out
 
-    def move(self, src, plan: dict, me: int, ranks: tuple[int, ...], dim: int, out_rows: int | None, like):
+    def move(self, src, plan: Mapping, me: int, ranks: tuple[int, ...], dim: int, out_rows: int | None, like):
         """Reshard along ``dim`` by ``plan`` ((source, destination) -> (source positions,
         destination positions), local ranks into ``ranks``): send this rank's pieces of ``src``
         (None: it holds none), receive its new slice of ``out_rows`` rows (None: it holds

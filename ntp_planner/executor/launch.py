@@ -47,6 +47,9 @@ class Result:
 
 
 def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault) -> None:
+    # gloo on loopback: every rank of a local run is on this host (set in the child, so the
+    # caller's environment stays as it was)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         run_rank(rank, spec, init_method, backend, out_file, timeout_s, progress, fault)
     except BaseException as exc:  # report why, then leave at once (no hanging in teardown)
@@ -70,7 +73,6 @@ def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault
     """Run ``spec`` on ``spec.world_size`` local processes and compare with the reference.
     Raises RankFailure naming the rank when one fails or hangs. ``tick(step)`` hears the step
     the slowest rank has entered."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     start = time.perf_counter()
     ctx = mp.get_context("spawn")
     world = spec.world_size

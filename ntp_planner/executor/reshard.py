@@ -16,7 +16,9 @@ rank 0 keeps its 12 and receives 4 from rank 1; rank 1 keeps 8 and sends 4 to ra
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
+from types import MappingProxyType
 
 from ntp_planner.executor.spec import TinyConfig
 from ntp_planner.executor.tp_slices import param_index
@@ -31,10 +33,14 @@ def canonical(cfg: TinyConfig, key: str, degree: int) -> dict[int, int]:
     return owner
 
 
+Moves = Mapping[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]]
+
+
 @lru_cache(maxsize=256)
-def reshard_plan(cfg: TinyConfig, key: str, src: int, dst: int) -> dict[tuple[int, int], tuple[list[int], list[int]]]:
+def reshard_plan(cfg: TinyConfig, key: str, src: int, dst: int) -> Moves:
     """(source rank, destination rank) -> (positions in the source's slice, positions in the
-    destination's slice) of the rows that move; pairs with nothing to move are left out."""
+    destination's slice) of the rows that move; pairs with nothing to move are left out.
+    Read-only (the cache shares it)."""
     speaks = canonical(cfg, key, src)
     src_pos = [{row: i for i, row in enumerate(param_index(cfg, key, src, r)[1])} for r in range(src)]
     out: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
@@ -44,4 +50,4 @@ def reshard_plan(cfg: TinyConfig, key: str, src: int, dst: int) -> dict[tuple[in
             pos = out.setdefault((s, d), ([], []))
             pos[0].append(src_pos[s][row])
             pos[1].append(i)
-    return out
+    return MappingProxyType({pair: (tuple(a), tuple(b)) for pair, (a, b) in out.items()})
