@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import combinations
 
 import numpy as np
 
@@ -193,24 +192,24 @@ def _solve_counts(p: ChainProblem) -> ChainSolution | None:
 @lru_cache(maxsize=256)
 def compositions(n: int, k: int) -> np.ndarray:
     """Every way to write n as an ordered sum of k non-negative integers, one per row, in
-    lexicographic order: the first k - 1 parts off a grid, or for large n and k by stars and
-    bars (the k - 1 bars among n + k - 1 places). Read-only, as the cache shares it.
+    lexicographic order. Built a part at a time: each row of the first j parts is repeated once
+    per value its next part can take (0 .. what is left), so the work is the size of the output.
+    Read-only, as the cache shares it.
 
     >>> compositions(2, 2).tolist()
     [[0, 2], [1, 1], [2, 0]]
     >>> compositions(3, 3).shape
     (10, 3)
     """
-    if k == 1:
-        parts = np.array([[n]], dtype=np.int64)
-    elif (n + 1) ** (k - 1) <= 200_000:  # the first k - 1 parts off a grid, in C (lexicographic) order
-        head = np.indices((n + 1,) * (k - 1), dtype=np.int64).reshape(k - 1, -1).T
-        head = head[head.sum(axis=1) <= n]
-        parts = np.column_stack([head, n - head.sum(axis=1)])
-    else:
-        bars = np.array(list(combinations(range(n + k - 1), k - 1)), dtype=np.int64)
-        edges = np.column_stack([np.full(len(bars), -1), bars, np.full(len(bars), n + k - 1)])
-        parts = np.diff(edges, axis=1) - 1
+    rows = np.zeros((1, 0), dtype=np.int64)
+    left = np.array([n], dtype=np.int64)
+    for _ in range(k - 1):
+        counts = left + 1
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        part = np.arange(int(counts.sum()), dtype=np.int64) - starts  # 0 .. left, row by row
+        rows = np.column_stack([np.repeat(rows, counts, axis=0), part])
+        left = np.repeat(left, counts) - part
+    parts = np.column_stack([rows, left])
     parts.flags.writeable = False
     return parts
 
