@@ -3,12 +3,9 @@
 It lives in cost_models because the step estimator reads it, and ntp_planner (which searches
 over layouts) imports it from here; the dependency arrow points one way.
 
-Rank order (one rule, used everywhere): ``tp`` varies fastest, then ``cp``, then ``dp``, then
-``pp`` (Megatron's default "tp-cp-ep-dp-pp"; ``ep`` takes consecutive ranks of the flattened
-``cp x dp`` ranks, the expert data-parallel group the rest). A rank's
-coordinates are ``rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i))``. Worked example, tp=2, dp=2,
-pp=2 on 8 GPUs: TP groups {0,1} {2,3} {4,5} {6,7}; DP groups {0,2} {1,3} {4,6} {5,7};
-pipelines {0,4} {1,5} {2,6} {3,7}.
+Rank order: one rule, defined once by ``cost_models.rank_grid.RankGrid`` (``layout.rank_grid``,
+with its worked 8-GPU example): ``tp`` varies fastest, then ``cp``, ``dp``, ``pp``, as Megatron's
+default "tp-cp-ep-dp-pp" (``ep`` takes consecutive ranks of the flattened ``cp x dp`` ranks).
 """
 
 from __future__ import annotations

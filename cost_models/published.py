@@ -226,13 +226,7 @@ def _row_c(name, gpus, batch, mb, seq, tp, pp, cp, vp, tokens) -> PublishedRow:
         attention_kernel="flash2",
     )
     layout = run_layout(
-        gpus,
-        batch,
-        mb,
-        tp,
-        pp,
-        cp,
-        vp,
+        *(gpus, batch, mb, tp, pp, cp, vp),
         recompute="selective" if name == "nemotron-340b" else "none",
         zero=1,
         tp_comm_overlap=name in _C_TP_OVERLAP,

@@ -235,13 +235,7 @@ def _row_f(container, system, name, dtype, gpus, batch, mb, seq, tp, pp, cp, vp,
     )
     overlap = name in _NEMO1_TP_OVERLAP if nemo1 else name != "llama3-8b"
     layout = run_layout(
-        gpus,
-        batch,
-        mb,
-        tp,
-        pp,
-        cp,
-        vp,
+        *(gpus, batch, mb, tp, pp, cp, vp),
         chunk_layers=None if nemo1 else recipe_chunks(name, system, pp, vp, batch),
         zero=1,
         tp_comm_overlap=overlap and tp > 1,

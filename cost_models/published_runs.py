@@ -110,13 +110,7 @@ def _row_e(release, system, name, fmt, gpus, batch, mb, seq, fsdp, tp, pp, cp, v
         attention_kernel="flash2" if nemo1 else "cudnn",
     )
     layout = run_layout(
-        gpus,
-        batch,
-        mb,
-        tp,
-        pp,
-        cp,
-        vp,
+        *(gpus, batch, mb, tp, pp, cp, vp),
         chunk_layers=recipe_chunks(name, system, pp, vp, batch),
         zero=3 if fsdp else 1,
         tp_comm_overlap=tp > 1 and dtype != "nvfp4",

@@ -225,7 +225,7 @@ def estimate_step(
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
     pass_caches: dict | None = None,
 ) -> StepCost:
-    """Predict step time, memory per GPU and MFU of ``layout``; raise ValueError if it is invalid.
+    """Predict step time, memory per GPU and MFU of ``layout``; InputError if it is invalid.
     ``pass_caches`` (keyed by ``pass_cache_key``) lets many layouts share block passes."""
     return cost_from_stages(cost_env(model, training, layout, cluster, efficiency, pass_caches))
 
