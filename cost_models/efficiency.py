@@ -41,13 +41,14 @@ class Efficiency(BaseModel):
             "ampere": {"16-bit": 0.71},
             "hopper": {"16-bit": 0.64, "fp8": 0.64},
             "blackwell": {"16-bit": 0.58, "fp8": 0.57, "fp4": 0.63},
+            "cpu": {"16-bit": 1.0},
         },
         description="Sustained fraction of the dense peak that large GEMMs reach inside training, per "
         "architecture and format class (fp8 covers mxfp8). Fitted (benchmarks/fit_efficiency.py): ampere "
         "16-bit by table A, hopper 16-bit by tables B and F, hopper fp8 by tables C-F, blackwell 16-bit by "
         "table F's GB200 bf16 runs, blackwell fp8 by tables E-F, fp4 by table E. Isolated cuBLAS GEMMs reach "
         "70-80% (the prior); training loses the rest to clocks under power caps and to kernels that share "
-        "the GPU.",
+        "the GPU. A local CPU cluster's peak is the rate `ntp profile` measured: fraction 1.",
     )
     gemm_half_dim: float = Field(
         default=64.0,
@@ -60,6 +61,7 @@ class Efficiency(BaseModel):
             "ampere": {"cudnn": 0.53, "flash2": 0.53},
             "hopper": {"cudnn": 0.54, "flash2": 0.33},
             "blackwell": {"cudnn": 0.46, "flash2": 0.25},
+            "cpu": {"cudnn": 1.0, "flash2": 1.0},
         },
         description="Fraction of the bf16 peak fused attention reaches on the FLOPs it executes (the causal "
         "half of the scores; backward executes 2.5x forward), per architecture and kernel: forward and "
@@ -67,7 +69,8 @@ class Efficiency(BaseModel):
         "H100 (Shah et al. 2024, FlashAttention-3 paper, causal, head dim 128): FlashAttention-2 about 35% "
         "forward and 30% backward, FlashAttention-3 / cuDNN about 60% and 47%. Fitted for hopper and "
         "blackwell cuDNN and hopper FlashAttention-2 (benchmarks/fit_efficiency.py; the long-context runs "
-        "of table E pin them); the others are the papers' figures (no published run uses them).",
+        "of table E pin them); the others are the papers' figures (no published run uses them). A local CPU cluster's peak is the rate `ntp profile` "
+        "measured, so its fractions are 1.",
     )
     hbm_efficiency: float = Field(
         default=0.85,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from topologies.bounds import Bound, bounds_validator
 from topologies.errors import InputError
 from topologies.files import read_mapping
-from topologies.gpus import GPUS, resolve_gpu
+from topologies.gpus import GPUS, GPUSpec, resolve_gpu
 from topologies.naming import lookup
 
 _GBIT = 1e9 / 8  # bytes/s in one Gb/s
@@ -46,7 +46,12 @@ class ClusterSpec(BaseModel):
 
     name: str = Field(min_length=1, max_length=255, description="Catalogue name, e.g. 'dgx-h100'.")
     description: str = Field(default="", max_length=10_000, description="One line for `ntp clusters`.")
-    gpu: str = Field(max_length=100, description="GPU catalogue name, e.g. 'H100-SXM'.")
+    gpu: str = Field(max_length=100, description="GPU catalogue name, e.g. 'H100-SXM', or custom_gpu's name.")
+    custom_gpu: GPUSpec | None = Field(
+        default=None,
+        description="An accelerator not in the catalogue, written out (a local cluster from `ntp profile`: a CPU "
+        "host's measured rates); its name must equal ``gpu``.",
+    )
     domain_size: int = Field(gt=0, description="GPUs per NVLink (scale-up) domain.")
     gpus_per_node: int = Field(gt=0, description="GPUs per host; also the number of rails.")
     nvlink_bw_bytes_per_s: float = Field(gt=0, description="NVLink bandwidth per GPU, one way.")
@@ -65,7 +70,12 @@ class ClusterSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
-        if self.gpu.lower() not in {g.lower() for g in GPUS}:
+        if self.custom_gpu is not None:
+            if self.custom_gpu.name != self.gpu:
+                raise InputError(
+                    f"gpu {self.gpu!r} must name the custom_gpu written in the file ({self.custom_gpu.name!r})"
+                )
+        elif self.gpu.lower() not in {g.lower() for g in GPUS}:
             resolve_gpu(self.gpu)  # raises with a suggestion
         big, small = max(self.domain_size, self.gpus_per_node), min(self.domain_size, self.gpus_per_node)
         if big % small:
@@ -76,8 +86,8 @@ class ClusterSpec(BaseModel):
         return self
 
     @property
-    def gpu_spec(self):
-        return resolve_gpu(self.gpu)
+    def gpu_spec(self) -> GPUSpec:
+        return self.custom_gpu if self.custom_gpu is not None else resolve_gpu(self.gpu)
 
 
 _LAT_NVL = "assumed: ~1 us per NVSwitch message step (order of nccl-tests small-message latency)"

@@ -23,12 +23,14 @@ from topologies.bounds import Bound, bounds_validator
 from topologies.errors import InputError
 from topologies.naming import lookup
 
-Architecture = Literal["ampere", "hopper", "blackwell"]
+Architecture = Literal["ampere", "hopper", "blackwell", "cpu"]
+"""``cpu``: a host whose cores stand in for GPUs in a local cluster that ``ntp profile`` measured
+(its 'bf16' peak is the GEMM rate it measured in the run's own format)."""
 
 # format -> (architectures whose tensor cores run it, GPUSpec field with its peak)
 FORMATS: dict[str, tuple[tuple[str, ...], str]] = {
-    "fp16": (("ampere", "hopper", "blackwell"), "bf16_flops_per_s"),
-    "bf16": (("ampere", "hopper", "blackwell"), "bf16_flops_per_s"),
+    "fp16": (("ampere", "hopper", "blackwell", "cpu"), "bf16_flops_per_s"),
+    "bf16": (("ampere", "hopper", "blackwell", "cpu"), "bf16_flops_per_s"),
     "fp8": (("hopper", "blackwell"), "fp8_flops_per_s"),
     "mxfp8": (("blackwell",), "fp8_flops_per_s"),
     "nvfp4": (("blackwell",), "fp4_flops_per_s"),
@@ -38,11 +40,13 @@ FORMATS: dict[str, tuple[tuple[str, ...], str]] = {
 # Wide ranges: they catch typos and wrong units, never a real accelerator.
 _BOUNDS: dict[str, Bound] = {
     "sm_count": Bound(1, 10_000, "SMs", "the largest GPUs have 148 (B200)"),
-    "bf16_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 3e14 (A100) to 2.5e15 (GB200)"),
+    "bf16_flops_per_s": Bound(
+        1e8, 1e18, "FLOP/s", "today's GPUs run 3e14 (A100) to 2.5e15 (GB200), one CPU core 1e9 to 1e11"
+    ),
     "fp8_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 2e15 (H100) to 5e15 (GB200)"),
     "fp4_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 9e15 (B200) to 1e16 (GB200)"),
     "hbm_bytes": Bound(2**30, 2**50, "bytes", "GPUs hold 80 GiB (8.6e10 bytes) to 186 GiB"),
-    "hbm_bw_bytes_per_s": Bound(1e10, 1e15, "bytes/s", "HBM moves 2e12 (A100) to 8e12 (GB200)"),
+    "hbm_bw_bytes_per_s": Bound(1e8, 1e15, "bytes/s", "HBM moves 2e12 (A100) to 8e12 (GB200), a CPU core 1e9 to 5e10"),
     "tdp_watts": Bound(1, 100_000, "W", "GPUs draw 400 W (A100) to 1,200 W (GB200)"),
 }
 
