@@ -27,11 +27,24 @@ from cost_models.memory import (
     state_bytes,
 )
 from cost_models.model import LayerKind, ModelSpec
+from cost_models.profile import BlockShape
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster, GroupLinks
 
 EMBED, HEAD = "embedding", "head"
 Block = LayerKind | str  # a layer kind, or EMBED / HEAD
+
+ANALYTIC = {
+    "all_reduce": coll.all_reduce_time,
+    "all_gather": coll.all_gather_time,
+    "reduce_scatter": coll.reduce_scatter_time,
+    "all_to_all": coll.all_to_all_time,
+    "send_recv": coll.send_recv_time,
+}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}  # a profile's torch dtype
+# parameter tensors the executor all-reduces one at a time (Llama-style blocks): the embedding;
+# two norms, q, k, v, o, gate, up, down; the final norm and the LM head
+EXECUTOR_TENSORS = {EMBED: 1, HEAD: 2, "layer": 9}
 
 
 @dataclass
@@ -108,6 +121,19 @@ class CostEnv:
         self._attention = eff.attention_fraction(self.arch, training.attention_kernel)
         self.lp_copy_bytes = low_precision_copy_bytes(training.dtype, self.arch, training.fp8_params)
         self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
+        self.executor = eff.runtime == "executor"
+        self.profile = eff.profile
+        self.notes: set[str] = set()  # where a profile did not cover what was costed
+        self.act_bytes = ACT_BYTES  # bytes of one activation on the wire
+        self.compute_scale = self.comm_scale = 1.0
+        if self.profile is not None:
+            self.profile.check_gpu(gpu.name)
+            self.act_bytes = DTYPE_BYTES[self.profile.dtype]
+            cal, device = self.profile.calibration, self.profile.device
+            # a CPU's cores are shared by every rank: with more ranks than cores each computes slower
+            ranks = eff.host_ranks or min(cluster.num_gpus, cluster.spec.gpus_per_node)
+            share = max(1.0, ranks / device.cores) if device.kind == "cpu" else 1.0
+            self.compute_scale, self.comm_scale = cal.compute_scale * share, cal.comm_scale
         self._degrees: dict[int, Degree] = {}
         self._state: dict[tuple[Block, int], tuple[StateBytes, float]] = {}
         self._facts: dict[tuple[Block, int], BlockFacts] = {}
@@ -136,6 +162,18 @@ class CostEnv:
             )
         return self._degrees[t]
 
+    # ---- collectives ---------------------------------------------------------------------------
+    def coll(self, op: str, nbytes: float, links: GroupLinks) -> float:
+        """Seconds of one collective ``op`` (``ANALYTIC``'s names) of ``nbytes`` over ``links``:
+        the profile's measured fit where it covers a group of that size inside one domain, else
+        the analytical alpha-beta term (``cost_models.collectives``)."""
+        if self.profile is not None and links.size > 1 and links.domains <= 1:
+            measured = self.profile.collective_time(op, links.size, nbytes)
+            if measured is not None:
+                return measured * self.comm_scale
+            self.notes.add(f"{op} on {links.size} ranks was not profiled: analytical time")
+        return ANALYTIC[op](nbytes, links, self.eff)
+
     # ---- time of one micro-batch through one block -------------------------------------------
     def op_time(self, op: Op) -> float:
         """Seconds of one execution of ``op`` (its forward unit), launch overhead excluded."""
@@ -158,6 +196,44 @@ class CostEnv:
             flops += (op.fwd + op.bwd) * op.flops
         return Pass(fwd=fwd, bwd=bwd, hw_flops=flops)
 
+    def profile_shape(self, block: Block, t: int) -> BlockShape:
+        """How a profile names ``block`` at degree ``t`` in this model and sequence."""
+        m = self.model
+        moe = block not in (EMBED, HEAD) and block.moe
+        kind = block if block in (EMBED, HEAD) else ("moe_layer" if moe else "layer")
+        ffn = m.moe_ffn_hidden_size if moe else (block.ffn if block not in (EMBED, HEAD) else m.ffn_hidden_size)
+        return BlockShape(
+            kind=kind,
+            hidden=m.hidden_size,
+            heads=m.num_heads,
+            kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            ffn=ffn or m.ffn_hidden_size,
+            vocab=m.vocab_size,
+            experts=m.num_experts if moe else 0,
+            top_k=m.moe_top_k if moe else 0,
+            tp=t,
+            seq_len=self.training.seq_len // self.degree(t).cp,
+        )
+
+    def compute_pass(self, block: Block, t: int, ops: list[Op]) -> Pass:
+        """Forward and backward compute of one block: the profile's measurement of it (at the
+        micro-batch size, interpolated between measured sizes and extrapolated linearly beyond
+        them) where it has the block's shape, else ``ops_pass`` of its operations."""
+        p = self.ops_pass(ops)
+        if self.profile is None:
+            return p
+        shape, seqs = self.profile_shape(block, t), self.degree(t).seqs
+        got = self.profile.block_time(shape, seqs, extrapolate=True)
+        what = f"{shape.kind} at tp {t} ({seqs} x {shape.seq_len} tokens)"
+        if got is None:
+            self.notes.add(f"{what} was not profiled: analytical compute")
+            return p
+        if self.profile.block_time(shape, seqs) is None:
+            self.notes.add(f"{what} extrapolated from the profile's micro-batch sizes")
+        p.fwd, p.bwd = got[0] * self.compute_scale, got[1] * self.compute_scale
+        return p
+
     def block_pass(self, block: Block, t: int) -> Pass:
         key = (block, t)
         if key not in self._passes:
@@ -172,7 +248,7 @@ class CostEnv:
     def _collective(self, d: Degree, nbytes_per_token: float) -> float:
         """One TP all-reduce (or reduce-scatter + all-gather under sequence parallelism: the same
         bytes) of ``nbytes_per_token`` per token of the block's activation."""
-        return coll.all_reduce_time(nbytes_per_token * d.tokens * self.model.hidden_size, d.tp_links, self.eff)
+        return self.coll("all_reduce", nbytes_per_token * d.tokens * self.model.hidden_size, d.tp_links)
 
     def _tp_exposed(self, coll_s: float, overlappable_s: float, gemm_s: float) -> float:
         """TP communication left on the critical path. With userbuffers overlap
@@ -180,6 +256,8 @@ class CostEnv:
         ``tp_overlap_hidden`` hides, never more than the GEMM time. Without it Megatron still
         overlaps ``overlappable_s`` of it (backward collectives launched asynchronously beside
         the weight- or input-gradient GEMM), up to that GEMM time."""
+        if self.executor:  # synchronous collectives: nothing hides
+            return coll_s
         if self.layout.tp_comm_overlap:
             return max((1 - self.eff.tp_overlap_hidden) * coll_s, coll_s - gemm_s)
         return coll_s - overlappable_s + max(0.0, overlappable_s - gemm_s)
@@ -188,8 +266,10 @@ class CostEnv:
         """Vocabulary-parallel lookup; its partial outputs are summed over TP (forward only)."""
         d = self.degree(t)
         ops = embedding_ops(self.model, d.seqs, self.training.seq_len, d.cp, t, self.training.grad_bytes)
-        p = self.ops_pass(ops)
-        p.tp_comm = self._collective(d, ACT_BYTES) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
+        p = self.compute_pass(EMBED, t, ops)
+        p.tp_comm = self._collective(d, self.act_bytes) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
+        if self.executor and self.layout.sequence_parallel:  # a reduce-scatter, not an all-reduce
+            p.tp_comm /= 2
         return p
 
     def _head_pass(self, t: int) -> Pass:
@@ -198,7 +278,13 @@ class CostEnv:
         d = self.degree(t)
         tr = self.training
         ops = head_ops(self.model, d.seqs, tr.seq_len, t, d.cp, tr.grad_bytes, tr.fused_cross_entropy)
-        p = self.ops_pass(ops)
+        p = self.compute_pass(HEAD, t, ops)
+        if self.executor:  # the whole logits gathered forward; the normed input's gradient summed backward
+            act = self.act_bytes * d.tokens
+            logits = self.coll("all_gather", act * self.model.vocab_size, d.tp_links)
+            # (under sequence parallelism the input is all-gathered forward and reduce-scattered backward: the same)
+            p.tp_comm = logits + self.coll("all_reduce", act * self.model.hidden_size, d.tp_links)
+            return p
         p.tp_comm = self._collective(d, ACT_BYTES) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
         return p
 
@@ -220,15 +306,15 @@ class CostEnv:
             tr.fp8_recipe,
             tr.grad_bytes,
         )
-        p = self.ops_pass(ops)
+        p = self.compute_pass(kind, t, ops)
         tp_fwd, tp_bwd = self._tp_layer_comm(kind, d, ops)
         p.tp_comm = tp_fwd + tp_bwd
         core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
         cp_fwd, cp_bwd = self._cp_comm(kind, d, core)
         p.cp_comm = cp_fwd + cp_bwd
         if kind.moe and lay.ep > 1:  # dispatch + combine, forward and backward
-            routed = ACT_BYTES * d.tokens * m.hidden_size * m.moe_top_k
-            p.ep_comm = 4 * coll.all_to_all_time(routed, d.ep_links, self.eff)
+            routed = self.act_bytes * d.tokens * m.hidden_size * m.moe_top_k
+            p.ep_comm = 4 * self.coll("all_to_all", routed, d.ep_links)
         if lay.recompute == "full":  # the forward again, with its collectives: of the four
             # all-to-alls in ep_comm, the forward's two (dispatch and combine) are half
             p.recompute = p.fwd + tp_fwd + cp_fwd + p.ep_comm / 2
@@ -251,8 +337,10 @@ class CostEnv:
         if d.t == 1:
             return 0.0, 0.0
         sublayers = kind.attention + (kind.moe or kind.ffn > 0)
-        half = self._collective(d, ACT_BYTES) / 2  # one all-gather or reduce-scatter
+        half = self._collective(d, self.act_bytes) / 2  # one all-gather or reduce-scatter
         gather_in = half * (0.5 if self.training.low_precision and self.layout.sequence_parallel else 1.0)
+        if self.executor and self.layout.sequence_parallel:  # autograd keeps the gathered input: no regather
+            return sublayers * 2 * half, sublayers * 2 * half
         gemm_fwd = sum(op.fwd * self.op_time(op) for op in ops if op.kind == "gemm")
         if self.layout.sequence_parallel:
             fwd = sublayers * (gather_in + half)
@@ -280,8 +368,11 @@ class CostEnv:
         """
         if d.cp <= 1 or not kind.attention:
             return 0.0, 0.0
-        kv_bytes = 2 * ACT_BYTES * d.tokens * kv_heads_per_rank(self.model, d.t) * self.model.head_dim
-        send = coll.send_recv_time(kv_bytes, d.cp_links, self.eff)
+        kv_bytes = 2 * self.act_bytes * d.tokens * kv_heads_per_rank(self.model, d.t) * self.model.head_dim
+        if self.executor:  # K and V each all-gathered over the cp group forward, reduce-scattered backward
+            fwd = 2 * self.coll("all_gather", d.cp * kv_bytes / 2, d.cp_links)
+            return fwd, 2 * self.coll("reduce_scatter", d.cp * kv_bytes / 2, d.cp_links)
+        send = self.coll("send_recv", kv_bytes, d.cp_links)
         attn_fwd = sum(op.fwd * self.op_time(op) for op in core) / d.cp
         attn_bwd = sum(op.bwd * self.op_time(op) for op in core) / d.cp
         fwd = (d.cp - 1) * max(0.0, send - attn_fwd)
@@ -297,8 +388,8 @@ class CostEnv:
         if t_from == t_to or self.layout.sequence_parallel:
             return 0.0
         lo, hi = sorted((t_from, t_to))
-        nbytes = ACT_BYTES * self.stage_tokens * self.model.hidden_size * hi / self.layout.tp
-        gather = coll.all_gather_time(nbytes, self.cluster.strided_links(0, lo, hi // lo), self.eff)
+        nbytes = self.act_bytes * self.stage_tokens * self.model.hidden_size * hi / self.layout.tp
+        gather = self.coll("all_gather", nbytes, self.cluster.strided_links(0, lo, hi // lo))
         regrown = self.layout.recompute == "full" and t_to > t_from
         return gather * (2 if regrown else 1)
 

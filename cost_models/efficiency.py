@@ -23,8 +23,11 @@ is what makes small models slow on fast GPUs.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_models.profile import Profile
 from topologies.errors import InputError
 
 A100_BF16_FLOPS_PER_SM = 312e12 / 108  # the reference GPU of gemm_half_dim (A100 datasheet, 108 SMs)
@@ -69,8 +72,8 @@ class Efficiency(BaseModel):
         "H100 (Shah et al. 2024, FlashAttention-3 paper, causal, head dim 128): FlashAttention-2 about 35% "
         "forward and 30% backward, FlashAttention-3 / cuDNN about 60% and 47%. Fitted for hopper and "
         "blackwell cuDNN and hopper FlashAttention-2 (benchmarks/fit_efficiency.py; the long-context runs "
-        "of table E pin them); the others are the papers' figures (no published run uses them). A local CPU cluster's peak is the rate `ntp profile` "
-        "measured, so its fractions are 1.",
+        "of table E pin them); the others are the papers' figures (no published run uses them). A local "
+        "CPU cluster's peak is the rate `ntp profile` measured, so its fractions are 1.",
     )
     hbm_efficiency: float = Field(
         default=0.85,
@@ -107,6 +110,37 @@ class Efficiency(BaseModel):
         "reductions, learning-rate update, logging, launches of the optimizer kernels (Megatron-LM's "
         "per-iteration timers log tens of milliseconds for these). Fitted (benchmarks/fit_efficiency.py).",
     )
+    profile: Profile | None = Field(
+        default=None,
+        description="Times measured on the target machine (`ntp profile`): where they cover a block's shape or "
+        "a collective's group they replace the analytical term (StepCost.notes lists where they did not), and "
+        "their calibration's per-step overhead replaces step_overhead_s.",
+    )
+    host_ranks: int | None = Field(
+        default=None,
+        ge=1,
+        description="Ranks sharing the cores of a CPU host whose profile is used (`ntp validate`'s processes); "
+        "with more ranks than cores each rank computes that much slower. None: the cluster's GPUs on one host.",
+    )
+    runtime: Literal["megatron", "executor"] = Field(
+        default="megatron",
+        description="What runs the step. 'megatron': Megatron-Core's overlaps (backward TP collectives beside "
+        "GEMMs, bucketed gradient reduction, batched pipeline sends). 'executor': ntp-planner's own executor "
+        "(`ntp validate`), whose collectives are synchronous: nothing overlaps, gradients are all-reduced one "
+        "tensor at a time, the LM head gathers whole logits, context parallelism all-gathers keys and values, "
+        "and a pipeline message is sent by a stage's first rank and broadcast to the rest.",
+    )
+
+    def with_profile(
+        self, profile: Profile | None, runtime: str | None = None, host_ranks: int | None = None
+    ) -> Efficiency:
+        """These constants with ``profile``'s measurements (and its calibrated overhead) on top."""
+        update: dict = {"profile": profile, "host_ranks": host_ranks}
+        if profile is not None and profile.calibration.step_overhead_s is not None:
+            update["step_overhead_s"] = profile.calibration.step_overhead_s
+        if runtime is not None:
+            update["runtime"] = runtime
+        return self.model_copy(update=update)
 
     def attention_fraction(self, architecture: str, kernel: str) -> float:
         """The fused-attention fraction of ``architecture``; no fallback for one not listed."""

@@ -235,10 +235,12 @@ class Profile(BaseModel):
     notes: tuple[str, ...] = Field(default=(), description="What was skipped or approximated, one line each.")
 
     # ---- lookups ------------------------------------------------------------------------------
-    def block_time(self, shape: BlockShape, micro_batch: int) -> tuple[float, float] | None:
+    def block_time(self, shape: BlockShape, micro_batch: int, extrapolate: bool = False) -> tuple[float, float] | None:
         """(forward, backward) seconds of ``shape`` at ``micro_batch`` sequences: measured, or
-        interpolated linearly between the two measured micro-batch sizes either side; None
-        outside the measured sizes or for a shape never measured."""
+        interpolated linearly between the two measured micro-batch sizes either side. Beyond the
+        measured sizes: None, or with ``extrapolate`` the line through the two nearest sizes (a
+        block's time is a fixed part plus a part per sequence; one size alone scales in
+        proportion). None for a shape never measured."""
         points = self._block_index().get(shape)
         if not points:
             return None
@@ -246,11 +248,21 @@ class Profile(BaseModel):
         i = bisect.bisect_left(sizes, micro_batch)
         if i < len(sizes) and sizes[i] == micro_batch:
             return points[i][1], points[i][2]
-        if i == 0 or i == len(sizes):
+        if 0 < i < len(sizes):
+            return _line(points[i - 1], points[i], micro_batch)
+        if not extrapolate:
             return None
-        (b0, f0, g0), (b1, f1, g1) = points[i - 1], points[i]
-        w = (micro_batch - b0) / (b1 - b0)
-        return f0 + w * (f1 - f0), g0 + w * (g1 - g0)
+        if len(points) == 1:
+            b, f, g = points[0]
+            return f * micro_batch / b, g * micro_batch / b
+        if i == 0:  # fewer sequences than measured: on the line, never below proportion
+            first = points[0]
+            fwd, bwd = _line(first, points[1], micro_batch)
+            ratio = micro_batch / first[0]
+            return min(max(fwd, ratio * first[1]), first[1]), min(max(bwd, ratio * first[2]), first[2])
+        last = points[-1]  # more: on the line, never less than the largest measured
+        fwd, bwd = _line(points[-2], last, micro_batch)
+        return max(fwd, last[1]), max(bwd, last[2])
 
     def nearest_block(self, shape: BlockShape, micro_batch: int) -> BlockTime | None:
         """The measured block closest to ``shape`` at ``micro_batch``: the same model's block of
@@ -306,6 +318,12 @@ class Profile(BaseModel):
                 f"{gpu_name}; plan for a cluster of {self.device.gpu} (the cluster file `ntp profile` wrote) or "
                 f"profile a {gpu_name} machine."
             )
+
+
+def _line(a: tuple[int, float, float], b: tuple[int, float, float], x: int) -> tuple[float, float]:
+    """(forward, backward) on the line through measured points ``a`` and ``b`` at ``x`` sequences."""
+    w = (x - a[0]) / (b[0] - a[0])
+    return a[1] + w * (b[1] - a[1]), a[2] + w * (b[2] - a[2])
 
 
 def load_profile(path: Path) -> Profile:

@@ -15,8 +15,7 @@ from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_models import collectives as coll
-from cost_models.blocks import EMBED, HEAD, Block, CostEnv, Pass, pass_cache_key
+from cost_models.blocks import EMBED, EXECUTOR_TENSORS, HEAD, Block, CostEnv, Pass, pass_cache_key
 from cost_models.data_parallel import DpTraffic, bucket_count, exposed_dp_time
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from cost_models.flops import model_flops_per_step
@@ -71,6 +70,9 @@ class StepCost(BaseModel):
     bottleneck_stage: int = Field(description="Pipeline stage that paces the schedule.")
     stage_time_s: list[float] = Field(description="Per-micro-batch forward+backward time of each stage.")
     stage_memory_bytes: list[float] = Field(description="Peak bytes per GPU of each stage.")
+    notes: list[str] = Field(
+        default=[], description="Where a profile (Efficiency.profile) did not cover a term: analytical there."
+    )
 
     def fits(self, headroom: float = 0.0) -> bool:
         """Memory fits in HBM leaving ``headroom`` (a fraction) free."""
@@ -195,10 +197,14 @@ def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
             opt_params += nparams / (links.size if lay.zero >= 1 else 1)
             buffer += nparams / (links.size if lay.zero >= 2 else 1)
             if sharded:
-                reduce_s += coll.reduce_scatter_time(nparams * training.grad_bytes, links, env.eff)
-                gather_s += coll.all_gather_time(nparams * weight_bytes, links, env.eff)
+                reduce_s += env.coll("reduce_scatter", nparams * training.grad_bytes, links)
+                gather_s += env.coll("all_gather", nparams * weight_bytes, links)
+            elif env.executor:  # one all-reduce per parameter tensor, n blocks of them
+                calls = n * EXECUTOR_TENSORS.get(block if block in (EMBED, HEAD) else "layer")
+                reduce_s += env.coll("all_reduce", nparams * training.grad_bytes, links)
+                reduce_s += (calls - 1) * env.coll("all_reduce", 0.0, links)
             else:
-                reduce_s += coll.all_reduce_time(nparams * training.grad_bytes, links, env.eff)
+                reduce_s += env.coll("all_reduce", nparams * training.grad_bytes, links)
     if lay.zero >= 3:  # two layers' gathered weights live at once (double buffer), and one's gradients
         working = max(working, largest_block * (2 * training.param_bytes + training.grad_bytes))
         if not lay.reshard_after_forward:  # every layer's gathered weights stay from forward to backward
@@ -284,8 +290,14 @@ def pipeline_p2p_s(env: CostEnv) -> tuple[float, float]:
     # a block of degree t at the boundary runs tp / t copies, each on its share of the tokens
     # (per-layer layouts: the widest degree, a bound)
     t = max(lay.layer_tp) if lay.layer_tp else lay.tp
-    nbytes = p2p_bytes(env.stage_tokens * t // lay.tp, env.model.hidden_size, t if split else 1)
-    one = max(coll.send_recv_time(nbytes, links, env.eff) for links in cluster.neighbour_links(stride, lay.pp - 1))
+    nbytes = p2p_bytes(env.stage_tokens * t // lay.tp, env.model.hidden_size, t if split else 1, env.act_bytes)
+    one = max(env.coll("send_recv", nbytes, links) for links in cluster.neighbour_links(stride, lay.pp - 1))
+    if env.executor:  # the stage's first rank receives and broadcasts to the others (one message of the
+        # whole activation, whatever the sequence split); nothing overlaps
+        nbytes = p2p_bytes(env.stage_tokens, env.model.hidden_size, 1, env.act_bytes)
+        one = env.coll("send_recv", nbytes, cluster.strided_links(0, stride, 2))
+        one += env.coll("all_reduce", nbytes, cluster.strided_links(0, 1, lay.tp)) / 2
+        return 2 * lay.vpp * one, 0.0
     if not lay.overlap_p2p or lay.vpp == 1:
         return 2 * lay.vpp * one, 0.0
     return 0.0, 2 * (lay.pp - 1) * one
@@ -336,6 +348,7 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
         bottleneck_stage=pipe.bottleneck_stage,
         stage_time_s=stage_time,
         stage_memory_bytes=totals,
+        notes=sorted(env.notes),
     )
 
 

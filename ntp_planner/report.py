@@ -95,21 +95,33 @@ def cost_tables(cost: StepCost) -> Group:
     for k, v in cost.memory_breakdown_bytes.items():
         if v > 0 or k != "low_precision_weights":
             mem.add_row(MEMORY_LABELS.get(k, k.replace("_", " ")), gb(v), f"{v / cost.memory_per_gpu_bytes:.1%}")
-    return Group(head, time, mem)
+    return Group(head, time, mem, *profile_notes(cost))
+
+
+def profile_notes(cost: StepCost, most: int = 6) -> list[Text]:
+    """Where a profile did not cover a term (the analytical term stood in), a line each."""
+    if not cost.notes:
+        return []
+    lines = [Text(f"Not in the profile ({len(cost.notes)}):", style="yellow")]
+    lines += [Text(f"  {n}") for n in cost.notes[:most]]
+    lines += [Text(f"  ... and {len(cost.notes) - most} more (--json lists them)")] if len(cost.notes) > most else []
+    return lines
 
 
 def _fullest(cost: StepCost) -> int:
     return max(range(len(cost.stage_memory_bytes)), key=cost.stage_memory_bytes.__getitem__)
 
 
-def degrees_table(plan: Plan) -> Table | Text:
-    """Per-layer degrees as ranges of blocks per stage, with the reason for each deviation."""
+def degrees_table(plan: Plan, efficiency=None) -> Table | Text:
+    """Per-layer degrees as ranges of blocks per stage, with the reason for each deviation
+    (costed with ``efficiency``, e.g. a profile, when given)."""
     from ntp_planner.solver.per_layer import block_label, explain_degrees
 
     lay = plan.layout
     if not lay.is_per_layer:
         return Text(f"Every block (embedding, {plan.model.num_layers} layers, LM head) runs at tp={lay.tp}.")
-    majority, runs = explain_degrees(plan.model, plan.training, lay, plan.cluster.build())
+    extra = () if efficiency is None else (efficiency,)
+    majority, runs = explain_degrees(plan.model, plan.training, lay, plan.cluster.build(), *extra)
     t = Table(title=f"Per-layer TP degrees (stage width {lay.tp}, majority degree {majority})", box=box.SIMPLE_HEAD)
     for col in ("stage", "blocks", "degree", "why it differs"):
         t.add_column(col, justify="right" if col in ("stage", "degree") else "left")
@@ -199,14 +211,14 @@ def goodput_table(plan: Plan) -> Table:
     return t
 
 
-def explain_view(plan: Plan) -> Group:
+def explain_view(plan: Plan, efficiency=None) -> Group:
     extra = [goodput_table(plan)] if plan.goodput_ranking else []
     return Group(
         *extra,
         Text(f"{plan.model.name}: {plan.layout.describe()} ({plan.source})", style="bold"),
         *domain_use(plan.cluster.build()),
         cost_tables(plan.predicted),
-        degrees_table(plan),
+        degrees_table(plan, efficiency),
         megatron_line(plan),
         runners_up_table(plan) if plan.runners_up else Text("No runners-up stored (the layout was given by the user)."),
     )
@@ -220,6 +232,7 @@ def explain_json(plan: Plan) -> dict:
         "time_breakdown_s": cost.time_breakdown_s,
         "memory_per_gpu_bytes": cost.memory_per_gpu_bytes,
         "memory_breakdown_bytes": cost.memory_breakdown_bytes,
+        "profile_notes": cost.notes,
         "per_layer_tp": plan.per_layer_tp,
         "objective": plan.objective,
         "goodput_ranking": [e.model_dump(mode="json") for e in plan.goodput_ranking],

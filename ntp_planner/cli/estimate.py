@@ -24,6 +24,7 @@ from ntp_planner.cli.options import (
     ModelOpt,
     OutOpt,
     PrecisionAwareOpt,
+    ProfileOpt,
     Recompute,
     SeqOpt,
     parse_list,
@@ -114,6 +115,7 @@ def estimate(
     fused_cross_entropy: FusedLossOpt = True,
     flash_attention: FlashOpt = True,
     attention_kernel: AttentionKernelOpt = "cudnn",
+    profile: ProfileOpt = None,
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -124,6 +126,7 @@ def estimate(
                --seq-len 2048 --global-batch 1536
     """
     from cost_models import estimate_step
+    from ntp_planner.cli.options import profile_efficiency
 
     inputs = plan_inputs(
         model,
@@ -160,9 +163,10 @@ def estimate(
         tp_comm_overlap=tp_comm_overlap,
     )
     model_spec, training, cluster_obj = inputs
-    cost = estimate_step(model_spec, training, layout, cluster_obj)
+    efficiency = profile_efficiency(profile, cluster_obj.gpu.name)
+    cost = estimate_step(model_spec, training, layout, cluster_obj, efficiency)
     if output:
-        _save_estimate(inputs, layout, cost, output)
+        _save_estimate(inputs, layout, cost, output, efficiency)
     if json_out:
         sys.stdout.write(cost.model_dump_json(indent=1) + "\n")
     else:
@@ -222,11 +226,11 @@ def _pipeline_chunks(
     return None
 
 
-def _save_estimate(inputs, layout, cost, output: Path) -> None:
+def _save_estimate(inputs, layout, cost, output: Path, efficiency) -> None:
     """Save the layout as a Plan; one line on stderr when it does not fit in memory."""
     from ntp_planner.solver.planner import plan_from_layout
 
-    plan_from_layout(*inputs, layout).save(output)
+    plan_from_layout(*inputs, layout, efficiency=efficiency).save(output)
     if not cost.fits():
         typer.echo(f"warning: {output} holds a layout that does not fit: {_shortfall(cost)}", err=True)
 

@@ -77,6 +77,29 @@ HeadroomOpt = Annotated[float, typer.Option("--headroom", help="Fraction of HBM 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
 OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Save the Plan as JSON here (written atomically).")]
 PlanArg = Annotated[Path, typer.Argument(help="A plan written by `ntp plan -o` or `ntp estimate -o`.")]
+ProfileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--profile",
+        help="A profile from `ntp profile`: its measured block and collective times replace the analytical "
+        "terms where they cover the shape (the output lists where they did not). Its GPU must be the cluster's.",
+    ),
+]
+
+
+def profile_efficiency(path: Path | None, gpu_name: str):
+    """The cost model's constants with the profile at ``path`` on top (the defaults when None);
+    InputError when the profile is unreadable or measured on another GPU than ``gpu_name``."""
+    from cost_models.efficiency import DEFAULT_EFFICIENCY
+
+    if path is None:
+        return DEFAULT_EFFICIENCY
+    from cost_models.profile import load_profile
+
+    profile = load_profile(path)
+    profile.check_gpu(gpu_name, f"profile {path}")
+    return DEFAULT_EFFICIENCY.with_profile(profile)
+
 
 # ---- failures (replan, sweep, simulate) ---------------------------------------------------
 SparesOpt = Annotated[int, typer.Option("--spares", min=0, help="Idle spare NVLink domains (for spares).")]

@@ -26,6 +26,7 @@ from ntp_planner.cli.options import (
     OutOpt,
     PlanArg,
     PrecisionAwareOpt,
+    ProfileOpt,
     SeedOpt,
     SeqOpt,
     Strategy,
@@ -96,6 +97,7 @@ def plan(
     objective: ObjectiveOpt = "step-time",
     strategy: StrategyOpt = "ntp",
     seed: SeedOpt = 0,
+    profile: ProfileOpt = None,
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -106,6 +108,7 @@ def plan(
     Example: ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 \\
                --seq-len 8192 -o plan.json
     """
+    from ntp_planner.cli.options import profile_efficiency
     from ntp_planner.solver.planner import make_plan
     from ntp_planner.solver.search import SearchSpace
 
@@ -127,6 +130,7 @@ def plan(
         attention_kernel=attention_kernel,
     )
     space = SearchSpace(zeros=tuple(range(1, max_zero + 1)) or (0,))
+    efficiency = profile_efficiency(profile, inputs[2].gpu.name)
     result = make_plan(
         *inputs,
         headroom=headroom,
@@ -136,6 +140,7 @@ def plan(
         objective=objective,
         strategy=strategy,
         seed=seed,
+        efficiency=efficiency,
     )
     if output:
         result.save(output)
@@ -149,16 +154,25 @@ def plan(
         show(f"plan written to {output}")
 
 
-def explain(plan_file: PlanArg, json_out: JsonOpt = False) -> None:
-    """Where the time and memory go, and why the runners-up lost. Example: ntp explain plan.json"""
+def explain(plan_file: PlanArg, profile: ProfileOpt = None, json_out: JsonOpt = False) -> None:
+    """Where the time and memory go, and why the runners-up lost. With --profile the plan's layout
+    is costed again from the measurements. Example: ntp explain plan.json --profile profile.json"""
+    from ntp_planner.cli.options import profile_efficiency
     from ntp_planner.plan import Plan
     from ntp_planner.report import explain_json, explain_view
 
     p = Plan.load(plan_file)
+    efficiency = profile_efficiency(profile, p.cluster.build().gpu.name)
+    if profile is not None:
+        from cost_models import estimate_step
+
+        p = p.model_copy(
+            update={"predicted": estimate_step(p.model, p.training, p.layout, p.cluster.build(), efficiency)}
+        )
     if json_out:
         show_json(explain_json(p))
     else:
-        show(explain_view(p))
+        show(explain_view(p, efficiency))
 
 
 def plan_inputs(

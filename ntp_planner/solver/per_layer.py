@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from cost_models.layout import ParallelLayout, block_degree_ok, sub_batch
 from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
@@ -306,6 +307,7 @@ def search_per_layer(
     best_uniform_s: float,
     window: int = 2,
     pass_caches: dict | None = None,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
 ) -> list[Candidate]:
     """Per-layer layouts that beat ``best_uniform_s``, fastest first. ``pass_caches``: block
     passes the uniform search already costed (``cost_models.step.pass_cache_key``)."""
@@ -315,7 +317,7 @@ def search_per_layer(
     for layout in enumerate_layouts(model, training, cluster, space):
         if layout.tp == 1:
             continue  # one GPU per stage replica: nothing to choose per layer
-        env = CostEnv(model, training, layout, cluster, pass_cache=pass_caches.setdefault(pass_cache_key(layout), {}))
+        env = CostEnv(model, training, layout, cluster, efficiency, pass_caches.setdefault(pass_cache_key(layout), {}))
         dkey = (layout.tp, layout.micro_batch, layout.cp)
         if dkey not in degree_cache:
             degree_cache[dkey] = allowed_degrees(model, layout, training.seq_len)
@@ -337,7 +339,7 @@ def search_per_layer(
         layout = assemble(planner, part)
         if len(set(layout.layer_tp)) == 1:
             continue  # one degree everywhere: the uniform search already has it (with more replicas)
-        cost = estimate_step(model, training, layout, cluster, pass_caches=pass_caches)
+        cost = estimate_step(model, training, layout, cluster, efficiency, pass_caches)
         if cost.fits(headroom):
             found.append(Candidate(layout=layout, cost=cost))
             best = min(best, cost.step_time_s)
@@ -370,7 +372,11 @@ def block_label(first: int, last: int, num_layers: int) -> str:
 
 
 def explain_degrees(
-    model: ModelSpec, training: TrainingSpec, layout: ParallelLayout, cluster: Cluster
+    model: ModelSpec,
+    training: TrainingSpec,
+    layout: ParallelLayout,
+    cluster: Cluster,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
 ) -> tuple[int, list[DegreeRun]]:
     """The majority degree of the layers and the runs of equal degree per stage; a run off the
     majority says whether it is faster at its degree or trades speed for memory."""
@@ -378,7 +384,7 @@ def explain_degrees(
     degrees = layout.block_tp(L)
     layer_degrees = list(degrees[1:-1])
     majority = max(sorted(set(layer_degrees)), key=layer_degrees.count)
-    env = CostEnv(model, training, layout, cluster)
+    env = CostEnv(model, training, layout, cluster, efficiency)
     runs: list[DegreeRun] = []
     for stage in range(layout.pp):
         blocks = [index for index, _ in stage_blocks(model, layout, stage)]
@@ -419,7 +425,13 @@ def _run(env: CostEnv, stage: int, group: list[int], t: int, majority: int, held
 
 
 def rebalance_uniform(
-    model: ModelSpec, training: TrainingSpec, cluster: Cluster, headroom: float, candidate: Candidate, window: int = 2
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: Cluster,
+    headroom: float,
+    candidate: Candidate,
+    window: int = 2,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
 ) -> Candidate | None:
     """The same uniform layout with the pipeline split chosen by ``partition`` (every block
     pinned to tp): uneven first/last stages are something Megatron-LM can run. None when the
@@ -427,7 +439,7 @@ def rebalance_uniform(
     layout = candidate.layout
     if layout.pp == 1:
         return None
-    env = CostEnv(model, training, layout, cluster)
+    env = CostEnv(model, training, layout, cluster, efficiency)
     planner = StagePlanner(env, [[layout.tp]] * (model.num_layers + 2), headroom)
     part = partition(planner, window)
     if (
@@ -437,7 +449,7 @@ def rebalance_uniform(
     ):
         return None
     rebalanced = layout.model_copy(update={"chunk_layers": tuple(part.counts)})
-    cost = estimate_step(model, training, rebalanced, cluster)
+    cost = estimate_step(model, training, rebalanced, cluster, efficiency)
     if not cost.fits(headroom) or cost.step_time_s >= candidate.cost.step_time_s:
         return None
     return Candidate(layout=rebalanced, cost=cost)

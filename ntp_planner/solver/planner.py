@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from cost_models.layout import ParallelLayout
 from cost_models.model import ModelSpec
 from cost_models.step import StepCost, estimate_step
@@ -71,12 +72,14 @@ def make_plan(
     strategy: str = "ntp",
     candidates: int = 8,
     seed: int = 0,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
 ) -> Plan:
     """The fastest layout that fits, plus ``top - 1`` runners-up. With ``per_layer`` the TP
     degree may differ per layer (it is chosen only when it beats every uniform layout), and the
     best uniform layout is kept as the Megatron-expressible projection. ValueError if none fits.
     With ``objective="goodput"`` the ``candidates`` fastest are simulated under failures drawn
-    from ``seed`` (the same failures for every candidate)."""
+    from ``seed`` (the same failures for every candidate). ``efficiency`` may carry a measured
+    profile (``Efficiency.with_profile``)."""
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom {headroom} must lie in [0, 1): it is the fraction of HBM kept free")
     if top < 1:
@@ -84,14 +87,18 @@ def make_plan(
     from ntp_planner.solver.per_layer import rebalance_uniform, search_per_layer
 
     pass_caches: dict = {}  # block passes, shared by the uniform and the per-layer search
-    result = search(model, training, cluster, headroom, space, pass_caches=pass_caches)
+    result = search(model, training, cluster, headroom, space, efficiency, pass_caches)
     # Uneven pipeline splits of the two best uniform layouts (Megatron runs those too).
-    rebalanced = [rebalance_uniform(model, training, cluster, headroom, c) for c in result.ranked[:2]]
+    rebalanced = [
+        rebalance_uniform(model, training, cluster, headroom, c, efficiency=efficiency) for c in result.ranked[:2]
+    ]
     uniform = sorted([*result.ranked, *[c for c in rebalanced if c is not None]], key=_rank)
     ranked = list(uniform)
     if per_layer:
         best_uniform = uniform[0].cost.step_time_s if uniform else float("inf")
-        found = search_per_layer(model, training, cluster, headroom, space, best_uniform, pass_caches=pass_caches)
+        found = search_per_layer(
+            model, training, cluster, headroom, space, best_uniform, pass_caches=pass_caches, efficiency=efficiency
+        )
         ranked = sorted(ranked + found, key=_rank)
     if not ranked:
         raise ValueError(no_fit_message(result, model, cluster, headroom))
@@ -166,8 +173,13 @@ def goodput_ranking(
 
 
 def plan_from_layout(
-    model: ModelSpec, training: TrainingSpec, cluster: Cluster, layout: ParallelLayout, headroom: float = 0.1
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: Cluster,
+    layout: ParallelLayout,
+    headroom: float = 0.1,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
 ) -> Plan:
     """A Plan for a layout the user chose (validated and costed, memory not enforced)."""
-    cost = estimate_step(model, training, layout, cluster)
+    cost = estimate_step(model, training, layout, cluster, efficiency)
     return _plan(model, training, cluster, layout, cost, headroom, [], "user")

@@ -1,0 +1,186 @@
+"""What the cost model predicts for a validate run: the shrunk model on the processes it uses.
+
+The run (``spec.RunSpec``) is turned into the planner's three inputs: a ``ModelSpec`` of the
+shrunk decoder, a ``TrainingSpec`` of its batch and sequence, and a ``ParallelLayout`` of its
+stages and degrees on a local cluster of its processes. ``estimate_step`` then costs it with the
+profile's measurements and ``Efficiency.runtime = "executor"`` (the executor's synchronous
+collectives), exactly as ``ntp plan --profile`` costs a layout. A run whose replicas differ (NTP)
+is costed one replica kind at a time: the step is the slowest replica's pipeline, plus the data-
+parallel sync and optimizer of the healthy layout. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cost_models.efficiency import DEFAULT_EFFICIENCY
+from cost_models.layout import ParallelLayout
+from cost_models.model import ModelSpec
+from cost_models.profile import Profile
+from cost_models.step import StepCost, cost_env, cost_from_stages, layout_stages, stage_memory
+from cost_models.training import TrainingSpec
+from ntp_planner.executor.spec import RunSpec
+from topologies.cluster import Cluster
+from topologies.cluster_catalogue import ClusterSpec
+
+# measured categories (executor.launch.Result.time_split_s) -> the cost model's breakdown terms
+SPLIT = {
+    "compute": ("compute", "recompute"),
+    "tp_comm": ("tp_comm",),
+    "cp_comm": ("cp_comm",),
+    "pp_wait": ("pp_p2p", "pp_bubble"),
+    "dp_sync": ("dp_comm_exposed",),
+    "optimizer": ("optimizer", "overhead"),
+}
+PIPELINE_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time_s: float
+    time_split_s: dict[str, float]  # SPLIT's categories, summing to step_time_s
+    stage_busy_s: list[float]  # per run stage: its compute and TP communication over the step
+    memory_bytes: list[dict[str, float]]  # per run stage: weights, grads, optimizer, activations
+    compute_s: float  # the part that scales with compute (``cost_models.calibrate``)
+    comm_s: float  # the part that scales with the links
+    overhead_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+def run_model(spec: RunSpec, name: str) -> ModelSpec:
+    """The executor's Llama-style decoder (``TinyConfig``) as a ModelSpec."""
+    c = spec.cfg
+    return ModelSpec(
+        name=f"{name} (shrunk)",
+        family="llama",
+        hidden_size=c.hidden,
+        ffn_hidden_size=c.ffn,
+        num_layers=c.layers,
+        num_heads=c.heads,
+        num_kv_heads=c.kv_heads,
+        head_dim=c.head_dim,
+        vocab_size=c.vocab,
+        max_position_embeddings=spec.seq_len,
+        tie_embeddings=False,
+        gated_mlp=True,
+        norm="rmsnorm",
+        position="rope",
+        bias=False,
+        dropout=0.0,
+    )
+
+
+def replica_kinds(spec: RunSpec) -> list[tuple[tuple[int, ...], int]]:
+    """(stage widths, micro-batches) of each distinct kind of replica, the healthy (widest) first."""
+    kinds = {(tuple(st.width for st in rep.stages), rep.micro_batches) for rep in spec.replicas}
+    return sorted(kinds, key=lambda k: (-min(k[0]), -k[1]))
+
+
+def _layout(spec: RunSpec, widths: tuple[int, ...], micro_batches: int, dp: int, healthy: bool) -> ParallelLayout:
+    first = next(r for r in spec.replicas if tuple(st.width for st in r.stages) == widths)
+    tp = min(widths)
+    blocks = [b for st in first.stages for b in st.blocks]
+    degrees = tuple(b.degree for b in blocks) if healthy else (tp,) * len(blocks)
+    counts = tuple(sum(b.kind == "layer" for b in st.blocks) for st in first.stages)
+    return ParallelLayout(
+        tp=tp,
+        pp=spec.pp,
+        dp=dp,
+        cp=spec.cp,
+        micro_batch=spec.micro_batch,
+        global_batch=micro_batches * spec.micro_batch * dp,
+        sequence_parallel=spec.sequence_parallel and tp > 1,
+        recompute="full" if spec.recompute else "none",
+        overlap_grad_reduce=False,
+        overlap_p2p=False,
+        tp_comm_overlap=False,
+        chunk_layers=counts if spec.pp > 1 else None,
+        layer_tp=degrees if len(set(degrees)) > 1 else None,
+    )
+
+
+def local_cluster(base: ClusterSpec, ranks: int) -> Cluster:
+    """``ranks`` processes on the one host ``base`` describes (its links and GPU)."""
+    spec = base.model_copy(update={"domain_size": ranks, "gpus_per_node": ranks})
+    return Cluster(spec=ClusterSpec.model_validate(spec.model_dump()), num_gpus=ranks)
+
+
+def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterSpec) -> Prediction:
+    """The cost model's step time, split and memory of ``spec`` on the machine ``profile``
+    measured (``cluster``: the local cluster file ``ntp profile`` wrote)."""
+    model = run_model(spec, model_name)
+    eff = DEFAULT_EFFICIENCY.with_profile(profile, runtime="executor", host_ranks=spec.world_size)
+    if profile.calibration.step_overhead_s is None:
+        eff = eff.model_copy(update={"step_overhead_s": 0.0})  # the executor's step has no data loader or logger
+    kinds = replica_kinds(spec)
+    costs: list[StepCost] = []
+    notes: set[str] = set()
+    healthy_env = None
+    for i, (widths, micro) in enumerate(kinds):
+        dp = spec.data_replicas if i == 0 else 1
+        lay = _layout(spec, widths, micro, dp, healthy=i == 0)
+        training = TrainingSpec(
+            seq_len=spec.seq_len,
+            global_batch=lay.global_batch,
+            grad_reduce_in_fp32=True,
+            distributed_optimizer=False,
+            fused_cross_entropy=False,
+        )
+        env = cost_env(model, training, lay, local_cluster(cluster, lay.world_size), eff)
+        costs.append(cost_from_stages(env, layout_stages(env)))
+        notes |= env.notes
+        healthy_env = healthy_env or env
+        if len(set(widths)) > 1:
+            notes.add(f"a replica with stage widths {'/'.join(map(str, widths))} is costed at width {min(widths)}")
+    if len(kinds) > 1:
+        notes.add("NTP's gradient resharding between replicas of different widths is costed as a plain all-reduce")
+    base = costs[0].time_breakdown_s
+    slowest = max(costs, key=lambda c: sum(c.time_breakdown_s[k] for k in PIPELINE_TERMS))
+    breakdown = {k: (slowest.time_breakdown_s[k] if k in PIPELINE_TERMS else base[k]) for k in base}
+    split = {name: sum(breakdown.get(k, 0.0) for k in terms) for name, terms in SPLIT.items()}
+    split["compute"] += breakdown.get("ep_comm", 0.0)
+    stages = layout_stages(healthy_env)
+    m = healthy_env.layout.num_micro_batches
+    compute, comm = _by_scaling(breakdown)
+    busy = [m * (s.pass_.fwd + s.pass_.bwd + s.pass_.recompute + s.pass_.tp_comm) for s in stages]
+    return Prediction(
+        step_time_s=sum(split.values()),
+        time_split_s=split,
+        stage_busy_s=busy,
+        memory_bytes=_memory(healthy_env, stages, profile),
+        compute_s=compute,
+        comm_s=comm,
+        overhead_s=breakdown["overhead"],
+        notes=sorted(notes),
+    )
+
+
+def _by_scaling(b: dict[str, float]) -> tuple[float, float]:
+    """(compute, communication) seconds of a breakdown, the pipeline bubble shared between them
+    in the proportion of the pipeline's own compute and communication (the bubble is idle time
+    of the same micro-batch passes)."""
+    compute = b["compute"] + b["recompute"]
+    comm = b["tp_comm"] + b["cp_comm"] + b["ep_comm"] + b["pp_p2p"]
+    share = compute / (compute + comm) if compute + comm else 1.0
+    bubble = b["pp_bubble"]
+    return compute + b["optimizer"] + share * bubble, comm + b["dp_comm_exposed"] + (1 - share) * bubble
+
+
+def _memory(env, stages, profile: Profile) -> list[dict[str, float]]:
+    """Per stage, the cost model's memory in the executor's element size: weights and gradients
+    one element per parameter, AdamW's two moments two (no separate master copy: the weights are
+    the profile's dtype), and the cost model's activation bytes rescaled from 16-bit elements."""
+    from cost_models.blocks import DTYPE_BYTES
+
+    elem = DTYPE_BYTES[profile.dtype]
+    out = []
+    for st, parts in zip(stages, stage_memory(env, stages), strict=True):
+        out.append(
+            {
+                "weights": st.params * elem,
+                "grads": st.params * elem,
+                "optimizer": 2 * st.params * elem,
+                "activations": parts["activations"] * elem / 2,
+            }
+        )
+    return out
