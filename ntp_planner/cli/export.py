@@ -29,7 +29,22 @@ NprocOpt = Annotated[
     typer.Option("--nproc", min=1, help="Processes to run (default: 16 with gloo, one per GPU with nccl)."),
 ]
 BackendOpt = Annotated[Backend, typer.Option("--backend", help="gloo (CPU) or nccl (CUDA GPUs).")]
-StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="AdamW steps to train and compare.")]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option("--steps", min=1, help="AdamW steps to train and compare (default 3; 8 with --profile, for timing)."),
+]
+ValidateProfileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--profile",
+        help="A profile of this machine from `ntp profile`: also predict the run's step time, its split and "
+        "memory with the cost model and report them against the measured ones.",
+    ),
+]
+RecordOpt = Annotated[
+    Path | None,
+    typer.Option("--record", help="With --profile: append the run (measured and predicted) to this JSON-lines file."),
+]
 TimeoutOpt = Annotated[
     float,
     typer.Option("--timeout", help="Seconds without progress before the run counts as hung (start-up gets 60 s more)."),
@@ -86,10 +101,12 @@ def validate(
     replan_file: ValidateReplanOpt = None,
     nproc: NprocOpt = None,
     backend: BackendOpt = "gloo",
-    steps: StepsOpt = 3,
+    steps: StepsOpt = None,
     timeout: TimeoutOpt = 180.0,
     tolerance: ToleranceOpt = 1e-5,
     seed: WeightSeedOpt = 0,
+    profile: ValidateProfileOpt = None,
+    record: RecordOpt = None,
     fault: FaultOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -97,36 +114,131 @@ def validate(
 
     Keeps the plan's stage width, per-layer TP degrees and (with --replan) the degraded replicas'
     uneven shards and batches; shrinks layers, width, replicas and stages to fit --nproc.
-    Across hosts, run the same command under torchrun (each process becomes one rank).
+    Across hosts, run the same command under torchrun (each process becomes one rank). With
+    --profile, the cost model predicts the run (the shrunk model on these processes) and the
+    report sets predicted against measured step time, per stage and per part, and memory.
     Needs PyTorch: pip install 'ntp-planner[torch]'.
 
     \b
     Example: ntp validate plan.json --replan replan.json --steps 3
+             ntp validate plan.json --profile profile.json --record runs.jsonl
     """
     if not timeout > 0:
         raise InputError(f"--timeout {timeout:g} must be positive")
     if not 0 < tolerance < 1:
         raise InputError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")
+    if record is not None and profile is None:
+        raise InputError("--record stores predicted against measured step times; give --profile too")
     torch = _import_torch()
     from ntp_planner.executor.shrink import shrink
     from ntp_planner.plan import Plan
     from ntp_planner.report import validate_json, validate_view
 
+    steps = steps or (8 if profile else 3)
     p = Plan.load(plan_file)
     replan_result = None if replan_file is None else _load_replan(replan_file, p, "validate")
     injected = _parse_fault(fault)
     n, torchrun = _world_size(torch, backend, nproc)
+    measured_profile = None if profile is None else _machine_profile(profile, backend)
     shrunk = shrink(p, n, replan_result, steps, seed)
+    if measured_profile is not None:
+        measured_profile = _complete_profile(measured_profile, shrunk.spec, p.model.name, json_out)
     result = _run(shrunk, backend, timeout, injected, torchrun, steps, json_out)
     if result is None:
         return  # a torchrun rank other than 0: rank 0 reports
     data = validate_json(shrunk, result, tolerance, backend)
+    comparison = None
+    if measured_profile is not None:
+        comparison = _compare_prediction(measured_profile, shrunk.spec, p, result)
+        data |= comparison
+        if record is not None:
+            _record(record, plan_file, p, measured_profile, comparison)
     if json_out:
         show_json(data)
     else:
         show(validate_view(p, shrunk, result, tolerance, backend))
+        if comparison is not None:
+            from ntp_planner.timing_report import comparison_view
+
+            show(comparison_view(comparison))
     if not data["passed"]:
         raise typer.Exit(1)
+
+
+def _machine_profile(path: Path, backend: str):
+    """The profile at ``path``, refused when it was measured on another kind of device than the
+    one this run computes on (gloo runs on the CPU, nccl on CUDA GPUs)."""
+    from cost_models.profile import load_profile
+
+    prof = load_profile(path)
+    want = "cuda" if backend == "nccl" else "cpu"
+    if prof.device.kind != want:
+        raise InputError(
+            f"profile {path} was measured on {prof.device.kind} ({prof.device.name}) but a {backend} run computes on "
+            f"{want}; profile this machine with `ntp profile --device {want}`"
+        )
+    return prof
+
+
+def _complete_profile(prof, spec, model_name: str, quiet: bool):
+    """The profile with the shrunk model's blocks measured here, in this process, where it lacks
+    them (their shapes are the run's own, so no profile made beforehand has them)."""
+    from ntp_planner.executor.predict import needed_blocks, run_envs
+    from ntp_planner.profiler.blocks import measure_blocks
+    from ntp_planner.profiler.run import local_cluster
+
+    if prof.dtype != spec.dtype:  # blocks measured in another dtype do not time this run's
+        note = f"validate runs {spec.dtype}: the profile's {prof.dtype} blocks set aside"
+        prof = prof.model_copy(update={"dtype": spec.dtype, "blocks": (), "notes": (*prof.notes, note)})
+    envs = run_envs(spec, model_name, prof, local_cluster(prof))
+    missing = [(shape, mb) for shape, mb in needed_blocks(envs) if prof.block_time(shape, mb) is None]
+    if not missing:
+        return prof
+    if not quiet:
+        show(f"measuring the shrunk model's {len(missing)} block shapes on this machine (one process, one thread)")
+    blocks = measure_blocks(missing, device=prof.device.kind, dtype=prof.dtype, threads=1)
+    note = f"validate measured {len(missing)} block shapes of a shrunk model"
+    return prof.model_copy(update={"blocks": prof.blocks + tuple(blocks), "notes": (*prof.notes, note)})
+
+
+def _compare_prediction(prof, spec, plan, result) -> dict:
+    from ntp_planner.executor.predict import predict_run
+    from ntp_planner.profiler.run import local_cluster
+    from ntp_planner.timing_report import comparison_json, measured_step
+
+    prediction = predict_run(spec, plan.model.name, prof, local_cluster(prof))
+    data = comparison_json(prediction, measured_step(result))
+    data["prediction_parts_s"] = {
+        "compute": prediction.compute_s,
+        "comm": prediction.comm_s,
+        "overhead": prediction.overhead_s,
+    }
+    return data
+
+
+def _record(path: Path, plan_file: Path, plan, prof, comparison: dict) -> None:
+    """Append the run to the JSON-lines file at ``path`` (the whole file rewritten atomically)."""
+    from cost_models.calibrate import RunRecord
+    from ntp_planner.plan import write_atomic
+
+    parts = comparison["prediction_parts_s"]
+    line = RunRecord(
+        name=f"{Path(plan_file).name}: {plan.layout.describe()}",
+        profile_created=prof.created,
+        profile_gpu=prof.device.gpu,
+        measured_step_time_s=comparison["measured_step_time_s"],
+        predicted_step_time_s=comparison["predicted_step_time_s"],
+        compute_s=parts["compute"],
+        comm_s=parts["comm"],
+        overhead_s=parts["overhead"],
+    ).model_dump_json()
+    old = ""
+    if path.exists():
+        from topologies.files import read_text
+
+        old = read_text(path, "runs file")
+        old += "" if not old or old.endswith("\n") else "\n"
+    write_atomic(path, old + line + "\n")
 
 
 def _import_torch():

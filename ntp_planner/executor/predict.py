@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cost_models.blocks import CostEnv
 from cost_models.efficiency import DEFAULT_EFFICIENCY
 from cost_models.layout import ParallelLayout
 from cost_models.model import ModelSpec
-from cost_models.profile import Profile
-from cost_models.step import StepCost, cost_env, cost_from_stages, layout_stages, stage_memory
+from cost_models.profile import BlockShape, Profile
+from cost_models.step import cost_env, cost_from_stages, layout_stages, stage_memory, stage_runs
 from cost_models.training import TrainingSpec
 from ntp_planner.executor.spec import RunSpec
 from topologies.cluster import Cluster
@@ -105,20 +106,17 @@ def local_cluster(base: ClusterSpec, ranks: int) -> Cluster:
     return Cluster(spec=ClusterSpec.model_validate(spec.model_dump()), num_gpus=ranks)
 
 
-def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterSpec) -> Prediction:
-    """The cost model's step time, split and memory of ``spec`` on the machine ``profile``
-    measured (``cluster``: the local cluster file ``ntp profile`` wrote)."""
+def run_envs(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterSpec) -> list[CostEnv]:
+    """A cost environment per kind of replica (``replica_kinds``; the healthy one first, with
+    every data replica), on the local cluster of its processes, costed with ``profile`` as the
+    executor runs."""
     model = run_model(spec, model_name)
     eff = DEFAULT_EFFICIENCY.with_profile(profile, runtime="executor", host_ranks=spec.world_size)
     if profile.calibration.step_overhead_s is None:
         eff = eff.model_copy(update={"step_overhead_s": 0.0})  # the executor's step has no data loader or logger
-    kinds = replica_kinds(spec)
-    costs: list[StepCost] = []
-    notes: set[str] = set()
-    healthy_env = None
-    for i, (widths, micro) in enumerate(kinds):
-        dp = spec.data_replicas if i == 0 else 1
-        lay = _layout(spec, widths, micro, dp, healthy=i == 0)
+    envs = []
+    for i, (widths, micro) in enumerate(replica_kinds(spec)):
+        lay = _layout(spec, widths, micro, spec.data_replicas if i == 0 else 1, healthy=i == 0)
         training = TrainingSpec(
             seq_len=spec.seq_len,
             global_batch=lay.global_batch,
@@ -126,10 +124,29 @@ def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: Clust
             distributed_optimizer=False,
             fused_cross_entropy=False,
         )
-        env = cost_env(model, training, lay, local_cluster(cluster, lay.world_size), eff)
-        costs.append(cost_from_stages(env, layout_stages(env)))
-        notes |= env.notes
-        healthy_env = healthy_env or env
+        envs.append(cost_env(model, training, lay, local_cluster(cluster, lay.world_size), eff))
+    return envs
+
+
+def needed_blocks(envs: list[CostEnv]) -> list[tuple[BlockShape, int]]:
+    """(shape, sequences per micro-batch) of every block the run costs, once each."""
+    out: dict[tuple[BlockShape, int], None] = {}
+    for env in envs:
+        for stage in range(env.layout.pp):
+            for block, t, _ in stage_runs(env.model, env.layout, stage):
+                out[env.profile_shape(block, t), env.degree(t).seqs] = None
+    return list(out)
+
+
+def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterSpec) -> Prediction:
+    """The cost model's step time, split and memory of ``spec`` on the machine ``profile``
+    measured (``cluster``: the local cluster file ``ntp profile`` wrote)."""
+    envs = run_envs(spec, model_name, profile, cluster)
+    kinds = replica_kinds(spec)
+    costs = [cost_from_stages(env, layout_stages(env)) for env in envs]
+    notes = set().union(*(env.notes for env in envs))
+    healthy_env = envs[0]
+    for widths, _ in kinds:
         if len(set(widths)) > 1:
             notes.add(f"a replica with stage widths {'/'.join(map(str, widths))} is costed at width {min(widths)}")
     if len(kinds) > 1:
