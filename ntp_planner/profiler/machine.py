@@ -114,8 +114,10 @@ def profile_machine(settings: ProfileSettings, tick: Callable[[str], None] | Non
     notes = [SKIPPED[s.kind] for s in settings.block_shapes() if s.kind in SKIPPED][:1]
     info = device_info(settings)
     with threads(settings.threads):
-        gemms = measure_gemms(settings.gemm_shapes(), device, dtype, settings.reps, tick)
-        check_affordable(settings, max(g.flops_per_s for g in gemms))
+        cubes, model_shaped = settings.gemm_shapes()
+        gemms = measure_gemms(cubes, device, dtype, settings.reps, tick)
+        check_affordable(settings, max(g.flops_per_s for g in gemms))  # before any model-sized work
+        gemms += measure_gemms(model_shaped, device, dtype, settings.reps, tick)
         blocks = measure_blocks(
             settings.block_requests(), device, dtype, reps=settings.reps, seed=settings.seed, tick=tick
         )
@@ -151,7 +153,7 @@ def collective_sweep(settings: ProfileSettings) -> CollectiveSweep:
 def task_count(settings: ProfileSettings) -> int:
     """Measurements ``profile_machine`` ticks: for a progress bar's total."""
     blocks = [r for r in settings.block_requests() if r[0].kind not in SKIPPED]
-    kernels = len(settings.gemm_shapes()) + len(settings.attention_shapes()) + 4
+    kernels = sum(map(len, settings.gemm_shapes())) + len(settings.attention_shapes()) + 4
     return kernels + len(blocks) + (len(collective_sweep(settings).tasks()) if settings.nproc > 1 else 0)
 
 

@@ -85,15 +85,16 @@ class ProfileSettings:
     def block_requests(self) -> list[tuple[BlockShape, int]]:
         return [(s, b) for s in self.block_shapes() for b in self.micro_batches]
 
-    def gemm_shapes(self) -> list[tuple[int, int, int]]:
-        """Square sweeps, then the layer's own products at the smallest micro-batch (tokens x
-        hidden x hidden, tokens x FFN x hidden)."""
+    def gemm_shapes(self) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+        """(square sweep, the layer's own products at the smallest micro-batch: tokens x hidden x
+        hidden, tokens x FFN shard x hidden). The squares are bounded and come first: their rate
+        decides whether the model's blocks are affordable at all."""
         cubes = {"cuda": (1024, 2048, 4096, 8192), "cpu": (256, 512, 1024, 2048)}[self.device]
         if self.quick:
             cubes = cubes[:3]
         t, h = self.seq_len * self.micro_batches[0], self.model.hidden_size
         model = [(t, h, h), (t, self.model.ffn_hidden_size // max(self.tps), h)]
-        return [(c, c, c) for c in cubes] + ([] if self.quick else model)
+        return [(c, c, c) for c in cubes], ([] if self.quick else model)
 
     def attention_shapes(self) -> list[tuple[int, int, int, int]]:
         m, mbs = self.model, self.micro_batches[:1] if self.quick else self.micro_batches
