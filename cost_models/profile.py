@@ -63,6 +63,10 @@ class ProfileDevice(BaseModel):
     torch_version: str = Field(max_length=100)
     cuda_version: str | None = Field(default=None, max_length=100, description="CUDA runtime torch was built with.")
     driver_version: str | None = Field(default=None, max_length=100, description="GPU driver, where known.")
+    compute_capability: str | None = Field(
+        default=None, max_length=20, description="CUDA compute capability, e.g. '9.0' (decides the architecture)."
+    )
+    multiprocessors: int | None = Field(default=None, ge=1, le=10_000, description="SMs of one GPU; None on CPU.")
 
 
 class BlockShape(BaseModel):

@@ -1,10 +1,10 @@
 """The `ntp` command: one typer app, a thin layer over the library. Only this package prints.
 
 The commands live by subject: ``plan`` (models, clusters, plan, explain), ``estimate``, ``failures``
-(replan, sweep, simulate) and ``export`` (export, validate); ``options`` holds the shared options
+(replan, sweep, simulate), ``export`` (export, validate) and ``profile``; ``options`` holds the shared options
 and choices, ``errors`` turns what a command raises into one line. Heavy imports (pydantic models,
 numpy, rich tables) happen inside commands so `ntp --help` stays fast; torch is imported only by
-`ntp validate`.
+`ntp validate` and `ntp profile`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from ntp_planner.cli import estimate, export, failures, plan
+from ntp_planner.cli import estimate, export, failures, plan, profile
 from ntp_planner.cli.errors import GuardedGroup
 
 app = typer.Typer(
@@ -37,6 +37,7 @@ COMMANDS = (
     ("simulate", failures.simulate),
     ("export", export.export_cmd),
     ("validate", export.validate),
+    ("profile", profile.profile),
 )
 for _name, _fn in COMMANDS:
     app.command(name=_name)(_fn)

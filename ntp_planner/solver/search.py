@@ -66,19 +66,30 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(
-    model: ModelSpec, training: TrainingSpec, cluster: Cluster, space: SearchSpace = SearchSpace()
-) -> list[ParallelLayout]:
-    """Every layout of ``space`` that obeys the model/cluster divisibility rules. TP degrees
-    divide the job's NVLink domains (``tp_domain_size``), so every TP group stays in one."""
-    n, domain, batch = cluster.num_gpus, cluster.tp_domain_size, training.global_batch
-    tps = [
+def tp_degrees(model: ModelSpec, domain: int) -> list[int]:
+    """TP degrees the search tries: divisors of the NVLink domain that divide the heads and the
+    FFN width, and divide the KV heads or are a multiple of them (KV heads then replicate).
+
+    >>> from cost_models import MODELS
+    >>> tp_degrees(MODELS["llama3-8b"], 16), tp_degrees(MODELS["megatron-1.7b"], 16)  # 24 heads: not 16
+    ([1, 2, 4, 8, 16], [1, 2, 4, 8])
+    """
+    return [
         t
         for t in divisors(domain)
         if model.num_heads % t == 0
         and model.ffn_hidden_size % t == 0
         and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)
     ]
+
+
+def enumerate_layouts(
+    model: ModelSpec, training: TrainingSpec, cluster: Cluster, space: SearchSpace = SearchSpace()
+) -> list[ParallelLayout]:
+    """Every layout of ``space`` that obeys the model/cluster divisibility rules. TP degrees
+    divide the job's NVLink domains (``tp_domain_size``), so every TP group stays in one."""
+    n, domain, batch = cluster.num_gpus, cluster.tp_domain_size, training.global_batch
+    tps = tp_degrees(model, domain)
     cps = space.cps or (1, *[c for c, s in CP_FROM_TOKENS.items() if training.seq_len >= s])
     out = []
     for tp, cp in product(tps, cps):

@@ -143,6 +143,23 @@ def test_cli_surface_is_frozen():
                 "--json",
             ]
         ),
+        "profile": sorted(
+            [
+                "--device",
+                "--backend",
+                "--nproc",
+                "--model",
+                "--dtype",
+                "--seq-len",
+                "--micro-batches",
+                "--tp",
+                "--quick",
+                "--output",
+                "--cluster-out",
+                "--json",
+                "--seed",
+            ]
+        ),
         "simulate": sorted(
             [
                 "plan_file",
@@ -178,7 +195,19 @@ def test_cli_surface_is_frozen():
 
 @pytest.mark.parametrize(
     "command",
-    ["models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate", "export", "validate"],
+    [
+        "models",
+        "clusters",
+        "plan",
+        "estimate",
+        "explain",
+        "replan",
+        "sweep",
+        "simulate",
+        "export",
+        "validate",
+        "profile",
+    ],
 )
 def test_every_command_has_help_with_an_example(command):
     result = run(command, "--help")

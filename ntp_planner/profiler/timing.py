@@ -1,0 +1,60 @@
+"""The one timer every measurement uses: warm-up runs, then the median of timed repetitions.
+
+On CUDA a repetition is bracketed by CUDA events and the device synchronised (kernel launches
+are asynchronous, a host clock would time the launch); on CPU ``time.perf_counter`` brackets
+the call. The median, not the mean, so one preempted repetition does not move the figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+def median_time(
+    run: Callable[[Any], Any],
+    device: torch.device,
+    reps: int,
+    warmup: int = 1,
+    before: Callable[[], Any] | None = None,
+) -> float:
+    """Median seconds of ``run(before())`` over ``reps`` timed calls after ``warmup`` untimed ones.
+    ``before`` (untimed) prepares each call's input, e.g. a fresh forward whose backward is timed."""
+    prepare = before or (lambda: None)
+    for _ in range(warmup):
+        run(prepare())
+    times = []
+    for _ in range(reps):
+        arg = prepare()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run(arg)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)  # ms -> s
+        else:
+            t0 = time.perf_counter()
+            run(arg)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@contextmanager
+def threads(n: int | None):
+    """torch's intra-op threads set to ``n`` inside the block (None: left as they are), restored after."""
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
