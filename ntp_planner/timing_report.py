@@ -38,7 +38,12 @@ def measured_step(result) -> dict:
     """What a run measured (``executor.launch.Result``), in the shape ``comparison_json`` reads:
     the slowest rank's median steady step, its split, each stage's compute + TP time and memory."""
     memory = [
-        {"weights": m["weights"], "grads": m["grads"], "optimizer": m["optimizer"], "activations": m["activations_peak"]}
+        {
+            "weights": m["weights"],
+            "grads": m["grads"],
+            "optimizer": m["optimizer"],
+            "activations": m["activations_peak"],
+        }  # noqa: E501
         for m in result.stage_memory_bytes
     ]
     return {

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from ntp_planner.cli import estimate, export, failures, plan, profile
+from ntp_planner.cli import calibrate, estimate, export, failures, plan, profile
 from ntp_planner.cli.errors import GuardedGroup
 
 app = typer.Typer(
@@ -38,6 +38,7 @@ COMMANDS = (
     ("export", export.export_cmd),
     ("validate", export.validate),
     ("profile", profile.profile),
+    ("calibrate", calibrate.calibrate),
 )
 for _name, _fn in COMMANDS:
     app.command(name=_name)(_fn)

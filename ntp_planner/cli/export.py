@@ -185,7 +185,7 @@ def _complete_profile(prof, spec, model_name: str, quiet: bool):
     them (their shapes are the run's own, so no profile made beforehand has them)."""
     from ntp_planner.executor.predict import needed_blocks, run_envs
     from ntp_planner.profiler.blocks import measure_blocks
-    from ntp_planner.profiler.run import local_cluster
+    from ntp_planner.profiler.cluster import local_cluster
 
     if prof.dtype != spec.dtype:  # blocks measured in another dtype do not time this run's
         note = f"validate runs {spec.dtype}: the profile's {prof.dtype} blocks set aside"
@@ -196,14 +196,14 @@ def _complete_profile(prof, spec, model_name: str, quiet: bool):
         return prof
     if not quiet:
         show(f"measuring the shrunk model's {len(missing)} block shapes on this machine (one process, one thread)")
-    blocks = measure_blocks(missing, device=prof.device.kind, dtype=prof.dtype, threads=1)
+    blocks = measure_blocks(missing, device=prof.device.kind, dtype=prof.dtype, threads_per_rank=1)
     note = f"validate measured {len(missing)} block shapes of a shrunk model"
     return prof.model_copy(update={"blocks": prof.blocks + tuple(blocks), "notes": (*prof.notes, note)})
 
 
 def _compare_prediction(prof, spec, plan, result) -> dict:
     from ntp_planner.executor.predict import predict_run
-    from ntp_planner.profiler.run import local_cluster
+    from ntp_planner.profiler.cluster import local_cluster
     from ntp_planner.timing_report import comparison_json, measured_step
 
     prediction = predict_run(spec, plan.model.name, prof, local_cluster(prof))
