@@ -71,6 +71,17 @@ def test_pp2_split_adds_up_and_the_bubble_is_pipeline_wait(pp2_m4):
 
 
 @pytest.mark.timeout(120)
+def test_cp2_key_value_gathers_are_context_comm():
+    # TP1, one stage, 2 cp slices of 4 tokens: attention gathers keys and values over the pair,
+    # and the slices sum their gradients like replicas
+    result = _run(make_spec(CFG, [[1, 1, 1, 1]], [([1], 2)], 1, 8, cp=2))
+    check_split_adds_up(result, [[0, 1]])
+    split = result.time_split_s
+    assert split["cp_comm"] > 0 and split["dp_sync"] > 0
+    assert split["tp_comm"] == split["pp_wait"] == 0
+
+
+@pytest.mark.timeout(120)
 def test_tp2_weights_grads_and_optimizer_bytes_by_hand(tp2_dp2):
     # per rank at TP2, hidden 32: q 16x32 (4 of 8 heads of 4) + k 4x32 + v 4x32 (1 of 2 KV heads)
     # + o 32x16 + gate 24x32 + up 24x32 + down 32x24 (24 of 48 FFN columns) + 2 norms of 32
