@@ -10,11 +10,20 @@ all-gather, the pair that moves the residual stream between the full micro-batch
 the stage) and the copies of a lower-degree block (each copy its rows), and under sequence
 parallelism the all-gather / reduce-scatter pair that replaces the all-reduce (the stream
 between TP regions is cut along the sequence, unevenly when the degree does not divide it).
+
+Every collective and point-to-point batch is timed (wall time inside the call, waiting for peers
+included) under a category: ``kind=`` where the call is made (the autograd functions below: "tp",
+or "cp" for context parallelism's key/value gathers), else the ``with comm.category(...)`` around
+it ("pp" in the pipeline schedule, "dp" around the gradient sync). Calls under no category (the
+run's bookkeeping: losses, gathered parameters) are not timed. On CPU with gloo a call returns
+when its data has arrived, so the split is exact; on CUDA, NCCL calls return once enqueued, and
+the split needs CUDA events (torch.profiler): this clock then gives launch time only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -23,29 +32,49 @@ import torch.nn.functional as F
 
 from ntp_planner.executor.spec import RunSpec, process_groups
 
+KINDS = ("tp", "cp", "pp", "dp")  # the categories communication time is split into
+
 
 class Comm:
     def __init__(self, spec: RunSpec, rank: int, progress=None):
         self.rank, self.progress, self.entered = rank, progress, 0
+        self.spent_s = dict.fromkeys(KINDS, 0.0)  # seconds inside calls of each category, so far
+        self._kind: str | None = None  # the category of the enclosing ``category`` block
         self.groups = {}
         for ranks in process_groups(spec):  # every rank, same order
             self.groups[ranks] = dist.new_group(list(ranks)) if len(ranks) > 1 else None
 
     @contextmanager
-    def _counted(self):
+    def category(self, kind: str | None) -> Iterator[None]:
+        """Time the calls made inside the block (that name no ``kind`` of their own) under ``kind``."""
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"unknown communication category {kind!r}; one of {KINDS}")
+        outer, self._kind = self._kind, kind
+        try:
+            yield
+        finally:
+            self._kind = outer
+
+    @contextmanager
+    def _counted(self, kind: str | None = None):
         """progress[3 rank + 1] = collectives entered, progress[3 rank + 2] = collectives left:
-        a rank blocked inside a collective has entered one more than it has left."""
+        a rank blocked inside a collective has entered one more than it has left. The wall time
+        inside is added to ``spent_s[kind]`` (``kind`` or the enclosing category; none: untimed)."""
+        kind = kind or self._kind
         self.entered += 1
         if self.progress is not None:
             self.progress[3 * self.rank + 1] = self.entered
+        start = time.perf_counter()
         yield
+        if kind is not None:
+            self.spent_s[kind] += time.perf_counter() - start
         if self.progress is not None:
             self.progress[3 * self.rank + 2] = self.entered
 
-    def all_reduce(self, t: torch.Tensor, ranks: tuple[int, ...]) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor, ranks: tuple[int, ...], kind: str | None = None) -> torch.Tensor:
         """Sum ``t`` in place over ``ranks`` (one of the spec's groups)."""
         if len(ranks) > 1:
-            with self._counted():
+            with self._counted(kind):
                 dist.all_reduce(t, group=self.groups[ranks])
         return t
 
@@ -60,11 +89,11 @@ class Comm:
                 dist.broadcast(t, src=src, group=self.groups[ranks])
         return t
 
-    def all_gather(self, t: torch.Tensor, ranks: tuple[int, ...]) -> list[torch.Tensor]:
+    def all_gather(self, t: torch.Tensor, ranks: tuple[int, ...], kind: str | None = None) -> list[torch.Tensor]:
         if len(ranks) == 1:
             return [t]
         parts = [torch.empty_like(t) for _ in ranks]
-        with self._counted():
+        with self._counted(kind):
             dist.all_gather(parts, t.contiguous(), group=self.groups[ranks])
         return parts
 
@@ -87,9 +116,9 @@ class Comm:
                 for req in dist.batch_isend_irecv(ops):
                     req.wait()
 
-    def reduce_scatter(self, out: torch.Tensor, chunks: list[torch.Tensor], ranks: tuple[int, ...]) -> torch.Tensor:
+    def reduce_scatter(self, out: torch.Tensor, chunks: list[torch.Tensor], ranks: tuple[int, ...], kind: str):
         """``out`` = the sum over ``ranks`` of their chunk of this rank's index (equal shapes)."""
-        with self._counted():
+        with self._counted(kind):
             dist.reduce_scatter(out, chunks, group=self.groups[ranks])
         return out
 
@@ -134,7 +163,7 @@ class CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return ctx.comm.all_reduce(grad.clone(), ctx.ranks), None, None
+        return ctx.comm.all_reduce(grad.clone(), ctx.ranks, "tp"), None, None
 
 
 class ReduceFromTP(torch.autograd.Function):
@@ -142,7 +171,7 @@ class ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, comm: Comm, ranks):
-        return comm.all_reduce(x.clone(), ranks)
+        return comm.all_reduce(x.clone(), ranks, "tp")
 
     @staticmethod
     def backward(ctx, grad):
@@ -156,7 +185,7 @@ class GatherVocab(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm: Comm, ranks, sizes, tp_rank):
         ctx.tp_rank, ctx.sizes = tp_rank, sizes
-        parts = comm.all_gather(F.pad(x, (0, max(sizes) - x.shape[-1])), ranks)
+        parts = comm.all_gather(F.pad(x, (0, max(sizes) - x.shape[-1])), ranks, "tp")
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes, strict=True)], dim=-1)
 
     @staticmethod
@@ -187,7 +216,7 @@ class EnterCopies(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         full = _place(grad, ctx.rows, ctx.total, ctx.speaks)
-        return ctx.comm.all_reduce(full, ctx.stage_ranks), None, None, None, None
+        return ctx.comm.all_reduce(full, ctx.stage_ranks, "tp"), None, None, None, None
 
 
 class ExitCopies(torch.autograd.Function):
@@ -197,7 +226,7 @@ class ExitCopies(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, comm: Comm, stage_ranks, rows: slice, total: int, speaks: bool):
         ctx.rows = rows
-        return comm.all_reduce(_place(y, rows, total, speaks), stage_ranks)
+        return comm.all_reduce(_place(y, rows, total, speaks), stage_ranks, "tp")
 
     @staticmethod
     def backward(ctx, grad):
@@ -205,22 +234,22 @@ class ExitCopies(torch.autograd.Function):
 
 
 # ---- sequence parallelism: the stream between TP regions is cut along the sequence ----------
-def _gather_seq(comm: Comm, x: torch.Tensor, ranks, bounds) -> torch.Tensor:
+def _gather_seq(comm: Comm, x: torch.Tensor, ranks, bounds, kind: str = "tp") -> torch.Tensor:
     """All-gather uneven sequence chunks (the second-to-last dimension: [batch, seq, hidden] or
     [batch, heads, seq, head_dim]): pad, gather, trim, concatenate."""
     longest = max(b - a for a, b in bounds)
     padded = F.pad(x, (0, 0, 0, longest - x.shape[-2]))
-    parts = comm.all_gather(padded, ranks)
+    parts = comm.all_gather(padded, ranks, kind)
     return torch.cat([p[..., : b - a, :] for p, (a, b) in zip(parts, bounds, strict=True)], dim=-2)
 
 
-def _reduce_scatter_seq(comm: Comm, x: torch.Tensor, ranks, bounds, j: int) -> torch.Tensor:
+def _reduce_scatter_seq(comm: Comm, x: torch.Tensor, ranks, bounds, j: int, kind: str = "tp") -> torch.Tensor:
     """Sum ``x`` over ``ranks`` and keep chunk ``j`` of the sequence (padded to equal chunks)."""
     if len(ranks) == 1:
         return x.clone()
     longest = max(b - a for a, b in bounds)
     chunks = [F.pad(x[..., a:b, :], (0, 0, 0, longest - (b - a))).contiguous() for a, b in bounds]
-    out = comm.reduce_scatter(torch.empty_like(chunks[0]), chunks, ranks)
+    out = comm.reduce_scatter(torch.empty_like(chunks[0]), chunks, ranks, kind)
     a, b = bounds[j]
     return out[..., : b - a, :]
 
@@ -253,18 +282,18 @@ class GatherSeq(torch.autograd.Function):
 
 
 class AllGatherSeq(torch.autograd.Function):
-    """Chunks -> the whole sequence before a column-parallel layer (or, under context
-    parallelism, keys and values for every query chunk); backward reduce-scatters (every rank's
-    partial use of the whole sequence adds up)."""
+    """Chunks -> the whole sequence before a column-parallel layer (``kind`` "tp") or, under
+    context parallelism, keys and values for every query chunk ("cp"); backward reduce-scatters
+    (every rank's partial use of the whole sequence adds up)."""
 
     @staticmethod
-    def forward(ctx, x, comm: Comm, ranks, bounds, j):
-        ctx.args = comm, ranks, bounds, j
-        return _gather_seq(comm, x, ranks, bounds)
+    def forward(ctx, x, comm: Comm, ranks, bounds, j, kind: str):
+        ctx.args = comm, ranks, bounds, j, kind
+        return _gather_seq(comm, x, ranks, bounds, kind)
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter_seq(ctx.args[0], grad, *ctx.args[1:]), None, None, None, None
+        return _reduce_scatter_seq(ctx.args[0], grad, *ctx.args[1:]), None, None, None, None, None
 
 
 class ReduceScatterSeq(torch.autograd.Function):

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ntp_planner.executor.measure import summarize
 from ntp_planner.executor.runtime import reference_run, run_rank
 from ntp_planner.executor.spec import RunSpec
 
@@ -34,6 +35,16 @@ class RankFailure(RuntimeError):
 
 @dataclass
 class Result:
+    """A run's comparison with the reference and its measurements (``measure``). Steady = the
+    steps after the first. A split is a dict of seconds over ``measure.SPLIT``: compute, tp_comm,
+    cp_comm, pp_wait (waiting for the neighbouring stages: the bubble), dp_sync, optimizer;
+    compute is the step time minus the rest, so the parts add up to the step time. A stage is a
+    pipeline stage index over every replica; its numbers are those of its slowest rank (largest
+    mean steady step time). Memory dicts are bytes over ``measure.MEMORY`` (cuda_max_allocated
+    only on CUDA); activations_peak is the peak over the steady steps of the bytes saved for
+    backward alive at once. ``step_time_s`` and ``step_time_median_s`` take the slowest rank of
+    each step, so they are at least ``sum(time_split_s.values())`` (the slowest rank's mean)."""
+
     losses: list[float]
     reference_losses: list[float]
     max_rel_error_loss: float
@@ -44,6 +55,13 @@ class Result:
     worst_param: str = ""
     max_elementwise_error_params: float = 0.0  # max over tensors of max|got - ref| / max|ref|
     per_replica_error: list[float] = field(default_factory=list)  # per pipeline (replica, or its cp slice)
+    step_time_median_s: float = 0.0  # slowest rank, median over the steady steps (robust to noise)
+    rank_step_times_s: list[list[float]] = field(default_factory=list)  # [rank][step], every step
+    stage_step_time_s: list[float] = field(default_factory=list)  # [stage]: mean steady step time
+    stage_time_split_s: list[dict[str, float]] = field(default_factory=list)  # [stage]: mean steady split
+    time_split_s: dict[str, float] = field(default_factory=dict)  # the run's slowest rank: mean steady split
+    memory_bytes: list[dict[str, int]] = field(default_factory=list)  # [rank]
+    stage_memory_bytes: list[dict[str, int]] = field(default_factory=list)  # [stage]: max over its ranks
 
 
 def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault) -> None:
@@ -95,7 +113,7 @@ def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault
                 p.join(5)
         got = torch.load(out)
     ref = reference_run(spec)
-    return _compare(got, ref, time.perf_counter() - start)
+    return _compare(spec, got, ref, time.perf_counter() - start)
 
 
 def under_torchrun() -> bool:
@@ -122,7 +140,7 @@ def run_as_torchrun_rank(spec: RunSpec, backend: str = "gloo", timeout_s: float 
         if rank != 0:
             return None
         got = torch.load(out)
-    return _compare(got, reference_run(spec), time.perf_counter() - start)
+    return _compare(spec, got, reference_run(spec), time.perf_counter() - start)
 
 
 def _watch(spec, procs, progress, errs: Path, timeout_s: float, tick) -> None:
@@ -183,7 +201,7 @@ def _errors(got: dict, ref: dict) -> dict[str, float]:
     return {k: (torch.linalg.norm(got[k] - v) / torch.linalg.norm(v)).item() for k, v in ref.items()}
 
 
-def _compare(got: dict, ref: dict, wall_s: float) -> Result:
+def _compare(spec: RunSpec, got: dict, ref: dict, wall_s: float) -> Result:
     losses, ref_losses = got["losses"], ref["losses"]
     loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
     per_replica, worst, worst_name, elementwise = [], 0.0, "", 0.0
@@ -197,17 +215,15 @@ def _compare(got: dict, ref: dict, wall_s: float) -> Result:
             elementwise, *(((params[k] - v).abs().max() / v.abs().max()).item() for k, v in ref["params"].items())
         )
     grad_err = max(max(_errors(g, ref["grads"]).values()) for g in got["grads"])
-    times = got["step_times_s"]
-    steady = times[1:] or times
     return Result(
         losses=losses,
         reference_losses=ref_losses,
         max_rel_error_loss=loss_err,
         max_rel_error_params=worst,
         max_rel_error_grads=grad_err,
-        step_time_s=sum(steady) / len(steady),
         wall_s=wall_s,
         worst_param=worst_name,
         max_elementwise_error_params=elementwise,
         per_replica_error=per_replica,
+        **summarize(spec, got["rank_stats"]),
     )

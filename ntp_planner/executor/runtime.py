@@ -1,6 +1,7 @@
 """One rank's training loop, and the single-process reference it is compared with.
 
-Each step: 1F1B over the replica's micro-batches, gradient sync (``sync``), AdamW. The loss of a
+Each step: 1F1B over the replica's micro-batches, gradient sync (``sync``), AdamW, timed and
+its memory counted by ``measure`` (the instrumentation only watches: the math is unchanged). The loss of a
 micro-batch is summed over its tokens and scaled by 1 / (tokens in the whole step), so summed
 gradients are the gradient of the batch mean and replicas of different local batches weigh by
 their samples. ``weighted=False`` scales each replica by 1 / (its tokens x replicas) instead: the
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.measure import ActivationMeter, StepClock, gather_rows, rank_memory
 from ntp_planner.executor.model import Reference
 from ntp_planner.executor.schedule import one_f_one_b
 from ntp_planner.executor.spec import RunSpec
@@ -54,8 +56,9 @@ def _inject(fault, rank: int, step: int) -> None:
 def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file: str, timeout_s: float,
              progress=None, fault=None) -> None:  # fmt: skip
     """Train ``spec.steps`` steps as process ``rank``; rank 0 writes losses, every replica's
-    parameters and first-step gradients, and the step times to ``out_file``. ``progress[3 * rank]``
-    holds the step this rank has entered (then ``Comm`` its collectives)."""
+    parameters and first-step gradients, and every rank's step times, their split and memory
+    (``measure``) to ``out_file``. ``progress[3 * rank]`` holds the step this rank has entered
+    (then ``Comm`` its collectives)."""
     torch.set_num_threads(1)
     torch.set_default_dtype(getattr(torch, spec.dtype))
     device = torch.device("cpu")
@@ -72,28 +75,40 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     shapes = {k: v.shape for k, v in ref.named_parameters()}
     model = StageModel(spec, spec.replicas[replica].stages[s], rank, ref, comm, device)
     tokens, targets = (t.to(device) for t in synthetic_batch(spec))
-    opt = torch.optim.AdamW([t for *_, t in model.named_parameters()], lr=spec.lr, **ADAMW)
+    weights = [t for *_, t in model.named_parameters()]
+    opt = torch.optim.AdamW(weights, lr=spec.lr, **ADAMW)
     scale = loss_scale(spec, replica)
-    losses, times = [], []
+    clock, meter = StepClock(comm), ActivationMeter([*weights, tokens, targets])
+    losses = []
     for step in range(spec.steps):
         if progress is not None:
             progress[3 * rank] = step + 1  # steps counted from 1 in reports
         _inject(fault, rank, step)
-        start = time.perf_counter()
-        opt.zero_grad()
-        share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens, targets), scale)
-        sync_gradients(model, spec, s, comm, shapes)
+        if step == 1:  # memory peaks over the steady steps
+            meter.reset_peak()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+        clock.start()
+        with clock.optimizer():
+            opt.zero_grad()
+        with meter.hooks():
+            share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens, targets), scale)
+        with comm.category("dp"):
+            sync_gradients(model, spec, s, comm, shapes)
         if step == 0:
-            first_grads = gathered_parameters(model, spec, replica, comm, shapes, grads=True)
-        opt.step()
+            with clock.excluded():
+                first_grads = gathered_parameters(model, spec, replica, comm, shapes, grads=True)
+        with clock.optimizer():
+            opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        clock.stop()
         losses.append(comm.world_reduce(torch.tensor([share], device=device)).item())
     params = gathered_parameters(model, spec, replica, comm, shapes)
-    slowest = comm.world_reduce(torch.tensor(times, device=device), dist.ReduceOp.MAX).tolist()
+    row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device)
+    stats = gather_rows(comm, row, rank, spec.world_size, device)
     if rank == 0:
-        torch.save({"losses": losses, "params": params, "grads": first_grads, "step_times_s": slowest}, out_file)
+        torch.save({"losses": losses, "params": params, "grads": first_grads, "rank_stats": stats}, out_file)
     comm.world_reduce(torch.zeros(1, device=device))  # nobody leaves before rank 0 has written
     dist.destroy_process_group()
 

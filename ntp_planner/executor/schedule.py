@@ -33,13 +33,16 @@ class _Pipe:
         tensor reaches every rank of this stage."""
         send = send if to is not None else None
         got = None
-        if self.rank == self.ranks[0]:
-            got = self.comm.exchange(None if send is None else send.detach(), to, self.shape, frm, self.like)
-        if frm is None:
-            return None
-        if got is None:
-            got = torch.empty(self.shape, dtype=self.like.dtype, device=self.like.device)
-        return self.comm.broadcast(got, self.ranks[0], self.ranks)
+        # waiting here for a neighbour's activation or gradient is the bubble ("pp", with the
+        # broadcast of what arrived to the rest of the stage)
+        with self.comm.category("pp"):
+            if self.rank == self.ranks[0]:
+                got = self.comm.exchange(None if send is None else send.detach(), to, self.shape, frm, self.like)
+            if frm is None:
+                return None
+            if got is None:
+                got = torch.empty(self.shape, dtype=self.like.dtype, device=self.like.device)
+            return self.comm.broadcast(got, self.ranks[0], self.ranks)
 
 
 def one_f_one_b(

@@ -66,7 +66,7 @@ class StageModel:
                 contiguous(spec.seq_len, spec.cp),
                 spec.replicas[replica].cp_rank,
             )
-            self.context = (start, lambda t: AllGatherSeq.apply(t, *args))
+            self.context = (start, lambda t: AllGatherSeq.apply(t, *args, "cp"))
         full = dict(ref.named_parameters())
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
@@ -146,7 +146,7 @@ class StageModel:
             if bs.block.kind == "layer":
                 x = self._run(self._layer_sp, bs, x)
             else:
-                h = AllGatherSeq.apply(rms_norm(x, bs.params["norm"]), *args)
+                h = AllGatherSeq.apply(rms_norm(x, bs.params["norm"]), *args, "tp")
                 return self._loss(bs, h, targets) * loss_scale
         return GatherSeq.apply(x, *args)
 
@@ -156,9 +156,9 @@ class StageModel:
 
     def _layer_sp(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, args = bs.params, self.sp_args
-        h = AllGatherSeq.apply(rms_norm(x, p["norm1"]), *args)
+        h = AllGatherSeq.apply(rms_norm(x, p["norm1"]), *args, "tp")
         x = x + ReduceScatterSeq.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), *args)
-        h = AllGatherSeq.apply(rms_norm(x, p["norm2"]), *args)
+        h = AllGatherSeq.apply(rms_norm(x, p["norm2"]), *args, "tp")
         return x + ReduceScatterSeq.apply(rank_mlp(h, p), *args)
 
     def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
