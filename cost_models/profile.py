@@ -296,22 +296,26 @@ class Profile(BaseModel):
         return None if fit is None else fit.time_s(nbytes)
 
     def _block_index(self) -> dict[BlockShape, list[tuple[int, float, float]]]:
-        index = self.__dict__.get("_blocks_by_shape")
-        if index is None:
-            index = {}
+        """Measured (micro-batch, forward, backward) per shape, sorted; cached beside the blocks
+        it was built from (a ``model_copy`` with other blocks builds its own)."""
+        cached = self.__dict__.get("_blocks_by_shape")
+        if cached is None or cached[0] is not self.blocks:
+            index: dict[BlockShape, list[tuple[int, float, float]]] = {}
             for b in self.blocks:
                 index.setdefault(b.shape, []).append((b.micro_batch, b.fwd_s, b.bwd_s))
             for points in index.values():
                 points.sort()
-            self.__dict__["_blocks_by_shape"] = index
-        return index
+            cached = self.__dict__["_blocks_by_shape"] = (self.blocks, index)
+        return cached[1]
 
     def _fit_index(self) -> dict[tuple[str, int], CollectiveFit]:
-        index = self.__dict__.get("_fits")
-        if index is None:
-            index = {(f.op, f.group_size): f for f in self.collective_fits}
-            self.__dict__["_fits"] = index
-        return index
+        cached = self.__dict__.get("_fits")
+        if cached is None or cached[0] is not self.collective_fits:
+            cached = self.__dict__["_fits"] = (
+                self.collective_fits,
+                {(f.op, f.group_size): f for f in self.collective_fits},
+            )
+        return cached[1]
 
     # ---- checks -------------------------------------------------------------------------------
     def check_gpu(self, gpu_name: str, source: str = "the profile") -> None:

@@ -186,6 +186,10 @@ def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
         d = env.degree(t)
         dp_group = max(dp_group, lay.dp * d.copies)
         dense, expert = f.dense, f.expert
+        if env.executor and lay.sequence_parallel and t > 1:  # norms saw only this rank's tokens: their
+            # gradients are summed over the TP group, one all-reduce per norm (two per layer, the final norm)
+            norms = n * {EMBED: 0, HEAD: 1}.get(block, 2)
+            reduce_s += norms * env.coll("all_reduce", env.model.hidden_size * training.grad_bytes, d.tp_links)
         params += n * (dense + expert)
         largest_block = max(largest_block, dense + expert)
         gemm += n * f.gemm

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cost_models.profile import CollectiveTime
-from ntp_planner.profiler.timing import median_time
+from ntp_planner.profiler.timing import loop_time
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -45,7 +45,8 @@ class CollectiveSweep:
     device: str  # "cpu" or "cuda": where the messages live
     dtype: str  # torch dtype name of the messages
     sizes: tuple[int, ...]  # bytes, cost-model convention
-    reps: int = 5
+    iters: int = 20  # back-to-back calls of a message up to 64 KiB per timed loop (fewer of larger ones)
+    rounds: int = 3  # timed loops; the median of their means is recorded
     warmup: int = 2
     timeout_s: float = 600.0
 
@@ -168,5 +169,6 @@ def _time_op(op: str, size: int, group, g: int, rank: int, device, dtype, sweep:
         first, second = (dist.send, dist.recv) if rank == 0 else (dist.recv, dist.send)
         call, nbytes = (lambda: (first(t, peer), second(t, peer))), t.numel() * es
     sync = lambda: dist.barrier(group=group)  # noqa: E731
-    seconds = median_time(lambda _: call(), device, sweep.reps, sweep.warmup, before=sync)
+    iters = max(2, min(sweep.iters, sweep.iters * 2**16 // max(size, 1)))  # fewer of the large messages
+    seconds = loop_time(call, device, iters, sweep.rounds, sweep.warmup, sync)
     return float(nbytes), seconds / 2 if op == "send_recv" else seconds

@@ -146,7 +146,8 @@ def profile_machine(settings: ProfileSettings, tick: Callable[[str], None] | Non
 def collective_sweep(settings: ProfileSettings) -> CollectiveSweep:
     return CollectiveSweep(
         nproc=settings.nproc, backend=settings.backend, device=settings.device, dtype=settings.dtype,
-        sizes=message_sizes(settings.max_message_bytes), reps=settings.reps, warmup=1 if settings.quick else 2,
+        sizes=message_sizes(settings.max_message_bytes), iters=10 if settings.quick else 20,
+        warmup=1 if settings.quick else 2,
     )  # fmt: skip
 
 

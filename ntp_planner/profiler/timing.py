@@ -1,8 +1,14 @@
-"""The one timer every measurement uses: warm-up runs, then the median of timed repetitions.
+"""The timers every measurement uses.
 
-On CUDA a repetition is bracketed by CUDA events and the device synchronised (kernel launches
-are asynchronous, a host clock would time the launch); on CPU ``time.perf_counter`` brackets
-the call. The median, not the mean, so one preempted repetition does not move the figure.
+``median_time`` (kernels and blocks): warm-up runs, then the median of timed repetitions. On CUDA
+a repetition is bracketed by CUDA events and the device synchronised (kernel launches are
+asynchronous, a host clock would time the launch); on CPU ``time.perf_counter`` brackets the
+call. The median, not the mean, so one preempted repetition does not move the figure.
+
+``loop_time`` (collectives), as nccl-tests times them: after a barrier, a loop of back-to-back
+calls timed as a whole and divided by its length; the median over a few such loops. A step pays
+the mean cost of its many collectives, tail included (on a shared CPU host the mean all-reduce is
+two to three times the median one), and back-to-back calls keep the barrier out of the figure.
 """
 
 from __future__ import annotations
@@ -44,6 +50,27 @@ def median_time(
             run(arg)
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def loop_time(
+    call: Callable[[], Any], device: torch.device, iters: int, rounds: int, warmup: int, sync: Callable[[], Any]
+) -> float:
+    """Median over ``rounds`` of the mean seconds of ``iters`` back-to-back ``call()``s, each round
+    started by ``sync()`` (a barrier) after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        call()
+    means = []
+    for _ in range(rounds):
+        sync()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        means.append((time.perf_counter() - t0) / iters)
+    return statistics.median(means)
 
 
 @contextmanager
