@@ -79,6 +79,39 @@ def comparison_json(prediction, measured: dict) -> dict:
     }
 
 
+def compare_run(profile: Profile, cluster, spec, model_name: str, result) -> dict:
+    """The cost model's prediction of ``spec`` (``executor.predict``) against what the run
+    measured (``result``: ``executor.launch.Result``), as ``comparison_json``, with the
+    prediction's compute / communication / overhead parts that ``run_record`` stores."""
+    from ntp_planner.executor.predict import predict_run
+
+    prediction = predict_run(spec, model_name, profile, cluster)
+    data = comparison_json(prediction, measured_step(result))
+    data["prediction_parts_s"] = {
+        "compute": prediction.compute_s,
+        "comm": prediction.comm_s,
+        "overhead": prediction.overhead_s,
+    }
+    return data
+
+
+def run_record(name: str, profile: Profile, comparison: dict):
+    """The ``cost_models.calibrate.RunRecord`` of one compared run."""
+    from cost_models.calibrate import RunRecord
+
+    parts = comparison["prediction_parts_s"]
+    return RunRecord(
+        name=name,
+        profile_created=profile.created,
+        profile_gpu=profile.device.gpu,
+        measured_step_time_s=comparison["measured_step_time_s"],
+        predicted_step_time_s=comparison["predicted_step_time_s"],
+        compute_s=parts["compute"],
+        comm_s=parts["comm"],
+        overhead_s=parts["overhead"],
+    )
+
+
 def comparison_view(data: dict) -> Group:
     """The step, its split, each stage's busy time and memory: predicted, measured, error."""
     head = Table(show_header=False, box=None)

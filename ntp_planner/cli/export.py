@@ -142,7 +142,9 @@ def validate(
     measured_profile = None if profile is None else _machine_profile(profile, backend)
     shrunk = shrink(p, n, replan_result, steps, seed)
     if measured_profile is not None:
-        measured_profile = _complete_profile(measured_profile, shrunk.spec, p.model.name, json_out)
+        from ntp_planner.profiler.for_run import complete_profile
+
+        measured_profile = complete_profile(measured_profile, shrunk.spec, p.model.name, None if json_out else show)
     result = _run(shrunk, backend, timeout, injected, torchrun, steps, json_out)
     if result is None:
         return  # a torchrun rank other than 0: rank 0 reports
@@ -180,58 +182,19 @@ def _machine_profile(path: Path, backend: str):
     return prof
 
 
-def _complete_profile(prof, spec, model_name: str, quiet: bool):
-    """The profile with the shrunk model's blocks measured here, in this process, where it lacks
-    them (their shapes are the run's own, so no profile made beforehand has them)."""
-    from ntp_planner.executor.predict import needed_blocks, run_envs
-    from ntp_planner.profiler.blocks import measure_blocks
-    from ntp_planner.profiler.cluster import local_cluster
-
-    if prof.dtype != spec.dtype:  # blocks measured in another dtype do not time this run's
-        note = f"validate runs {spec.dtype}: the profile's {prof.dtype} blocks set aside"
-        prof = prof.model_copy(update={"dtype": spec.dtype, "blocks": (), "notes": (*prof.notes, note)})
-    envs = run_envs(spec, model_name, prof, local_cluster(prof))
-    missing = [(shape, mb) for shape, mb in needed_blocks(envs) if prof.block_time(shape, mb) is None]
-    if not missing:
-        return prof
-    if not quiet:
-        show(f"measuring the shrunk model's {len(missing)} block shapes on this machine (one process, one thread)")
-    blocks = measure_blocks(missing, device=prof.device.kind, dtype=prof.dtype, threads_per_rank=1)
-    note = f"validate measured {len(missing)} block shapes of a shrunk model"
-    return prof.model_copy(update={"blocks": prof.blocks + tuple(blocks), "notes": (*prof.notes, note)})
-
-
 def _compare_prediction(prof, spec, plan, result) -> dict:
-    from ntp_planner.executor.predict import predict_run
     from ntp_planner.profiler.cluster import local_cluster
-    from ntp_planner.timing_report import comparison_json, measured_step
+    from ntp_planner.timing_report import compare_run
 
-    prediction = predict_run(spec, plan.model.name, prof, local_cluster(prof))
-    data = comparison_json(prediction, measured_step(result))
-    data["prediction_parts_s"] = {
-        "compute": prediction.compute_s,
-        "comm": prediction.comm_s,
-        "overhead": prediction.overhead_s,
-    }
-    return data
+    return compare_run(prof, local_cluster(prof), spec, plan.model.name, result)
 
 
 def _record(path: Path, plan_file: Path, plan, prof, comparison: dict) -> None:
     """Append the run to the JSON-lines file at ``path`` (the whole file rewritten atomically)."""
-    from cost_models.calibrate import RunRecord
     from ntp_planner.plan import write_atomic
+    from ntp_planner.timing_report import run_record
 
-    parts = comparison["prediction_parts_s"]
-    line = RunRecord(
-        name=f"{Path(plan_file).name}: {plan.layout.describe()}",
-        profile_created=prof.created,
-        profile_gpu=prof.device.gpu,
-        measured_step_time_s=comparison["measured_step_time_s"],
-        predicted_step_time_s=comparison["predicted_step_time_s"],
-        compute_s=parts["compute"],
-        comm_s=parts["comm"],
-        overhead_s=parts["overhead"],
-    ).model_dump_json()
+    line = run_record(f"{Path(plan_file).name}: {plan.layout.describe()}", prof, comparison).model_dump_json()
     old = ""
     if path.exists():
         from topologies.files import read_text
