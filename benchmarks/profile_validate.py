@@ -15,7 +15,7 @@ the error, and the mean absolute percentage error (MAPE):
 The same script runs on GPUs with --backend nccl (one process per GPU).
 
 Run: .venv/bin/python benchmarks/profile_validate.py [--backend gloo|nccl] [--profile P] [--steps 8]
-                                                      [--only NAME] [--json] [--record runs.jsonl]
+                                                      [--seq-len 128] [--only NAME] [--json] [--record runs.jsonl]
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from cost_models.calibrate import calibrate  # noqa: E402
 from cost_models.profile import load_profile  # noqa: E402
 from ntp_planner.plan import Plan  # noqa: E402
 from topologies import Cluster, resolve_cluster_spec  # noqa: E402
+
+SEQ_LEN = 128  # tokens per sequence of the shrunk runs: enough compute that gloo's latency is not all
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def make_plan(case: Case, gpus: int = 8) -> Plan:
     return plan_from_layout(model, training, cluster, ParallelLayout(**fields))
 
 
-def run_case(case: Case, profile, backend: str, steps: int) -> dict:
+def run_case(case: Case, profile, backend: str, steps: int, seq_len: int, repeat: int) -> dict:
     from ntp_planner.executor.launch import launch
     from ntp_planner.executor.shrink import shrink
     from ntp_planner.failures.replan import Replanner
@@ -94,10 +96,11 @@ def run_case(case: Case, profile, backend: str, steps: int) -> dict:
 
     plan = make_plan(case)
     replan = Replanner(plan).replan(frozenset(case.failed), "ntp") if case.failed else None
-    shrunk = shrink(plan, case.nproc, replan, steps, seed=0)
+    shrunk = shrink(plan, case.nproc, replan, steps, seed=0, seq_len=seq_len)
     prof = complete_profile(profile, shrunk.spec, plan.model.name)
-    result = launch(shrunk.spec, backend, timeout_s=300.0)
-    data = compare_run(prof, local_cluster(prof), shrunk.spec, plan.model.name, result)
+    results = [launch(shrunk.spec, backend, timeout_s=300.0) for _ in range(repeat)]
+    runs = [compare_run(prof, local_cluster(prof), shrunk.spec, plan.model.name, r) for r in results]
+    data = sorted(runs, key=lambda d: d["measured_step_time_s"])[len(runs) // 2]  # the median run
     record = run_record(case.name, prof, data)
     return {
         "name": case.name,
@@ -105,7 +108,8 @@ def run_case(case: Case, profile, backend: str, steps: int) -> dict:
         "predicted_step_time_s": data["predicted_step_time_s"],
         "measured_step_time_s": data["measured_step_time_s"],
         "step_time_error": data["step_time_error"],
-        "max_rel_error_params": result.max_rel_error_params,
+        "measured_each_s": sorted(d["measured_step_time_s"] for d in runs),
+        "max_rel_error_params": max(r.max_rel_error_params for r in results),
         "record": json.loads(record.model_dump_json()),
         "profile": prof,
     }
@@ -140,6 +144,8 @@ def main() -> None:
     ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     ap.add_argument("--profile", type=Path, help="a profile of this machine (default: measure one with --quick)")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per sequence of the shrunk runs")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each case; the median run counts")
     ap.add_argument("--only", action="append", help="run only the cases with this name (repeatable)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--record", type=Path, help="write the runs as JSON lines for `ntp calibrate`")
@@ -164,7 +170,7 @@ def main() -> None:
     rows = []
     for case in cases:
         print(f"running {case.name} ...", file=sys.stderr)
-        rows.append(run_case(case, profile, args.backend, args.steps))
+        rows.append(run_case(case, profile, args.backend, args.steps, args.seq_len, args.repeat))
     honest = [r for r in rows if r["processes"] <= cores or args.backend == "nccl"]
     summary = {
         "cores": cores,

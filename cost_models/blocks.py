@@ -126,13 +126,18 @@ class CostEnv:
         self.notes: set[str] = set()  # where a profile did not cover what was costed
         self.act_bytes = ACT_BYTES  # bytes of one activation on the wire
         self.compute_scale = self.comm_scale = 1.0
+        self.host_slowdown = 1.0  # how much slower a CPU rank computes beside its computing neighbours
         if self.profile is not None:
             self.profile.check_gpu(gpu.name)
             self.act_bytes = DTYPE_BYTES[self.profile.dtype]
             cal, device = self.profile.calibration, self.profile.device
             # a CPU's cores are shared by every rank: with more ranks than cores each computes slower
+            # (time-sharing: each of more ranks than cores gets cores / ranks of one; a synthetic
+            # concurrency test here measured 1.6x for 2 ranks on 2 hyperthreads where the executor's
+            # small kernels lose 5-10%, so the plain share is kept)
             ranks = eff.host_ranks or min(cluster.num_gpus, cluster.spec.gpus_per_node)
             share = max(1.0, ranks / device.cores) if device.kind == "cpu" else 1.0
+            self.host_slowdown = share
             self.compute_scale, self.comm_scale = cal.compute_scale * share, cal.comm_scale
         self._degrees: dict[int, Degree] = {}
         self._state: dict[tuple[Block, int], tuple[StateBytes, float]] = {}
@@ -214,6 +219,7 @@ class CostEnv:
             top_k=m.moe_top_k if moe else 0,
             tp=t,
             seq_len=self.training.seq_len // self.degree(t).cp,
+            cp=self.degree(t).cp,
         )
 
     def compute_pass(self, block: Block, t: int, ops: list[Op]) -> Pass:
@@ -268,9 +274,14 @@ class CostEnv:
         ops = embedding_ops(self.model, d.seqs, self.training.seq_len, d.cp, t, self.training.grad_bytes)
         p = self.compute_pass(EMBED, t, ops)
         p.tp_comm = self._collective(d, self.act_bytes) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
-        if self.executor and self.layout.sequence_parallel:  # a reduce-scatter, not an all-reduce
-            p.tp_comm /= 2
+        if self.executor and self.layout.sequence_parallel:  # reduce-scattered forward, gathered backward
+            p.tp_comm = sum(self._executor_sp(d))
         return p
+
+    def _executor_sp(self, d: Degree) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) of one activation over the TP group, each its own call."""
+        nbytes = self.act_bytes * d.tokens * self.model.hidden_size
+        return self.coll("all_gather", nbytes, d.tp_links), self.coll("reduce_scatter", nbytes, d.tp_links)
 
     def _head_pass(self, t: int) -> Pass:
         """Final norm, column-parallel logits and vocabulary-parallel cross entropy; one TP
@@ -282,8 +293,10 @@ class CostEnv:
         if self.executor:  # the whole logits gathered forward; the normed input's gradient summed backward
             act = self.act_bytes * d.tokens
             logits = self.coll("all_gather", act * self.model.vocab_size, d.tp_links)
-            # (under sequence parallelism the input is all-gathered forward and reduce-scattered backward: the same)
-            p.tp_comm = logits + self.coll("all_reduce", act * self.model.hidden_size, d.tp_links)
+            if self.layout.sequence_parallel:  # the input all-gathered forward, reduce-scattered backward
+                p.tp_comm = logits + sum(self._executor_sp(d))
+            else:
+                p.tp_comm = logits + self.coll("all_reduce", act * self.model.hidden_size, d.tp_links)
             return p
         p.tp_comm = self._collective(d, ACT_BYTES) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
         return p
@@ -339,8 +352,10 @@ class CostEnv:
         sublayers = kind.attention + (kind.moe or kind.ffn > 0)
         half = self._collective(d, self.act_bytes) / 2  # one all-gather or reduce-scatter
         gather_in = half * (0.5 if self.training.low_precision and self.layout.sequence_parallel else 1.0)
-        if self.executor and self.layout.sequence_parallel:  # autograd keeps the gathered input: no regather
-            return sublayers * 2 * half, sublayers * 2 * half
+        if self.executor and self.layout.sequence_parallel:  # one all-gather and one reduce-scatter per
+            # sublayer each way (autograd keeps the gathered input: no regather)
+            both = sum(self._executor_sp(d))
+            return sublayers * both, sublayers * both
         gemm_fwd = sum(op.fwd * self.op_time(op) for op in ops if op.kind == "gemm")
         if self.layout.sequence_parallel:
             fwd = sublayers * (gather_in + half)

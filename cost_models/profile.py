@@ -85,6 +85,12 @@ class BlockShape(BaseModel):
     top_k: int = Field(default=0, ge=0)
     tp: int = Field(description="TP degree: the rank holds the 1/tp shard.")
     seq_len: int = Field(description="Tokens of each sequence the rank processes (seq_len / cp).")
+    cp: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="Context-parallel degree: attention reads the keys of cp x seq_len tokens.",
+    )
 
     _bounds = bounds_validator(
         dict.fromkeys(("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tp", "seq_len"), _COUNT)
@@ -92,7 +98,7 @@ class BlockShape(BaseModel):
 
     def same_model(self, other: BlockShape) -> bool:
         """The same block of the same model, whatever the degree and sequence."""
-        return self.model_dump(exclude={"tp", "seq_len"}) == other.model_dump(exclude={"tp", "seq_len"})
+        return self.model_dump(exclude={"tp", "seq_len", "cp"}) == other.model_dump(exclude={"tp", "seq_len", "cp"})
 
 
 class BlockTime(BaseModel):
@@ -151,6 +157,7 @@ class PassTime(BaseModel):
 
     op: PassOp
     bytes: float = Field(description="Bytes the pass reads and writes.")
+    tensors: int = Field(default=1, ge=1, le=10**6, description="Tensors it runs over (each costs a fixed time).")
     time_s: float
     bytes_per_s: float
 
@@ -285,6 +292,20 @@ class Profile(BaseModel):
                 abs(log(b.micro_batch / micro_batch)),
             ),
         )
+
+    def optimizer_cost(self) -> tuple[float, float] | None:
+        """(seconds per tensor, bytes per second) of an optimizer step, fitted to the measured
+        steps over different numbers of tensors (``time = tensors x a + bytes / bw``); None
+        without two such measurements."""
+        steps = [p for p in self.passes if p.op == "optimizer"]
+        if len({p.tensors for p in steps}) < 2 or len({p.bytes for p in steps}) < 2:
+            return None
+        import numpy as np
+
+        a = np.array([[p.tensors, p.bytes] for p in steps]) / np.array([[p.time_s] for p in steps])
+        (per_tensor, per_byte), *_ = np.linalg.lstsq(a, np.ones(len(steps)), rcond=None)
+        per_tensor, per_byte = max(float(per_tensor), 0.0), max(float(per_byte), 1e-15)
+        return per_tensor, 1.0 / per_byte
 
     def collective_fit(self, op: str, group_size: int) -> CollectiveFit | None:
         return self._fit_index().get((op, group_size))

@@ -152,6 +152,7 @@ class StageCost:
     optimizer_params: float  # parameters this GPU's optimizer updates
     buffer_params: float  # parameters whose gradient buffer this GPU zeroes each step
     gemm_params: float  # low-precision GEMM weights recast once per step
+    tensors: float = 0.0  # parameter tensors, as the executor holds them (``EXECUTOR_TENSORS``)
 
     def memory(self, held: float) -> dict[str, float]:
         """Bytes per GPU by part when ``held`` micro-batches are in flight."""
@@ -165,7 +166,7 @@ def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
     p = Pass()
     prev_t = None
     params = opt_params = buffer = gemm = reduce_s = gather_s = working = act = head = 0.0
-    layers = 0
+    layers = tensors = 0
     state = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0, "low_precision_weights": 0.0}
     largest_block = 0.0
     dp_group = lay.dp  # Megatron sizes buckets by the data-parallel group without cp
@@ -177,6 +178,7 @@ def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
             p.bwd += switch / 2
         prev_t = t
         layers += n if block not in (EMBED, HEAD) else 0
+        tensors += n * EXECUTOR_TENSORS.get(block if block in (EMBED, HEAD) else "layer")
         f = env.block_facts(block, t)
         for k in state:
             state[k] += n * getattr(f.state, k)
@@ -224,6 +226,7 @@ def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
         optimizer_params=opt_params,
         buffer_params=buffer,
         gemm_params=gemm,
+        tensors=tensors,
     )
 
 
@@ -325,7 +328,8 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
         "cp_comm": m * s.cp_comm,
         "ep_comm": m * s.ep_comm,
         "pp_p2p": m * p2p_per_mb + p2p_fill,
-        "pp_bubble": pipe.bubble_s,
+        # the fill and drain run with fewer ranks computing: on a shared CPU host, at a lone rank's speed
+        "pp_bubble": pipe.bubble_s / env.host_slowdown,
         "dp_comm_exposed": dp_exposed,
         "optimizer": optimizer_s,
         "overhead": eff.step_overhead_s,
@@ -391,8 +395,15 @@ def dp_exposed_s(lay: ParallelLayout, stages: list[StageCost]) -> float:
 
 def _optimizer_s(env: CostEnv, s: StageCost) -> float:
     """The optimizer step of one stage, memory-bound: fused Adam over this GPU's shard, zeroing
-    the gradient buffer, and recasting the low-precision weight copies (once per step)."""
+    the gradient buffer, and recasting the low-precision weight copies (once per step). The
+    executor's AdamW steps one tensor at a time: where the profile measured it, a fixed cost per
+    tensor plus its bytes at the measured rate (``Profile.optimizer_cost``)."""
     t = env.training
+    measured = env.profile.optimizer_cost() if env.executor and env.profile is not None else None
+    if measured is not None:
+        per_tensor, bw = measured
+        # fp32 AdamW reads parameter, gradient and both moments and writes three: 7 x 4 bytes
+        return env.compute_scale * (s.tensors * per_tensor + s.optimizer_params * 28 / bw)
     nbytes = s.optimizer_params * ADAM_BYTES_PER_PARAM + s.buffer_params * t.grad_bytes
     nbytes += s.gemm_params * (2 + env.lp_copy_bytes)
     return nbytes / env.mem_bw

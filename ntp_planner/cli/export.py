@@ -41,6 +41,12 @@ ValidateProfileOpt = Annotated[
         "memory with the cost model and report them against the measured ones.",
     ),
 ]
+ShrunkSeqOpt = Annotated[
+    int,
+    typer.Option(
+        "--seq-len", min=1, max=65536, help="Tokens per sequence of the shrunk run (longer: more compute per step)."
+    ),
+]
 RecordOpt = Annotated[
     Path | None,
     typer.Option("--record", help="With --profile: append the run (measured and predicted) to this JSON-lines file."),
@@ -105,6 +111,7 @@ def validate(
     timeout: TimeoutOpt = 180.0,
     tolerance: ToleranceOpt = 1e-5,
     seed: WeightSeedOpt = 0,
+    seq_len: ShrunkSeqOpt = 8,
     profile: ValidateProfileOpt = None,
     record: RecordOpt = None,
     fault: FaultOpt = None,
@@ -140,7 +147,7 @@ def validate(
     injected = _parse_fault(fault)
     n, torchrun = _world_size(torch, backend, nproc)
     measured_profile = None if profile is None else _machine_profile(profile, backend)
-    shrunk = shrink(p, n, replan_result, steps, seed)
+    shrunk = shrink(p, n, replan_result, steps, seed, seq_len)
     if measured_profile is not None:
         from ntp_planner.profiler.for_run import complete_profile
 

@@ -124,7 +124,10 @@ def run_envs(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterS
             distributed_optimizer=False,
             fused_cross_entropy=False,
         )
-        envs.append(cost_env(model, training, lay, local_cluster(cluster, lay.world_size), eff))
+        local = local_cluster(cluster, lay.world_size)
+        # a degraded replica's degree need not divide the heads (NTP's uneven shares; its blocks are
+        # measured at the fullest rank's shard), so only the healthy layout goes through check_layout
+        envs.append(cost_env(model, training, lay, local, eff) if i == 0 else CostEnv(model, training, lay, local, eff))
     return envs
 
 

@@ -55,8 +55,16 @@ def check_replan(plan: Plan, replan: ReplanResult) -> None:
         raise ValueError(f"the re-plan's replicas do not have the plan's {lay.pp} pipeline stages; re-plan this plan")
 
 
-def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: int = 3, seed: int = 0) -> Shrunk:
-    """The run that stands for ``plan`` on ``nproc`` processes, with notes on what changed."""
+def shrink(
+    plan: Plan,
+    nproc: int,
+    replan: ReplanResult | None = None,
+    steps: int = 3,
+    seed: int = 0,
+    seq_len: int = SEQ_LEN,
+) -> Shrunk:
+    """The run that stands for ``plan`` on ``nproc`` processes, with notes on what changed.
+    ``seq_len``: tokens per sequence of the run (longer ones make a timing run compute-bound)."""
     lay, model = plan.layout, plan.model
     w, L = lay.tp, model.num_layers
     if replan is not None:
@@ -118,7 +126,7 @@ def shrink(plan: Plan, nproc: int, replan: ReplanResult | None = None, steps: in
         ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
     )
     # every cp chunk needs a token, and a token per rank under sequence parallelism
-    seq_len = max(SEQ_LEN, cp * (w if lay.sequence_parallel else 1))
+    seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
     notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan)
     spec = make_spec(
         cfg,

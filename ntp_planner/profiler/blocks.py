@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 import torch
 
 from cost_models.profile import BlockShape, BlockTime
-from ntp_planner.executor.ownership import layer_shards
+from ntp_planner.executor.comm import AllGatherSeq
+from ntp_planner.executor.ownership import contiguous, layer_shards
 from ntp_planner.executor.spec import Block, TinyConfig, make_spec
 from ntp_planner.executor.stage import BlockState, StageModel
 from ntp_planner.executor.tp_slices import BLOCK_PARAMS, param_index
@@ -80,13 +81,17 @@ def block_stage(shape: BlockShape, micro_batch: int, device, dtype, gen: torch.G
     """A ``StageModel`` holding one block of ``shape``, TP rank 0 of a stage of width ``shape.tp``,
     talking to ``LocalComm``. Built without ``StageModel.__init__``, which slices a whole reference
     model (a 128K-row vocabulary, every layer); the attributes set here are those its forward reads."""
-    cfg, kind, tp = tiny_config(shape), EXECUTOR_KIND[shape.kind], shape.tp
-    spec = make_spec(cfg, [[tp, tp, tp]], [([tp], 1)], micro_batch, shape.seq_len)
+    cfg, kind, tp, cp = tiny_config(shape), EXECUTOR_KIND[shape.kind], shape.tp, shape.cp
+    spec = make_spec(cfg, [[tp, tp, tp]], [([tp], 1)], micro_batch, shape.seq_len * cp, cp=cp)
     stage = spec.replicas[0].stages[0]
     block = next(b for b in stage.blocks if b.kind == kind)
     model = StageModel.__new__(StageModel)
     model.spec, model.stage, model.comm, model.cfg = spec, stage, LocalComm(), cfg
     model.sp, model.context, model.sp_args = False, None, None
+    if cp > 1:  # the last chunk's queries against every chunk's keys, gathered by LocalComm
+        bounds = contiguous(shape.seq_len * cp, cp)
+        group = tuple(range(cp))
+        model.context = (bounds[-1][0], lambda t: AllGatherSeq.apply(t, model.comm, group, bounds, cp - 1, "cp"))
     shards = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, tp) if kind == "layer" else None
     params = shard_params(cfg, kind, tp, device, dtype, gen)
     model.blocks = [BlockState(block, 0, 0, stage.ranks, slice(None), shards, params)]

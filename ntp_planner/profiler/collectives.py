@@ -147,6 +147,17 @@ def _worker(rank: int, sweep: CollectiveSweep, tmp: str, done) -> None:
     os._exit(0)
 
 
+def _burst(device):
+    """About half a millisecond of small matrix products on one CPU thread (untimed)."""
+    a = torch.randn(64, 64, device=device)
+
+    def run():
+        for _ in range(20):
+            a @ a
+
+    return run
+
+
 def _time_op(op: str, size: int, group, g: int, rank: int, device, dtype, sweep: CollectiveSweep):
     """(bytes as the cost model counts them, median seconds) of one operation on ``group``."""
     es = torch.tensor([], dtype=dtype).element_size()
@@ -170,5 +181,7 @@ def _time_op(op: str, size: int, group, g: int, rank: int, device, dtype, sweep:
         call, nbytes = (lambda: (first(t, peer), second(t, peer))), t.numel() * es
     sync = lambda: dist.barrier(group=group)  # noqa: E731
     iters = max(2, min(sweep.iters, sweep.iters * 2**16 // max(size, 1)))  # fewer of the large messages
-    seconds = loop_time(call, device, iters, sweep.rounds, sweep.warmup, sync)
+    # on a CPU host a rank computes between its collectives and must be woken for each: time them so
+    between = _burst(device) if device.type == "cpu" else None
+    seconds = loop_time(call, device, iters, sweep.rounds, sweep.warmup, sync, between)
     return float(nbytes), seconds / 2 if op == "send_recv" else seconds

@@ -87,34 +87,44 @@ def measure_attention(
     return out
 
 
+def _adamw(tensors: int, numel: int, device):
+    """An AdamW step over ``tensors`` fp32 parameters of ``numel`` elements, moments created."""
+    params = [torch.zeros(numel, device=device, dtype=torch.float32, requires_grad=True) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt.step()  # creates the moments before timing
+    return opt.step
+
+
 def _passes(tokens: int, hidden: int, params: int, device, dtype):
-    """(op, bytes moved, call) of each memory-bound pass: reads plus writes, as the cost model
-    counts HBM traffic. AdamW on fp32 parameters reads parameter, gradient and both moments and
-    writes parameter and moments: 7 x 4 bytes per parameter."""
+    """(op, bytes moved, tensors, call) of each memory-bound pass: reads plus writes, as the cost
+    model counts HBM traffic. AdamW on fp32 parameters reads parameter, gradient and both moments
+    and writes parameter and moments: 7 x 4 bytes per parameter; it is timed on one large tensor
+    and on many small ones, since a step pays a fixed cost per tensor besides its bytes."""
     size = torch.tensor([], dtype=dtype).element_size()
     x = torch.randn(tokens, hidden, device=device, dtype=dtype)
     w = torch.ones(hidden, device=device, dtype=dtype)
     a = torch.randn(tokens, 4 * hidden, device=device, dtype=dtype)
     b = torch.randn_like(a)
-    p = torch.zeros(params, device=device, dtype=torch.float32, requires_grad=True)
-    p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW([p], lr=1e-4)
-    opt.step()  # creates the moments before timing
     dst = torch.empty_like(x)
+    small = 1024
     return [
-        ("norm", 2 * x.numel() * size, lambda: rms_norm(x, w)),
-        ("activation", 3 * a.numel() * size, lambda: F.silu(a) * b),
-        ("optimizer", 7 * 4 * params, opt.step),
-        ("copy", 2 * x.numel() * size, lambda: dst.copy_(x)),
+        ("norm", 2 * x.numel() * size, 1, lambda: rms_norm(x, w)),
+        ("activation", 3 * a.numel() * size, 1, lambda: F.silu(a) * b),
+        ("optimizer", 7 * 4 * params, 1, _adamw(1, params, device)),
+        ("optimizer", 7 * 4 * small * 16, 16, _adamw(16, small, device)),
+        ("optimizer", 7 * 4 * small, 1, _adamw(1, small, device)),
+        ("copy", 2 * x.numel() * size, 1, lambda: dst.copy_(x)),
     ]
 
 
 def measure_passes(tokens: int, hidden: int, params: int, device, dtype, reps: int, tick=None) -> list[PassTime]:
     out = []
     with torch.no_grad():
-        for op, nbytes, call in _passes(tokens, hidden, params, device, dtype):
-            t = median_time(lambda _: call(), device, reps)  # noqa: B023
-            out.append(PassTime(op=op, bytes=float(nbytes), time_s=t, bytes_per_s=nbytes / t))
+        for op, nbytes, tensors, call in _passes(tokens, hidden, params, device, dtype):
+            t = median_time(lambda _: call(), device, max(reps, 5))  # noqa: B023
+            out.append(PassTime(op=op, bytes=float(nbytes), tensors=tensors, time_s=t, bytes_per_s=nbytes / t))
             if tick:
                 tick(f"pass {op}")
     return out

@@ -53,10 +53,18 @@ def median_time(
 
 
 def loop_time(
-    call: Callable[[], Any], device: torch.device, iters: int, rounds: int, warmup: int, sync: Callable[[], Any]
+    call: Callable[[], Any],
+    device: torch.device,
+    iters: int,
+    rounds: int,
+    warmup: int,
+    sync: Callable[[], Any],
+    between: Callable[[], Any] | None = None,
 ) -> float:
-    """Median over ``rounds`` of the mean seconds of ``iters`` back-to-back ``call()``s, each round
-    started by ``sync()`` (a barrier) after ``warmup`` untimed calls."""
+    """Median over ``rounds`` of the mean seconds of ``iters`` ``call()``s, each round started by
+    ``sync()`` (a barrier) after ``warmup`` untimed calls. Without ``between`` the calls run back
+    to back and the loop is timed whole; with it, ``between()`` (untimed: a burst of compute, as a
+    training step has between its collectives) runs before each call and only the calls count."""
     for _ in range(warmup):
         call()
     means = []
@@ -64,12 +72,21 @@ def loop_time(
         sync()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        if between is None:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            means.append((time.perf_counter() - t0) / iters)
+            continue
+        spent = 0.0
         for _ in range(iters):
+            between()
+            t0 = time.perf_counter()
             call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        means.append((time.perf_counter() - t0) / iters)
+            spent += time.perf_counter() - t0
+        means.append(spent / iters)
     return statistics.median(means)
 
 

@@ -51,6 +51,7 @@ def test_cli_surface_is_frozen():
                 "--strategy",
                 "--seed",
                 "--top",
+                "--profile",
                 "--output",
                 "--json",
             ]
@@ -91,11 +92,12 @@ def test_cli_surface_is_frozen():
                 "--fused-cross-entropy",
                 "--attention-kernel",
                 "--flash-attention",
+                "--profile",
                 "--output",
                 "--json",
             ]
         ),
-        "explain": ["--json", "plan_file"],
+        "explain": ["--json", "--profile", "plan_file"],
         "replan": sorted(
             [
                 "plan_file",
@@ -139,10 +141,14 @@ def test_cli_surface_is_frozen():
                 "--timeout",
                 "--tolerance",
                 "--seed",
+                "--seq-len",
+                "--profile",
+                "--record",
                 "--inject-fault",
                 "--json",
             ]
         ),
+        "calibrate": sorted(["runs_file", "--profile", "--output", "--json"]),
         "profile": sorted(
             [
                 "--device",
