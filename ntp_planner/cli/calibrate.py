@@ -24,7 +24,7 @@ def calibrate(runs_file: RunsArg, profile: BaseProfileOpt, output: CalibratedOut
     validate runs, and write the calibrated profile with each run's residual.
 
     \b
-    Example: ntp calibrate runs.jsonl --profile profile.json -o profile.calibrated.json
+    Example: ntp calibrate runs.jsonl --profile p.json -o p.calibrated.json
     """
     from cost_models.calibrate import calibrate as fit
     from cost_models.calibrate import read_runs
@@ -45,7 +45,7 @@ def calibrate(runs_file: RunsArg, profile: BaseProfileOpt, output: CalibratedOut
             }
         )
         return
-    from ntp_planner.report import calibration_view
+    from ntp_planner.timing_report import calibration_view
 
     show(calibration_view(calibrated))
     show(f"calibrated profile written to {output}")

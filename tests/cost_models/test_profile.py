@@ -170,3 +170,35 @@ def test_calibration_refuses_too_few_runs_and_another_profile(tmp_path):
     path.write_text('{"name": "x"}\nnot json\n')
     with pytest.raises(InputError, match="line 1: profile_created"):
         read_runs(path)
+
+
+def _executor_env(sp: bool, dp: int = 1):
+    fits = [
+        CollectiveFit(op=op, group_size=g, alpha_s=a, bw_bytes_per_s=1e9, max_rel_residual=0.0)
+        for op, a in (("all_reduce", 4e-4), ("all_gather", 1e-4), ("reduce_scatter", 2e-4))
+        for g in (2, 4)
+    ]
+    eff = DEFAULT_EFFICIENCY.with_profile(profile(fits=fits), runtime="executor")
+    lay = ParallelLayout(tp=2, dp=dp, micro_batch=1, global_batch=16 * dp, sequence_parallel=sp)
+    return CostEnv(MODEL, TRAINING, lay, CLUSTER, eff)
+
+
+def test_executor_runtime_pays_each_synchronous_collective():
+    act = 2048 * MODEL.hidden_size * 2  # one micro-batch's activation on the wire, bf16 profile
+    layer = MODEL.layer_kind(0)
+    plain = _executor_env(sp=False).block_pass(layer, 2)
+    # two all-reduces forward (attention and MLP outputs), two backward (their inputs' gradients), none hidden
+    assert plain.tp_comm == pytest.approx(4 * (4e-4 + act / 1e9))
+    sp = _executor_env(sp=True).block_pass(layer, 2)
+    # under sequence parallelism each of the four is an all-gather and a reduce-scatter, each its own call
+    assert sp.tp_comm == pytest.approx(4 * (1e-4 + 2e-4 + 2 * act / 1e9))
+
+
+def test_executor_runtime_reduces_gradients_one_tensor_at_a_time():
+    from cost_models.step import layout_stages
+
+    env = _executor_env(sp=False, dp=4)
+    (stage,) = layout_stages(env)
+    params = stage.params
+    calls = MODEL.num_layers * 9 + 1 + 2  # nine tensors per layer, the embedding, the final norm and LM head
+    assert stage.dp.reduce_s == pytest.approx(calls * 4e-4 + params * TRAINING.grad_bytes / 1e9)
