@@ -281,3 +281,69 @@ def test_plot_paths_are_checked_before_the_work(plan_file, tmp_path, monkeypatch
     code, _, err = run([str(a).replace("{plan}", str(plan_file)) for a in args])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())  # no partial PNG, no temp file
+
+
+@pytest.fixture(scope="module")
+def profile_files(tmp_path_factory) -> tuple[Path, Path]:
+    """A hand-written H100 profile with a block, a GEMM, passes and collective fits, and three
+    runs recorded against it."""
+    from cost_models.profile import CollectiveFit, GemmTime, PassTime, profile_json
+    from tests.cost_models.test_profile import profile
+    from tests.ntp_planner.test_profile_validate import _records
+
+    folder = tmp_path_factory.mktemp("profile")
+    fit = CollectiveFit(op="all_reduce", group_size=2, alpha_s=1e-5, bw_bytes_per_s=1e11, max_rel_residual=0.1)
+    p = profile(
+        sizes=(1, 2),
+        fits=[fit],
+        gemms=(GemmTime(m=8, n=8, k=8, time_s=1e-6, flops_per_s=1024 / 1e-6),),
+        passes=(PassTime(op="copy", bytes=1e6, time_s=1e-4, bytes_per_s=1e10),),
+    )
+    (folder / "p.json").write_text(profile_json(p))
+    (folder / "runs.jsonl").write_text(_records(p))
+    return folder / "p.json", folder / "runs.jsonl"
+
+
+@FUZZ
+@given(data=st.data(), command=st.sampled_from(["estimate", "calibrate"]))
+def test_hand_edited_profiles(profile_files, tmp_path_factory, data, command):
+    source, runs = profile_files
+    doc = json.loads(source.read_text())
+    leaves = [p for p, _ in _paths(doc) if p]
+    path = data.draw(st.sampled_from(leaves), label="field")
+    _set(doc, path, data.draw(_json_value(), label="value"))
+    folder = tmp_path_factory.mktemp("edited")
+    edited = folder / "p.json"
+    edited.write_text(_dump(doc))
+    args = {
+        "estimate": [
+            "estimate",
+            *SMALL,
+            "-n",
+            8,
+            "--tp",
+            2,
+            "--seq-len",
+            2048,
+            "--global-batch",
+            16,
+            "--profile",
+            edited,
+        ],
+        "calibrate": ["calibrate", runs, "--profile", edited, "-o", folder / "out.json"],
+    }[command]
+    check(args, folder)
+
+
+@FUZZ
+@given(data=st.data())
+def test_hand_edited_runs_files(profile_files, tmp_path_factory, data):
+    source, runs = profile_files
+    lines = runs.read_text().splitlines()
+    doc = json.loads(lines[0])
+    key = data.draw(st.sampled_from(sorted(doc)), label="field")
+    doc[key] = data.draw(_json_value(), label="value")
+    folder = tmp_path_factory.mktemp("runs")
+    edited = folder / "runs.jsonl"
+    edited.write_text("\n".join([_dump(doc), *lines[1:]]) + "\n")
+    check(["calibrate", edited, "--profile", source, "-o", folder / "out.json"], folder)
