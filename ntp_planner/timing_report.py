@@ -127,19 +127,19 @@ def comparison_view(data: dict) -> Group:
     for k, v in data["time_split_s"].items():
         if v["predicted"] > 0 or v["measured"] > 0:
             split.add_row(SPLIT_LABELS.get(k, k), ms(v["predicted"]), ms(v["measured"]))
-    stages = Table(title="Per stage: compute + TP communication per step, and memory per rank", box=box.SIMPLE_HEAD)
-    for col in ("stage", "busy predicted", "busy measured", *(f"{p} pred / meas" for p in MEMORY_PARTS)):
+    stages = Table(title="Per stage: compute and TP communication over the step", box=box.SIMPLE_HEAD)
+    for col in ("stage", "predicted", "measured"):
         stages.add_column(col, justify="right")
+    memory = Table(title="Memory per rank (the fullest of each stage)", box=box.SIMPLE_HEAD)
+    for col in ("stage", "part", "predicted", "measured"):
+        memory.add_column(col, justify="left" if col == "part" else "right")
     for s in data["stages"]:
+        stages.add_row(str(s["stage"]), ms(s["predicted_busy_s"]), ms(s["measured_busy_s"]))
         pred, meas = s["predicted_memory_bytes"], s["measured_memory_bytes"]
-        stages.add_row(
-            str(s["stage"]),
-            ms(s["predicted_busy_s"]),
-            ms(s["measured_busy_s"]),
-            *(f"{kib(pred.get(p, 0.0))} / {kib(meas.get(p, 0.0))}" for p in MEMORY_PARTS),
-        )
+        for part in MEMORY_PARTS:
+            memory.add_row(str(s["stage"]), part, kib(pred.get(part, 0.0)), kib(meas.get(part, 0.0)))
     notes = [Text(f"  {n}") for n in data["prediction_notes"]]
-    return Group(head, split, stages, *([Text("Prediction notes:", style="yellow"), *notes] if notes else []))
+    return Group(head, split, stages, memory, *([Text("Prediction notes:", style="yellow"), *notes] if notes else []))
 
 
 def calibration_view(profile: Profile) -> Group:

@@ -44,7 +44,11 @@ ValidateProfileOpt = Annotated[
 ShrunkSeqOpt = Annotated[
     int,
     typer.Option(
-        "--seq-len", min=1, max=65536, help="Tokens per sequence of the shrunk run (longer: more compute per step)."
+        "--seq-len",
+        min=1,
+        max=65536,
+        help="Tokens per sequence of the shrunk run: longer ones give timing more compute per step (and fp32 more "
+        "rounding: allow a larger --tolerance).",
     ),
 ]
 RecordOpt = Annotated[

@@ -188,18 +188,26 @@ def _by_scaling(b: dict[str, float]) -> tuple[float, float]:
 
 def _memory(env, stages, profile: Profile) -> list[dict[str, float]]:
     """Per stage, the cost model's memory in the executor's element size: weights and gradients
-    one element per parameter, AdamW's two moments two (no separate master copy: the weights are
-    the profile's dtype), and the cost model's activation bytes rescaled from 16-bit elements."""
-    from cost_models.blocks import DTYPE_BYTES
+    one element per parameter (the vocabulary unpadded: the executor does not pad it), AdamW's two
+    moments two (no separate master copy: the weights are the profile's dtype), and the cost
+    model's activation bytes rescaled from 16-bit elements."""
+    from cost_models.blocks import DTYPE_BYTES, EMBED, HEAD
+    from cost_models.flops import padded_vocab
 
-    elem = DTYPE_BYTES[profile.dtype]
+    elem, m = DTYPE_BYTES[profile.dtype], env.model
     out = []
-    for st, parts in zip(stages, stage_memory(env, stages), strict=True):
+    for i, (st, parts) in enumerate(zip(stages, stage_memory(env, stages), strict=True)):
+        pad = sum(
+            n * (padded_vocab(m, t) - m.vocab_size) * m.hidden_size / t
+            for block, t, n in stage_runs(m, env.layout, i)
+            if block in (EMBED, HEAD)
+        )
+        params = st.params - pad
         out.append(
             {
-                "weights": st.params * elem,
-                "grads": st.params * elem,
-                "optimizer": 2 * st.params * elem,
+                "weights": params * elem,
+                "grads": params * elem,
+                "optimizer": 2 * params * elem,
                 "activations": parts["activations"] * elem / 2,
             }
         )
