@@ -295,6 +295,21 @@ def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def check_writable(path, what: str = "", example: str = "plan.json") -> Path:
+    """``path`` as a Path if a file can be written there, else InputError before any work is
+    done. ``what`` names the file in the message ("plot"), ``example`` a file name to suggest."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    name = f"{what} {path}" if what else str(path)
+    if path.is_dir():
+        raise InputError(f"cannot write {name}: it is a folder; give a file name, e.g. {path / example}")
+    if not folder.is_dir():
+        raise InputError(f"cannot write {name}: folder {folder} does not exist; create it or pick another")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"cannot write {name}: folder {folder} is not writable; pick another")
+    return path
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
     path = Path(path)

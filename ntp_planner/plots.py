@@ -36,15 +36,9 @@ def _pyplot():
 
 def check_plot_path(path) -> Path:
     """``path`` as a Path if a PNG can be written there, else InputError (before any work)."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise InputError(f"cannot write plot {path}: it is a folder; give a file name, e.g. {path / 'plot.png'}")
-    if not folder.is_dir():
-        raise InputError(f"cannot write plot {path}: folder {folder} does not exist; create it or pick another")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"cannot write plot {path}: folder {folder} is not writable; pick another")
-    return path
+    from ntp_planner.plan import check_writable
+
+    return check_writable(path, "plot", "plot.png")
 
 
 def _save(plt, fig, path) -> None:

@@ -3,7 +3,6 @@ profile and the cluster file of the machine."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -73,9 +72,11 @@ def profile(
     \b
     Example: ntp profile --device cpu --nproc 2 --quick -o profile.json
     """
+    from ntp_planner.plan import check_writable
+
     cluster_out = cluster_out or output.with_name(f"{output.stem}.cluster.json")
     for path in (output, cluster_out):
-        _check_writable(path)
+        check_writable(path, example="profile.json")  # before minutes of measuring, not after
     mbs = None if micro_batches is None else tuple(parse_list(micro_batches, "--micro-batches", int, "1,2,4"))
     tps = None if tp is None else tuple(parse_list(tp, "--tp", int, "1,2,4,8"))
     if any(v < 1 for v in (*(mbs or ()), *(tps or ()))):
@@ -106,17 +107,6 @@ def profile(
     else:
         show(profile_view(result))
         show(f"profile written to {output}; cluster file (gpu {cluster.gpu}) written to {cluster_out}")
-
-
-def _check_writable(path: Path) -> None:
-    """InputError before measuring, so minutes of work never end in a file that cannot be written."""
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise InputError(f"cannot write {path}: it is a folder; give a file name, e.g. {path / 'profile.json'}")
-    if not folder.is_dir():
-        raise InputError(f"cannot write {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"cannot write {path}: folder {folder} is not writable; pick another")
 
 
 def _with_progress(work, total: int, quiet: bool):

@@ -15,6 +15,7 @@ import os
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,19 +102,27 @@ def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault
         init = f"file://{tmp}/store"
         args = (spec, init, backend, str(out), str(errs), 2 * timeout_s + STARTUP_S, progress, fault)
         procs = [ctx.Process(target=_worker, args=(r, *args), daemon=True) for r in range(world)]
-        for p in procs:
-            p.start()
-        try:
+        with supervised(procs):
             _watch(spec, procs, progress, errs, timeout_s, tick)
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-            for p in procs:
-                p.join(5)
         got = torch.load(out)
     ref = reference_run(spec)
     return _compare(spec, got, ref, time.perf_counter() - start)
+
+
+@contextmanager
+def supervised(procs: list):
+    """Start ``procs``; on leaving, however it is left, kill those still alive and reap them all
+    (at most 5 s each), so no process outlives the caller's wait."""
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(5)
 
 
 def under_torchrun() -> bool:

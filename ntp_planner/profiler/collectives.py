@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cost_models.profile import CollectiveTime
+from ntp_planner.executor.launch import supervised
 from ntp_planner.profiler.timing import loop_time
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -81,16 +82,8 @@ def measure_collectives(sweep: CollectiveSweep, tick: Callable[[str], None] | No
     done = ctx.Value("i", 0, lock=False)
     with tempfile.TemporaryDirectory(prefix="ntp-profile-") as tmp:
         procs = [ctx.Process(target=_worker, args=(r, sweep, tmp, done), daemon=True) for r in range(sweep.nproc)]
-        for p in procs:
-            p.start()
-        try:
+        with supervised(procs):
             _watch(procs, sweep, done, Path(tmp), tick)
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-            for p in procs:
-                p.join(5)
         rows = json.loads(Path(tmp, "result.json").read_text())
     return [CollectiveTime(op=op, group_size=g, bytes=b, time_s=t) for op, g, b, t in rows]
 
