@@ -60,6 +60,7 @@ def test_validate_an_ntp_replan_runs_tp4_beside_tp3_with_fewer_micro_batches(pla
     assert "PASS" in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_dead_rank_fails_validate_with_its_name(plans):
     r = run("validate", plans / "dp.json", "--nproc", 8, "--inject-fault", "5:die:0", "--timeout", 30)
@@ -92,6 +93,7 @@ def test_validate_rejects_a_replan_of_another_plan(plans):
     assert "validate the plan it was made from" in " ".join(r.output.split())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_same_command_runs_under_torchrun(plans):
     """Across hosts torchrun starts the processes; each `ntp validate` becomes one rank."""

@@ -54,6 +54,7 @@ def test_ntp_beside_a_per_layer_replica_with_copies():
     check(launch(spec, timeout_s=60))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_unweighted_average_with_unequal_batches_is_detected():
     spec = make_spec(CFG, [[4, 4, 4, 4]], [([4], 4), ([3], 3)], 1, 8, weighted=False)
@@ -93,6 +94,7 @@ def test_context_parallel_beside_ntp():
     check(launch(spec, timeout_s=60))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_rank_that_dies_is_named():
     spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 1), ([2], 1)], 1, 8)
@@ -100,6 +102,7 @@ def test_a_rank_that_dies_is_named():
         launch(spec, timeout_s=60, fault=(2, "die", 1))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_rank_that_raises_is_named_with_its_error():
     spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 1), ([2], 1)], 1, 8)
@@ -108,6 +111,7 @@ def test_a_rank_that_raises_is_named_with_its_error():
         launch(spec, timeout_s=60, fault=(1, "raise", 0))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_rank_that_hangs_is_named_within_the_timeout():
     spec = make_spec(CFG, [[2, 2], [2, 2]], [([2, 2], 2)], 2, 8)
