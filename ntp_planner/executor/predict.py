@@ -33,7 +33,7 @@ SPLIT = {
     "dp_sync": ("dp_comm_exposed",),
     "optimizer": ("optimizer", "overhead"),
 }
-PIPELINE_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble")
+PIPELINE_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_p2p", "pp_bubble")  # no experts run
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def _layout(spec: RunSpec, widths: tuple[int, ...], micro_batches: int, dp: int,
     )
 
 
-def local_cluster(base: ClusterSpec, ranks: int) -> Cluster:
+def host_cluster(base: ClusterSpec, ranks: int) -> Cluster:
     """``ranks`` processes on the one host ``base`` describes (its links and GPU)."""
     spec = base.model_copy(update={"domain_size": ranks, "gpus_per_node": ranks})
     return Cluster(spec=ClusterSpec.model_validate(spec.model_dump()), num_gpus=ranks)
@@ -124,7 +124,7 @@ def run_envs(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterS
             distributed_optimizer=False,
             fused_cross_entropy=False,
         )
-        local = local_cluster(cluster, lay.world_size)
+        local = host_cluster(cluster, lay.world_size)
         # a degraded replica's degree need not divide the heads (NTP's uneven shares; its blocks are
         # measured at the fullest rank's shard), so only the healthy layout goes through check_layout
         envs.append(cost_env(model, training, lay, local, eff) if i == 0 else CostEnv(model, training, lay, local, eff))
@@ -146,9 +146,9 @@ def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: Clust
     measured (``cluster``: the local cluster file ``ntp profile`` wrote)."""
     envs = run_envs(spec, model_name, profile, cluster)
     kinds = replica_kinds(spec)
-    costs = [cost_from_stages(env, layout_stages(env)) for env in envs]
+    healthy_env, stages = envs[0], layout_stages(envs[0])
+    costs = [cost_from_stages(healthy_env, stages), *(cost_from_stages(env) for env in envs[1:])]
     notes = set().union(*(env.notes for env in envs))
-    healthy_env = envs[0]
     for widths, _ in kinds:
         if len(set(widths)) > 1:
             notes.add(f"a replica with stage widths {'/'.join(map(str, widths))} is costed at width {min(widths)}")
@@ -158,8 +158,6 @@ def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: Clust
     slowest = max(costs, key=lambda c: sum(c.time_breakdown_s[k] for k in PIPELINE_TERMS))
     breakdown = {k: (slowest.time_breakdown_s[k] if k in PIPELINE_TERMS else base[k]) for k in base}
     split = {name: sum(breakdown.get(k, 0.0) for k in terms) for name, terms in SPLIT.items()}
-    split["compute"] += breakdown.get("ep_comm", 0.0)
-    stages = layout_stages(healthy_env)
     m = healthy_env.layout.num_micro_batches
     compute, comm = _by_scaling(breakdown)
     busy = [m * (s.pass_.fwd + s.pass_.bwd + s.pass_.recompute + s.pass_.tp_comm) for s in stages]

@@ -84,6 +84,8 @@ def test_validate_reports_predicted_and_measured_step_time_and_records_them(file
     meas, pred = stage["measured_memory_bytes"], stage["predicted_memory_bytes"]
     assert meas["grads"] == meas["weights"] and meas["optimizer"] == 2 * meas["weights"]
     assert pred["optimizer"] == pytest.approx(2 * pred["weights"])
+    # the cost model's parameters per rank (vocabulary unpadded, as the executor holds it) are the executor's
+    assert pred["weights"] == pytest.approx(meas["weights"])
     lines = record.read_text().splitlines()
     assert len(lines) == 1
     rec = RunRecord.model_validate_json(lines[0])
