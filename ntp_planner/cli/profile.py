@@ -22,7 +22,9 @@ ProfileBackendOpt = Annotated[
 ]
 ProcsOpt = Annotated[
     int | None,
-    typer.Option("--nproc", min=1, help="Processes for the collectives, e.g. 8 (default: the GPUs; 2 on CPU)."),
+    typer.Option(
+        "--nproc", min=1, max=4096, help="Processes for the collectives, e.g. 8 (default: the GPUs; 2 on CPU)."
+    ),
 ]
 ProfileModelOpt = Annotated[
     str | None,

@@ -23,6 +23,8 @@ from ntp_planner.profiler.settings import ProfileSettings
 from ntp_planner.profiler.timing import threads
 from topologies.errors import InputError
 
+MAX_PROCS_PER_CORE = 8  # CPU profiles: `ntp validate` runs 16 processes on 2 cores by default
+
 # substring of torch's device name -> GPU catalogue name, first match wins (GB200 before B200)
 CATALOGUE_GPUS = (
     ("GB200", "GB200"),
@@ -188,10 +190,16 @@ def resolve_settings(
         raise InputError(f"--nproc {nproc} must be at least 1")
     if device == "cuda" and nproc > gpus:
         raise InputError(f"--nproc {nproc} exceeds the {gpus} GPUs here (one process per GPU); lower --nproc")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if device == "cpu" and nproc > MAX_PROCS_PER_CORE * cores:
+        raise InputError(
+            f"--nproc {nproc} would run {nproc / cores:.3g} processes on each of this host's {cores} cores; beyond "
+            f"{MAX_PROCS_PER_CORE} per core the collectives time the OS scheduler: use at most "
+            f"{MAX_PROCS_PER_CORE * cores}"
+        )
     spec = resolve_model(model or ("llama3-8b" if device == "cuda" else "llama2-7b"))
     tps = tps or tuple(t for t in tp_degrees(spec, nproc) if t <= nproc)
     check_degrees(spec, tps, nproc)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return ProfileSettings(
         device=device, backend=backend, nproc=nproc, model=spec,
         dtype=dtype_name(dtype or ("bfloat16" if device == "cuda" else "float32")),
