@@ -172,11 +172,12 @@ class CostEnv:
         """Seconds of one collective ``op`` (``ANALYTIC``'s names) of ``nbytes`` over ``links``:
         the profile's measured fit where it covers a group of that size inside one domain, else
         the analytical alpha-beta term (``cost_models.collectives``)."""
-        if self.profile is not None and links.size > 1 and links.domains <= 1:
-            measured = self.profile.collective_time(op, links.size, nbytes)
+        if self.profile is not None and links.size > 1:
+            measured = self.profile.collective_time(op, links.size, nbytes) if links.domains <= 1 else None
             if measured is not None:
                 return measured * self.comm_scale
-            self.notes.add(f"{op} on {links.size} ranks was not profiled: analytical time")
+            where = f"spans {links.domains} NVLink domains" if links.domains > 1 else "was not profiled"
+            self.notes.add(f"{op} on {links.size} ranks {where}: analytical time")
         return ANALYTIC[op](nbytes, links, self.eff)
 
     # ---- time of one micro-batch through one block -------------------------------------------
@@ -241,14 +242,19 @@ class CostEnv:
         return p
 
     def block_pass(self, block: Block, t: int) -> Pass:
+        """One micro-batch through ``block`` at degree ``t`` (cached, perhaps shared with other
+        layouts; the profile notes its computation left are kept beside it and re-noted on a hit)."""
         key = (block, t)
         if key not in self._passes:
+            outer, self.notes = self.notes, set()
             if block == EMBED:
                 self._passes[key] = self._embed_pass(t)
             elif block == HEAD:
                 self._passes[key] = self._head_pass(t)
             else:
                 self._passes[key] = self._layer_pass(block, t)
+            self._passes["notes", key], self.notes = frozenset(self.notes), outer
+        self.notes |= self._passes.get(("notes", key), frozenset())
         return self._passes[key]
 
     def _collective(self, d: Degree, nbytes_per_token: float) -> float:
@@ -298,7 +304,7 @@ class CostEnv:
             else:
                 p.tp_comm = logits + self.coll("all_reduce", act * self.model.hidden_size, d.tp_links)
             return p
-        p.tp_comm = self._collective(d, ACT_BYTES) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
+        p.tp_comm = self._collective(d, self.act_bytes) * (1 - self.eff.tp_overlap_hidden * self.layout.tp_comm_overlap)
         return p
 
     def _layer_pass(self, kind: LayerKind, t: int) -> Pass:

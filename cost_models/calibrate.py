@@ -15,6 +15,7 @@ each reported with its residual.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from pathlib import Path
 
@@ -46,6 +47,8 @@ class RunRecord(BaseModel):
     compute_s: float = Field(ge=0, description="Predicted time that scales with compute.")
     comm_s: float = Field(ge=0, description="Predicted time that scales with the links.")
     overhead_s: float = Field(ge=0, description="The fixed per-step overhead of the prediction.")
+    compute_scale: float = Field(default=1.0, gt=0, description="The profile's calibration when it predicted.")
+    comm_scale: float = Field(default=1.0, gt=0, description="The profile's calibration when it predicted.")
 
     _bounds = bounds_validator(
         {k: _TIME for k in ("measured_step_time_s", "predicted_step_time_s", "compute_s", "comm_s", "overhead_s")}
@@ -80,19 +83,30 @@ def calibrate(profile: Profile, runs: list[RunRecord]) -> Profile:
             f"calibration fits {MIN_RUNS} constants and needs at least {MIN_RUNS} runs; got {len(runs)}: record more "
             "with `ntp validate PLAN --profile P --record runs.jsonl`."
         )
-    other = [r for r in runs if r.profile_created != profile.created or r.profile_gpu != profile.device.gpu]
+    cal = profile.calibration
+    other = [
+        r
+        for r in runs
+        if (r.profile_created, r.profile_gpu) != (profile.created, profile.device.gpu)
+        or not (math.isclose(r.compute_scale, cal.compute_scale) and math.isclose(r.comm_scale, cal.comm_scale))
+    ]
     if other:
+        r = other[0]
         raise InputError(
-            f"run {other[0].name!r} was predicted with another profile ({other[0].profile_gpu}, "
-            f"{other[0].profile_created:%Y-%m-%d %H:%M}); calibrate with the profile the runs used."
+            f"run {r.name!r} was predicted with another profile ({r.profile_gpu}, {r.profile_created:%Y-%m-%d %H:%M}, "
+            f"multipliers {r.compute_scale:.3g} and {r.comm_scale:.3g}); calibrate the profile the runs used."
         )
     measured = np.array([r.measured_step_time_s for r in runs])
     # relative least squares: every run counts alike, however long its step
     a = np.array([[r.compute_s, r.comm_s, 1.0] for r in runs]) / measured[:, None]
+    if np.linalg.matrix_rank(a, tol=1e-9 * np.abs(a).max()) < 3:
+        raise InputError(
+            "these runs cannot tell compute, communication and a fixed overhead apart (one is zero in every run, or "
+            "they grow in proportion); record runs that differ in their share of communication (other TP, DP or PP)."
+        )
     lo, hi = SCALE_RANGE
     fit = lsq_linear(a, np.ones(len(runs)), bounds=([lo, lo, 0.0], [hi, hi, np.inf]))
     x, y, overhead = (float(v) for v in fit.x)
-    cal = profile.calibration
     fitted = [
         CalibratedRun(
             name=r.name,

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topologies.bounds import Bound, bounds_validator
 from topologies.cluster_catalogue import first_error
@@ -41,6 +41,18 @@ _BYTES = Bound(0, 2**50, "bytes", "a measured message or pass moves kilobytes to
 _RATE = Bound(0, 1e18, "per s", "no device moves or computes more than 1e18 per second")
 
 _Strict = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def _positive_time(cls, value: float) -> float:
+    """A measured time of zero is a broken timer, not a fast kernel: rates and fits divide by it."""
+    if value <= 0:
+        raise InputError(f"must be above 0 s, not {value:g}: a measurement takes some time")
+    return value
+
+
+def measured_time_validator():
+    """The pydantic validator of a ``time_s`` field that was measured (``_positive_time``)."""
+    return field_validator("time_s")(classmethod(_positive_time))
 
 
 class ProfileDevice(BaseModel):
@@ -162,6 +174,7 @@ class PassTime(BaseModel):
     bytes_per_s: float
 
     _bounds = bounds_validator({"bytes": _BYTES, "time_s": _TIME, "bytes_per_s": _RATE})
+    _measured = measured_time_validator()
 
 
 class CollectiveTime(BaseModel):
@@ -175,6 +188,7 @@ class CollectiveTime(BaseModel):
     time_s: float
 
     _bounds = bounds_validator({"bytes": _BYTES, "time_s": _TIME})
+    _measured = measured_time_validator()
 
 
 class CollectiveFit(BaseModel):
@@ -200,9 +214,9 @@ class CalibratedRun(BaseModel):
     model_config = _Strict
 
     name: str = Field(max_length=500)
-    measured_step_time_s: float
-    predicted_before_s: float
-    predicted_after_s: float
+    measured_step_time_s: float = Field(gt=0)
+    predicted_before_s: float = Field(ge=0)
+    predicted_after_s: float = Field(ge=0)
 
     @property
     def residual(self) -> float:
@@ -245,6 +259,18 @@ class Profile(BaseModel):
     calibration: Calibration = Calibration()
     notes: tuple[str, ...] = Field(default=(), description="What was skipped or approximated, one line each.")
 
+    @model_validator(mode="after")
+    def _one_entry_per_shape(self) -> Profile:
+        seen: set = set()
+        for i, b in enumerate(self.blocks):
+            if (b.shape, b.micro_batch) in seen:
+                raise InputError(
+                    f"blocks.{i} measures {b.shape.kind} at tp {b.shape.tp}, {b.micro_batch} x {b.shape.seq_len} "
+                    "tokens a second time; keep one entry per shape and micro-batch"
+                )
+            seen.add((b.shape, b.micro_batch))
+        return self
+
     # ---- lookups ------------------------------------------------------------------------------
     def block_time(self, shape: BlockShape, micro_batch: int, extrapolate: bool = False) -> tuple[float, float] | None:
         """(forward, backward) seconds of ``shape`` at ``micro_batch`` sequences: measured, or
@@ -274,24 +300,6 @@ class Profile(BaseModel):
         last = points[-1]  # more: on the line, never less than the largest measured
         fwd, bwd = _line(points[-2], last, micro_batch)
         return max(fwd, last[1]), max(bwd, last[2])
-
-    def nearest_block(self, shape: BlockShape, micro_batch: int) -> BlockTime | None:
-        """The measured block closest to ``shape`` at ``micro_batch``: the same model's block of
-        the same kind, nearest in TP degree, then sequence length, then micro-batch (log scale).
-        The cost model scales it by its own analytical ratio where the shape was not measured."""
-        from math import log
-
-        same = [b for b in self.blocks if b.shape.same_model(shape)]
-        if not same:
-            return None
-        return min(
-            same,
-            key=lambda b: (
-                abs(log(b.shape.tp / shape.tp)),
-                abs(log(b.shape.seq_len / shape.seq_len)),
-                abs(log(b.micro_batch / micro_batch)),
-            ),
-        )
 
     def optimizer_cost(self) -> tuple[float, float] | None:
         """(seconds per tensor, bytes per second) of an optimizer step, fitted to the measured

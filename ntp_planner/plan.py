@@ -278,6 +278,16 @@ class Plan(BaseModel):
             raise InputError(f"plan {path} is malformed: {first_error(exc)}.") from None
 
 
+def _unset_later_fields(cluster: ClusterInputs) -> dict:
+    """Fields added after the first plans were hashed, while they hold their defaults."""
+    out: dict = {}
+    if cluster.gpus_per_domain is None:
+        out["gpus_per_domain"] = True
+    if cluster.spec.custom_gpu is None:
+        out["spec"] = {"custom_gpu"}
+    return out
+
+
 def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs) -> str:
     """sha256 of the inputs; a field added later is left out while it holds its default, so
     the inputs of older plans keep their hash."""
@@ -285,9 +295,7 @@ def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs
         {
             "model": model.model_dump(mode="json"),
             "training": training.model_dump(mode="json"),
-            "cluster": cluster.model_dump(
-                mode="json", exclude={"gpus_per_domain"} if cluster.gpus_per_domain is None else None
-            ),
+            "cluster": cluster.model_dump(mode="json", exclude=_unset_later_fields(cluster)),
         },
         sort_keys=True,
         separators=(",", ":"),

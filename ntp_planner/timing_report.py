@@ -109,6 +109,8 @@ def run_record(name: str, profile: Profile, comparison: dict):
         compute_s=parts["compute"],
         comm_s=parts["comm"],
         overhead_s=parts["overhead"],
+        compute_scale=profile.calibration.compute_scale,
+        comm_scale=profile.calibration.comm_scale,
     )
 
 

@@ -140,6 +140,10 @@ def validate(
         raise InputError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")
     if record is not None and profile is None:
         raise InputError("--record stores predicted against measured step times; give --profile too")
+    if record is not None:
+        from ntp_planner.plan import check_writable
+
+        check_writable(record, "runs file", "runs.jsonl")  # before the run, not after
     torch = _import_torch()
     from ntp_planner.executor.shrink import shrink
     from ntp_planner.plan import Plan
@@ -164,8 +168,6 @@ def validate(
     if measured_profile is not None:
         comparison = _compare_prediction(measured_profile, shrunk.spec, p, result)
         data |= comparison
-        if record is not None:
-            _record(record, plan_file, p, measured_profile, comparison)
     if json_out:
         show_json(data)
     else:
@@ -174,6 +176,8 @@ def validate(
             from ntp_planner.timing_report import comparison_view
 
             show(comparison_view(comparison))
+    if record is not None:
+        _record(record, plan_file, p, measured_profile, comparison)
     if not data["passed"]:
         raise typer.Exit(1)
 

@@ -163,12 +163,19 @@ def explain(plan_file: PlanArg, profile: ProfileOpt = None, json_out: JsonOpt = 
 
     p = Plan.load(plan_file)
     efficiency = profile_efficiency(profile, p.cluster.build().gpu.name)
-    if profile is not None:
+    if profile is not None:  # the plan, its runners-up and its Megatron projection costed again from the profile
         from cost_models import estimate_step
+        from ntp_planner.solver.planner import runner_up
 
-        p = p.model_copy(
-            update={"predicted": estimate_step(p.model, p.training, p.layout, p.cluster.build(), efficiency)}
-        )
+        cluster = p.cluster.build()
+        cost = lambda lay: estimate_step(p.model, p.training, lay, cluster, efficiency)  # noqa: E731
+        update = {
+            "predicted": cost(p.layout),
+            "runners_up": [runner_up(r.layout, cost(r.layout)) for r in p.runners_up],
+        }
+        if p.megatron is not None:
+            update["megatron"] = runner_up(p.megatron.layout, cost(p.megatron.layout))
+        p = p.model_copy(update=update)
     if json_out:
         show_json(explain_json(p))
     else:

@@ -77,6 +77,8 @@ def profile(
     from ntp_planner.plan import check_writable
 
     cluster_out = cluster_out or output.with_name(f"{output.stem}.cluster.json")
+    if cluster_out.resolve() == output.resolve():
+        raise InputError(f"--cluster-out {cluster_out} is the profile's own path; give the cluster file another name")
     for path in (output, cluster_out):
         check_writable(path, example="profile.json")  # before minutes of measuring, not after
     mbs = None if micro_batches is None else tuple(parse_list(micro_batches, "--micro-batches", int, "1,2,4"))

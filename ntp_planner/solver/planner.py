@@ -14,7 +14,7 @@ from topologies.cluster import Cluster
 from topologies.errors import InputError
 
 
-def _runner_up(layout: ParallelLayout, cost: StepCost) -> RunnerUp:
+def runner_up(layout: ParallelLayout, cost: StepCost) -> RunnerUp:
     return RunnerUp(
         layout=layout,
         step_time_s=cost.step_time_s,
@@ -112,7 +112,7 @@ def make_plan(
     best, *rest = ranked[:top]
     megatron = None
     if best.layout.is_per_layer and uniform:
-        megatron = _runner_up(uniform[0].layout, uniform[0].cost)
+        megatron = runner_up(uniform[0].layout, uniform[0].cost)
     plan = _plan(
         model,
         training,
@@ -120,7 +120,7 @@ def make_plan(
         best.layout,
         best.cost,
         headroom,
-        [_runner_up(c.layout, c.cost) for c in rest],
+        [runner_up(c.layout, c.cost) for c in rest],
         "search",
     )
     return plan.model_copy(

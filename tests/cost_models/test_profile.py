@@ -16,6 +16,7 @@ from cost_models.profile import (
     BlockShape,
     BlockTime,
     CollectiveFit,
+    CollectiveTime,
     Profile,
     ProfileDevice,
     load_profile,
@@ -202,3 +203,37 @@ def test_executor_runtime_reduces_gradients_one_tensor_at_a_time():
     params = stage.params
     calls = MODEL.num_layers * 9 + 1 + 2  # nine tensors per layer, the embedding, the final norm and LM head
     assert stage.dp.reduce_s == pytest.approx(calls * 4e-4 + params * TRAINING.grad_bytes / 1e9)
+
+
+def test_notes_survive_pass_caches_shared_by_a_search():
+    from ntp_planner.solver.planner import make_plan
+
+    eff = DEFAULT_EFFICIENCY.with_profile(profile())
+    plan = make_plan(MODEL, TRAINING, CLUSTER, efficiency=eff, top=1)
+    fresh = estimate_step(MODEL, TRAINING, plan.layout, CLUSTER, eff)
+    assert plan.predicted.notes == fresh.notes and fresh.notes
+
+
+def test_a_collective_across_domains_is_noted():
+    two_hosts = Cluster(spec=resolve_cluster_spec("dgx-h100"), num_gpus=16)
+    lay = ParallelLayout(tp=2, dp=8, micro_batch=1, global_batch=32)
+    cost = estimate_step(MODEL, TRAINING, lay, two_hosts, DEFAULT_EFFICIENCY.with_profile(profile()))
+    assert "all_reduce on 8 ranks spans 2 NVLink domains: analytical time" in cost.notes
+
+
+def test_a_shape_measured_twice_or_in_no_time_is_refused():
+    p = profile(sizes=(1, 2))
+    with pytest.raises(ValueError, match="blocks.1 measures layer at tp 2, 1 x 2048 tokens a second time"):
+        Profile.model_validate(p.model_dump() | {"blocks": [p.blocks[0].model_dump(), p.blocks[0].model_dump()]})
+    with pytest.raises(ValueError, match="must be above 0 s, not 0"):
+        CollectiveTime(op="all_reduce", group_size=2, bytes=1024, time_s=0.0)
+
+
+def test_calibration_refuses_runs_of_a_calibrated_profile_and_runs_that_cannot_separate_the_terms():
+    runs = [_run(f"r{i}", x, y) for i, (x, y) in enumerate([(0.02, 0.01), (0.05, 0.002), (0.01, 0.03)])]
+    calibrated = calibrate(profile(), runs)
+    with pytest.raises(InputError, match="'r0' was predicted with another profile .* multipliers 1 and 1"):
+        calibrate(calibrated, runs)  # the multipliers would apply twice
+    no_comm = [_run(f"r{i}", x, 0.0) for i, x in enumerate([0.01, 0.02, 0.04])]
+    with pytest.raises(InputError, match="cannot tell compute, communication and a fixed overhead apart"):
+        calibrate(profile(), no_comm)

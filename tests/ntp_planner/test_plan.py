@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -302,3 +303,11 @@ def test_any_edited_number_loads_or_fails_in_one_sentence(small, tmp_path, data,
         return
     assert plan.layout.world_size == plan.cluster.num_gpus == len(set(plan.placement))
     assert math.isfinite(plan.predicted.step_time_s) and plan.predicted.step_time_s > 0
+
+
+@pytest.mark.parametrize("name", ["dense_pp_interleaved", "moe", "ntp_replanned"])
+def test_committed_plans_keep_their_inputs_hash(name):
+    """Fields added to the inputs later (gpus_per_domain, a cluster's custom_gpu) leave older
+    plans' hashes, and the hashes their exported configs carry, as they were."""
+    plan = Plan.load(Path(__file__).parent / "plans" / f"{name}.json")
+    assert inputs_hash(plan.model, plan.training, plan.cluster) == plan.inputs_hash
