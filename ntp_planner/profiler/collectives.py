@@ -140,12 +140,18 @@ def _worker(rank: int, sweep: CollectiveSweep, tmp: str, done) -> None:
     os._exit(0)
 
 
+BURST_S = 1e-3  # compute between two timed collectives on a CPU: about a small block's share of a step
+
+
 def _burst(device):
-    """About half a millisecond of small matrix products on one CPU thread (untimed)."""
+    """``BURST_S`` of small matrix products on one CPU thread (untimed), as a rank computes between
+    its collectives in a step: on a shared host a collective after compute costs about twice one
+    called back to back (the peer must be woken, and arrives late)."""
     a = torch.randn(64, 64, device=device)
 
     def run():
-        for _ in range(20):
+        end = time.perf_counter() + BURST_S
+        while time.perf_counter() < end:
             a @ a
 
     return run

@@ -27,6 +27,7 @@ def complete_profile(prof: Profile, spec: RunSpec, model_name: str, say=None) ->
         return prof
     if say is not None:
         say(f"measuring the shrunk model's {len(missing)} block shapes on this machine (one process, one thread)")
-    blocks = measure_blocks(missing, device=prof.device.kind, dtype=prof.dtype, threads_per_rank=1)
+    # small blocks: many repetitions, so that one slow moment of a shared host does not set a whole prediction
+    blocks = measure_blocks(missing, device=prof.device.kind, dtype=prof.dtype, reps=15, warmup=2, threads_per_rank=1)
     note = f"validate measured {len(missing)} block shapes of a shrunk model"
     return prof.model_copy(update={"blocks": prof.blocks + tuple(blocks), "notes": (*prof.notes, note)})
