@@ -122,6 +122,7 @@ def mape(errors: list[float]) -> float:
 def left_out_errors(rows: list[dict], base) -> list[float]:
     """Each run predicted by a calibration fitted to the others (at least three)."""
     from cost_models.calibrate import RunRecord
+    from ntp_planner.timing_report import relative_error
 
     records = [RunRecord.model_validate(r["record"]) for r in rows]
     out = []
@@ -135,7 +136,7 @@ def left_out_errors(rows: list[dict], base) -> list[float]:
             cal.comm_scale / base.calibration.comm_scale,
         )
         predicted = scale_c * r.compute_s + scale_k * r.comm_s + (cal.step_overhead_s or 0.0)
-        out.append((predicted - r.measured_step_time_s) / r.measured_step_time_s)
+        out.append(relative_error(predicted, r.measured_step_time_s))
     return out
 
 

@@ -231,12 +231,13 @@ class CostEnv:
         if self.profile is None:
             return p
         shape, seqs = self.profile_shape(block, t), self.degree(t).seqs
-        got = self.profile.block_time(shape, seqs, extrapolate=True)
+        got = self.profile.block_time(shape, seqs)
         what = f"{shape.kind} at tp {t} ({seqs} x {shape.seq_len} tokens)"
         if got is None:
-            self.notes.add(f"{what} was not profiled: analytical compute")
-            return p
-        if self.profile.block_time(shape, seqs) is None:
+            got = self.profile.block_time(shape, seqs, extrapolate=True)
+            if got is None:
+                self.notes.add(f"{what} was not profiled: analytical compute")
+                return p
             self.notes.add(f"{what} extrapolated from the profile's micro-batch sizes")
         p.fwd, p.bwd = got[0] * self.compute_scale, got[1] * self.compute_scale
         return p

@@ -108,10 +108,6 @@ class BlockShape(BaseModel):
         dict.fromkeys(("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tp", "seq_len"), _COUNT)
     )
 
-    def same_model(self, other: BlockShape) -> bool:
-        """The same block of the same model, whatever the degree and sequence."""
-        return self.model_dump(exclude={"tp", "seq_len", "cp"}) == other.model_dump(exclude={"tp", "seq_len", "cp"})
-
 
 class BlockTime(BaseModel):
     """Median forward and backward time of one micro-batch through one block on one rank,
@@ -304,16 +300,11 @@ class Profile(BaseModel):
     def optimizer_cost(self) -> tuple[float, float] | None:
         """(seconds per tensor, bytes per second) of an optimizer step, fitted to the measured
         steps over different numbers of tensors (``time = tensors x a + bytes / bw``); None
-        without two such measurements."""
-        steps = [p for p in self.passes if p.op == "optimizer"]
-        if len({p.tensors for p in steps}) < 2 or len({p.bytes for p in steps}) < 2:
-            return None
-        import numpy as np
-
-        a = np.array([[p.tensors, p.bytes] for p in steps]) / np.array([[p.time_s] for p in steps])
-        (per_tensor, per_byte), *_ = np.linalg.lstsq(a, np.ones(len(steps)), rcond=None)
-        per_tensor, per_byte = max(float(per_tensor), 0.0), max(float(per_byte), 1e-15)
-        return per_tensor, 1.0 / per_byte
+        without two such measurements. Fitted once per set of passes (cached beside them)."""
+        cached = self.__dict__.get("_optimizer")
+        if cached is None or cached[0] is not self.passes:
+            cached = self.__dict__["_optimizer"] = (self.passes, _fit_optimizer(self.passes))
+        return cached[1]
 
     def collective_fit(self, op: str, group_size: int) -> CollectiveFit | None:
         return self._fit_index().get((op, group_size))
@@ -355,6 +346,19 @@ class Profile(BaseModel):
                 f"{gpu_name}; plan for a cluster of {self.device.gpu} (the cluster file `ntp profile` wrote) or "
                 f"profile a {gpu_name} machine."
             )
+
+
+def _fit_optimizer(passes: tuple[PassTime, ...]) -> tuple[float, float] | None:
+    """``Profile.optimizer_cost`` by least squares on relative error."""
+    steps = [p for p in passes if p.op == "optimizer"]
+    if len({p.tensors for p in steps}) < 2 or len({p.bytes for p in steps}) < 2:
+        return None
+    import numpy as np
+
+    a = np.array([[p.tensors, p.bytes] for p in steps]) / np.array([[p.time_s] for p in steps])
+    (per_tensor, per_byte), *_ = np.linalg.lstsq(a, np.ones(len(steps)), rcond=None)
+    per_tensor, per_byte = max(float(per_tensor), 0.0), max(float(per_byte), 1e-15)
+    return per_tensor, 1.0 / per_byte
 
 
 def _line(a: tuple[int, float, float], b: tuple[int, float, float], x: int) -> tuple[float, float]:
