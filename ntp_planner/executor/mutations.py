@@ -1,0 +1,19 @@
+"""Planted bugs, for tests that prove the exactness check catches them. Off unless the
+environment variable ``NTP_EXECUTOR_MUTATION`` names one; spawned ranks inherit the parent's
+environment, so a test sets it (``monkeypatch.setenv``) before ``launch``. Production code asks
+``planted("name")`` at the one place the bug would live; nothing else reads the variable.
+
+>>> planted("doubled-grad-copy1")
+False
+"""
+
+from __future__ import annotations
+
+import os
+
+VARIABLE = "NTP_EXECUTOR_MUTATION"
+
+
+def planted(name: str) -> bool:
+    """True when the bug ``name`` is to be planted in this process."""
+    return os.environ.get(VARIABLE) == name
