@@ -20,12 +20,18 @@ import torch.distributed as dist
 from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.measure import ActivationMeter, StepClock, gather_rows, rank_memory
 from ntp_planner.executor.model import Reference
+from ntp_planner.executor.optimizer import (
+    ADAMW,
+    MASTER_DTYPE,
+    ShardedOptimizer,
+    default_dtype,
+    mixed_reference,
+    uses_engine,
+)
 from ntp_planner.executor.schedule import one_f_one_b
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.stage import StageModel
 from ntp_planner.executor.sync import gathered_parameters, sync_gradients
-
-ADAMW = {"weight_decay": 0.01}
 
 
 def synthetic_batch(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +66,7 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     (``measure``) to ``out_file``. ``progress[3 * rank]`` holds the step this rank has entered
     (then ``Comm`` its collectives)."""
     torch.set_num_threads(1)
-    torch.set_default_dtype(getattr(torch, spec.dtype))
+    torch.set_default_dtype(default_dtype(spec))
     device = torch.device("cpu")
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", rank))  # torchrun sets it per host
@@ -75,8 +81,9 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     shapes = {k: v.shape for k, v in ref.named_parameters()}
     model = StageModel(spec, spec.replicas[replica].stages[s], rank, ref, comm, device)
     tokens, targets = (t.to(device) for t in synthetic_batch(spec))
+    engine = ShardedOptimizer(spec, model, ref, comm) if uses_engine(spec) else None
     weights = [t for *_, t in model.named_parameters()]
-    opt = torch.optim.AdamW(weights, lr=spec.lr, **ADAMW)
+    opt = engine or torch.optim.AdamW(weights, lr=spec.lr, **ADAMW)
     scale = loss_scale(spec, replica)
     clock, meter = StepClock(comm), ActivationMeter([*weights, tokens, targets])
     losses = []
@@ -94,18 +101,22 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
         with meter.hooks():
             share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens, targets), scale)
         with comm.category("dp"):
-            sync_gradients(model, spec, s, comm, shapes)
+            engine.reduce() if engine else sync_gradients(model, spec, s, comm, shapes)
         if step == 0:
             with clock.excluded():
-                first_grads = gathered_parameters(model, spec, replica, comm, shapes, grads=True)
+                synced = engine.synced_grads() if engine else None
+                first_grads = gathered_parameters(model, spec, replica, comm, shapes, grads=True, value_of=synced)
         with clock.optimizer():
             opt.step()
+        if engine:
+            with comm.category("dp"):
+                engine.gather()
         if device.type == "cuda":
             torch.cuda.synchronize()
         clock.stop()
         losses.append(comm.world_reduce(torch.tensor([share], device=device)).item())
     params = gathered_parameters(model, spec, replica, comm, shapes)
-    row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device)
+    row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device, engine)
     stats = gather_rows(comm, row, rank, spec.world_size, device)
     if rank == 0:
         torch.save({"losses": losses, "params": params, "grads": first_grads, "rank_stats": stats}, out_file)
@@ -116,9 +127,9 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
 def reference_run(spec: RunSpec) -> dict:
     """The same training in one process on the whole batch (mean over its tokens)."""
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, spec.dtype))
+    torch.set_default_dtype(default_dtype(spec))
     try:
-        return _reference(spec)
+        return mixed_reference(spec) if spec.dtype in MASTER_DTYPE else _reference(spec)
     finally:
         torch.set_default_dtype(previous)
 

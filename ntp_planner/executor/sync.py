@@ -84,10 +84,11 @@ def _ntp_sync(model, spec, key, bs, grad, degrees, groups, comm, shape) -> torch
 
 
 def gathered_parameters(
-    model: StageModel, spec: RunSpec, replica: int, comm: Comm, shapes: dict, grads: bool = False
+    model: StageModel, spec: RunSpec, replica: int, comm: Comm, shapes: dict, grads: bool = False, value_of=None
 ) -> list[dict]:
     """Every replica's full parameters (or, with ``grads``, their synced gradients; copy 0
-    speaks for its replica), on every rank: one all-reduce of one flat buffer per replica."""
+    speaks for its replica), on every rank: one all-reduce of one flat buffer per replica.
+    ``value_of(tensor)``, if given, says what a parameter holds (a sharded optimizer's rebuilt gradient)."""
     cfg = spec.cfg
     names = list(shapes)
     sizes = [int(torch.Size(shapes[k]).numel()) for k in names]
@@ -101,7 +102,7 @@ def gathered_parameters(
                 if bs.copy:
                     continue
                 t, j = bs.block.degree, bs.tp_rank
-                value = p.grad if grads else p.detach()
+                value = value_of(p) if value_of else p.grad if grads else p.detach()
                 part = _place(value * counted_once(cfg, key, t, j, dev), param_index(cfg, key, t, j), shapes[name])
                 o = offsets[name]
                 flat[o : o + part.numel()] += part.reshape(-1)
