@@ -76,6 +76,7 @@ class Slot:
     full_shape: tuple[int, ...]  # the reference parameter's
     core_shape: tuple[int, ...] = ()
     master: torch.Tensor | None = None  # this rank's shard (leaf AdamW updates); None if empty or no core
+    low: torch.Tensor | None = None  # ZeRO-3 in mixed precision: the shard's bf16 copy, what is gathered
 
 
 class ShardedOptimizer:
@@ -88,19 +89,25 @@ class ShardedOptimizer:
         self.mixed = spec.dtype in MASTER_DTYPE
         self.main_grads: dict[int, torch.Tensor | None] = {}
         full = dict(ref.named_parameters())
-        if self.mixed:
+        if self.mixed or spec.zero >= 3:  # ZeRO-3: full buffers, gathered from the shards for each use
+            make = (lambda t: t.detach().clone()) if spec.zero >= 3 else _leaf
             for bs in model.blocks:
-                bs.params = {k: _leaf(t.detach().to(getattr(torch, spec.dtype))) for k, t in bs.params.items()}
+                bs.params = {k: make(t.detach().to(getattr(torch, spec.dtype))) for k, t in bs.params.items()}
         index = {id(bs): i for i, bs in enumerate(model.blocks)}
         self.slots = []
         for name, key, bs, p in model.named_parameters():
             slot = self._slot(name, key, bs, p, index[id(bs)], full[name])
             self.slots.append(slot)
-            if self.mixed:
+            if self.mixed and spec.zero < 3:
                 self.main_grads[id(p)] = None
                 p.register_post_accumulate_grad_hook(self._accumulate)
         masters = [s.master for s in self.slots if s.master is not None]
         self.opt = torch.optim.AdamW(masters, lr=spec.lr, **ADAMW) if masters else None
+        self.zero3 = None
+        if spec.zero >= 3:
+            from ntp_planner.executor.fsdp import Zero3
+
+            self.zero3 = model.around = Zero3(self)
 
     # ---- set-up -----------------------------------------------------------------------------
     def _slot(self, name, key, bs, p, b, full: torch.Tensor) -> Slot:
@@ -125,12 +132,14 @@ class ShardedOptimizer:
         if planted("zero-shard-offset") and g > 1:
             i = (i + 1) % g  # the bug: this rank updates its neighbour's shard with its own gradient
         a, e = shard_bounds(core.numel(), g, i)
-        if a == e:
+        if a == e and spec.zero < 3:  # ZeRO-3 keeps an empty shard: every slice of a block has its leaf
             return slot
-        if self.mixed or slot.ntp:
+        if self.mixed or slot.ntp or spec.zero >= 3:
             slot.master = _leaf(core.detach().reshape(-1)[a:e].clone().to(default_dtype(spec)))
         else:  # a view of the parameter itself: AdamW writes straight into it
             slot.master = p.detach().view(-1)[a:e]
+        if self.mixed and spec.zero >= 3:
+            slot.low = slot.master.detach().to(p.dtype)
         return slot
 
     def _accumulate(self, p: torch.Tensor) -> None:
@@ -158,7 +167,10 @@ class ShardedOptimizer:
         return g if g is not None else torch.zeros(s.param.shape, dtype=_master(self.spec), device=s.param.device)
 
     def reduce(self) -> None:
-        """Every slot's gradient summed over its group, this rank keeping its shard (``master.grad``)."""
+        """Every slot's gradient summed over its group, this rank keeping its shard (``master.grad``;
+        ZeRO-3 has reduce-scattered every micro-batch's already)."""
+        if self.zero3 is not None:
+            return
         for s in self.slots:
             core = self._core_grad(s)
             if core is not None:
@@ -210,20 +222,26 @@ class ShardedOptimizer:
                     s.master.grad = None
 
     def gather(self) -> None:
-        """The updated shards all-gathered into the core, and the core back into every holder."""
+        """The updated shards all-gathered into the core, and the core back into every holder
+        (ZeRO-3: gathered before each use instead; in mixed precision the bf16 shards are cast)."""
+        if self.zero3 is not None:
+            for s in self.slots:
+                if s.low is not None:
+                    s.low.copy_(s.master.detach())
+            return
         with torch.no_grad():
             for s in self.slots:
                 self._distribute(s, self._all_gather(s, lambda m: m.detach()))
 
     def synced_grads(self):
         """Every parameter's summed gradient in its own layout (for the comparison, between
-        ``reduce`` and ``step``), rebuilt from the shards: a function of the parameter."""
+        ``reduce`` and ``step``), rebuilt from the shards: a function of the parameter's name."""
         out = {}
         for s in self.slots:
             dtype = _master(self.spec)
             got = self._all_gather(s, lambda m: m.grad, dtype)
-            out[id(s.param)] = self._distribute(s, got, torch.empty(s.param.shape, dtype=dtype, device=s.param.device))
-        return lambda p: out[id(p)]
+            out[s.name] = self._distribute(s, got, torch.empty(s.param.shape, dtype=dtype, device=s.param.device))
+        return out.__getitem__
 
     def _all_gather(self, s: Slot, part, dtype=None) -> torch.Tensor | None:
         """The core tensor from every member's ``part(master)`` (None where the rank holds no core)."""
@@ -265,16 +283,27 @@ class ShardedOptimizer:
         b = self.model.blocks.index(s.bs)
         return min(rep.stages[stage].blocks[b].degree for rep in self.spec.replicas)
 
+    def materialize(self) -> None:
+        """ZeRO-3: every full parameter gathered into the model (for the final comparison)."""
+        if self.zero3 is not None:
+            self.zero3.materialize()
+
     # ---- what the rank holds ----------------------------------------------------------------
     def held_bytes(self) -> tuple[int, int, int]:
-        """(weights, gradients, optimizer state) bytes this rank holds: the model's parameters;
-        full gradients (fp32 buffers in mixed precision) and, from ZeRO-2, the shards'
-        gradients; AdamW's moments and the master shards that are not views of a parameter."""
-        weights = sum(_nbytes(s.param) for s in self.slots)
+        """(weights, gradients, optimizer state) bytes this rank holds between steps: the
+        model's parameters (ZeRO-3: their shards); full gradients (fp32 buffers in mixed
+        precision) and, from ZeRO-2, the shards' gradients; AdamW's moments and the master shards
+        that are not the weights themselves (fp32 masters, NTP's cores in the smallest layout)."""
+        masters = [s for s in self.slots if s.master is not None]
+        if self.zero3 is None:
+            weights = sum(_nbytes(s.param) for s in self.slots)
+            own = sum(_nbytes(s.master) for s in masters if s.master._base is None)
+        else:
+            weights = sum(_nbytes(s.low if self.mixed else s.master) for s in masters)
+            own = sum(_nbytes(s.master) for s in masters) if self.mixed else 0
         grads = sum(_nbytes(self.main_grads.get(id(s.param)) if self.mixed else s.param.grad) for s in self.slots)
-        grads += sum(_nbytes(s.master.grad) for s in self.slots if s.master is not None and self.spec.zero >= 2)
+        grads += sum(_nbytes(s.master.grad) for s in masters if self.spec.zero >= 2)
         state = [v for st in (self.opt.state.values() if self.opt else ()) for k, v in st.items() if k != "step"]
-        own = sum(_nbytes(s.master) for s in self.slots if s.master is not None and s.master._base is None)
         return weights, grads, sum(_nbytes(v) for v in state) + own
 
 

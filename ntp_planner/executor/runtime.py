@@ -115,6 +115,8 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
             torch.cuda.synchronize()
         clock.stop()
         losses.append(comm.world_reduce(torch.tensor([share], device=device)).item())
+    if engine:
+        engine.materialize()
     params = gathered_parameters(model, spec, replica, comm, shapes)
     row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device, engine)
     stats = gather_rows(comm, row, rank, spec.world_size, device)

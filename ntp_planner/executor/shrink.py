@@ -127,7 +127,10 @@ def shrink(
     )
     # every cp chunk needs a token, and a token per rank under sequence parallelism
     seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan)
+    # ZeRO-3 gathers every micro-batch over the replicas: they must hold each block alike, as often
+    uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
+    zero = 2 if lay.zero == 3 and not uniform else lay.zero
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, zero)
     spec = make_spec(
         cfg,
         stage_degrees,
@@ -141,6 +144,8 @@ def shrink(
         recompute=lay.recompute == "full",
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
+        zero=zero,
+        reshard_after_forward=lay.reshard_after_forward if zero == 3 else True,
     )
     ranks, grid = [], lay.rank_grid
     gpus = plan.placement if replan is None else replan.rank_to_gpu
@@ -193,7 +198,7 @@ def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: in
     return k, reps, c
 
 
-def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> list[str]:
+def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, zero: int) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
         f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per stage), "
@@ -215,7 +220,11 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> 
     skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
     if lay.sequence_parallel and lay.is_per_layer:
         skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
-    skipped += [f"ZeRO-{lay.zero} sharding of the model state (replicated AdamW, the same math)"] if lay.zero else []
+    if zero != lay.zero:
+        skipped += [
+            f"ZeRO-{lay.zero}'s per-micro-batch parameter gathers between replicas of different TP degrees or "
+            f"micro-batches (run as ZeRO-{zero}: the same sharded optimizer state and gradients)"
+        ]
     skipped += ["selective recompute"] if lay.recompute == "selective" else []
     skipped += (
         [f"experts{f' and ep {lay.ep}' if lay.ep > 1 else ''} (MoE layers run as dense SwiGLU)"]

@@ -68,6 +68,7 @@ class StageModel:
             )
             self.context = (start, lambda t: AllGatherSeq.apply(t, *args, "cp"))
         full = dict(ref.named_parameters())
+        self.around = None  # ZeRO-3 (``fsdp.Zero3``): gathers a block's parameters before it runs, frees them after
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
             copy, j = stage.position(rank, b.degree)
@@ -121,14 +122,15 @@ class StageModel:
                         else EnterCopies.apply(x, comm, ranks, bs.rows, bs.tp_rank == 0)
                     )
                     current = bs
+            self._enter(bs)
             if bs.block.kind == "embed":
-                x = self._embed(bs, x)
+                x = self._leave(bs, self._embed(bs, x))
             elif bs.block.kind == "layer":
-                x = self._run(self._layer, bs, x)
+                x = self._leave(bs, self._run(self._layer, bs, x))
             else:
                 rows = bs.rows if current is not None else slice(None)
                 h = CopyToTP.apply(rms_norm(x, bs.params["norm"]), self.comm, bs.tp_ranks)
-                return self._loss(bs, h, targets[rows]) * loss_scale
+                return self._leave(bs, self._loss(bs, h, targets[rows]) * loss_scale)
         if current is not None:
             x = ExitCopies.apply(x, comm, ranks, current.rows, total, current.tp_rank == 0)
         return x
@@ -138,17 +140,26 @@ class StageModel:
         before column-parallel layers, reduce-scatter after row-parallel ones."""
         args = self.sp_args
         for i, bs in enumerate(self.blocks):
+            self._enter(bs)
             if bs.block.kind == "embed":
-                x = ReduceScatterSeq.apply(self._embed_partial(bs, x), *args)
+                x = self._leave(bs, ReduceScatterSeq.apply(self._embed_partial(bs, x), *args))
                 continue
             if i == 0:
                 x = ScatterSeq.apply(x, *args)
             if bs.block.kind == "layer":
-                x = self._run(self._layer_sp, bs, x)
+                x = self._leave(bs, self._run(self._layer_sp, bs, x))
             else:
                 h = AllGatherSeq.apply(rms_norm(x, bs.params["norm"]), *args, "tp")
-                return self._loss(bs, h, targets) * loss_scale
+                return self._leave(bs, self._loss(bs, h, targets) * loss_scale)
         return GatherSeq.apply(x, *args)
+
+    def _enter(self, bs: BlockState) -> None:
+        if self.around is not None:
+            self.around.enter(bs)
+
+    def _leave(self, bs: BlockState, y: torch.Tensor) -> torch.Tensor:
+        """The block's output (ZeRO-3: its parameters freed, to be gathered again for backward)."""
+        return y if self.around is None else self.around.leave(bs, y)
 
     def _run(self, layer, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         """One layer, its activations recomputed in backward under full recompute."""

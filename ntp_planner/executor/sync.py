@@ -88,7 +88,8 @@ def gathered_parameters(
 ) -> list[dict]:
     """Every replica's full parameters (or, with ``grads``, their synced gradients; copy 0
     speaks for its replica), on every rank: one all-reduce of one flat buffer per replica.
-    ``value_of(tensor)``, if given, says what a parameter holds (a sharded optimizer's rebuilt gradient)."""
+    ``value_of(name)``, if given, says what this rank holds of parameter ``name`` (a sharded optimizer's
+    rebuilt gradient)."""
     cfg = spec.cfg
     names = list(shapes)
     sizes = [int(torch.Size(shapes[k]).numel()) for k in names]
@@ -102,7 +103,7 @@ def gathered_parameters(
                 if bs.copy:
                     continue
                 t, j = bs.block.degree, bs.tp_rank
-                value = value_of(p) if value_of else p.grad if grads else p.detach()
+                value = value_of(name) if value_of else p.grad if grads else p.detach()
                 part = _place(value * counted_once(cfg, key, t, j, dev), param_index(cfg, key, t, j), shapes[name])
                 o = offsets[name]
                 flat[o : o + part.numel()] += part.reshape(-1)
