@@ -8,7 +8,9 @@ Compute is the rest: step time minus all of these.
 Memory, by tensor accounting (exact on CPU): the bytes of the parameters a rank holds, of their
 ``.grad``, of AdamW's ``exp_avg`` and ``exp_avg_sq`` (its per-tensor ``step`` counters, 4 bytes
 each, are not counted: the cost model has none, and on GPU they live on the host), and the
-activations saved for backward that are alive at once (``ActivationMeter``). On CUDA, also
+activations saved for backward that are alive at once (``ActivationMeter``). Under ZeRO or bf16
+the sharded optimizer counts what it holds (``optimizer.ShardedOptimizer.held_bytes``); under
+ZeRO-3 the gathered parameters saved for backward count as activations. On CUDA, also
 ``torch.cuda.max_memory_allocated`` over the steady steps.
 
 At the end of the run every rank puts its numbers in its row of one float64 matrix that one

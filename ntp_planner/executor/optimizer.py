@@ -21,7 +21,9 @@ a 50-element core: shards of 13, the last rank updates 39..49 (11 elements, 2 of
 Levels (as the cost model, ``cost_models.layout.ParallelLayout.zero``): 1 keeps the full
 gradient buffer and shards AdamW's state; 2 also drops the full gradient after the
 reduce-scatter (only the shard's gradient is held); 3 also holds parameters as shards
-(``fsdp``). With float32/float64 parameters a rank's shard of its own slice is a view of the
+(``fsdp``). ZeRO-1 and 2 reduce-scatter once per step, after the last micro-batch (the cost
+model's ZeRO-2 reduces every micro-batch's: the same bytes held after the step, more calls), one
+reduce-scatter and one all-gather per parameter tensor. With float32/float64 parameters a rank's shard of its own slice is a view of the
 parameter (no copy, as Megatron's distributed optimizer without a main-parameter copy); under
 NTP the core is in the n layout, so its shard is a tensor of its own.
 
@@ -156,7 +158,7 @@ class ShardedOptimizer:
             s.param.grad = None
             if s.master is not None:
                 s.master.grad = None
-            if self.mixed and self.main_grads[id(s.param)] is not None:
+            if self.mixed and self.main_grads.get(id(s.param)) is not None:
                 if self.spec.zero >= 2:
                     self.main_grads[id(s.param)] = None
                 else:

@@ -1,6 +1,7 @@
 """One rank's training loop, and the single-process reference it is compared with.
 
-Each step: 1F1B over the replica's micro-batches, gradient sync (``sync``), AdamW, timed and
+Each step: 1F1B over the replica's micro-batches, gradient sync (``sync``), AdamW (or, under ZeRO
+or bf16, ``optimizer``'s reduce-scatter, sharded AdamW and all-gather), timed and
 its memory counted by ``measure`` (the instrumentation only watches: the math is unchanged). The loss of a
 micro-batch is summed over its tokens and scaled by 1 / (tokens in the whole step), so summed
 gradients are the gradient of the batch mean and replicas of different local batches weigh by
