@@ -1,5 +1,7 @@
 """ZeRO-3 (FSDP) in the executor: between uses a rank holds only its shard of every parameter
-slice (``optimizer``: the AdamW leaf, or its bf16 copy under mixed precision).
+slice (``optimizer``: the AdamW leaf, or its bf16 copy under mixed precision). ZeRO-2 runs the
+same way with the parameters kept whole (gathered once per step, after AdamW): only the
+gradients are reduce-scattered every micro-batch.
 
 Before a block's forward its slices are all-gathered into full buffers (``Gather``); after it,
 with ``reshard_after_forward``, the buffers' storage is freed and gathered again when the
@@ -10,7 +12,8 @@ parallelism, KV heads an uneven split cut), so only the shard's gradient accumul
 ``StageModel`` calls ``enter`` and ``leave`` around every block (``StageModel.around``).
 
 ZeRO-3 runs where every replica holds a block at one degree with equal micro-batches
-(``spec._check_zero``): a gather per micro-batch is a collective every member makes equally often.
+(``spec._check_zero``): a gather per micro-batch is a collective every member makes equally often;
+ZeRO-2 elsewhere reduces once per step (``optimizer.per_micro_batch``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z3, bs, *masters):
         ctx.z3, ctx.bs = z3, bs
-        z3.fill(bs)
+        if not z3.keep:
+            z3.fill(bs)
         z3.in_flight[id(bs)] += 1
         return tuple(s.param.detach() for s in z3.slots[id(bs)])
 
@@ -37,7 +41,7 @@ class Gather(torch.autograd.Function):
         z3, bs = ctx.z3, ctx.bs
         shards = z3.reduce(bs, grads)
         z3.in_flight[id(bs)] -= 1
-        if z3.reshard or not z3.in_flight[id(bs)]:
+        if not z3.keep and (z3.reshard or not z3.in_flight[id(bs)]):
             z3.free(bs)
         return None, None, *shards
 
@@ -56,18 +60,20 @@ class Refill(torch.autograd.Function):
         return grad, None, None
 
 
-class Zero3:
+class BlockShards:
     """The gather / free / reduce-scatter of one rank's blocks (``engine``: its ``ShardedOptimizer``)."""
 
     def __init__(self, engine):
         self.engine, self.comm, self.cfg = engine, engine.comm, engine.cfg
         self.reshard = engine.spec.reshard_after_forward
+        self.keep = engine.spec.zero < 3  # ZeRO-2: parameters stay whole between uses
         self.slots: dict[int, list] = {}
         for s in engine.slots:
             self.slots.setdefault(id(s.bs), []).append(s)
         self.in_flight = dict.fromkeys(self.slots, 0)
         for bs in engine.model.blocks:
-            self.free(bs)
+            if not self.keep:
+                self.free(bs)
 
     def enter(self, bs) -> None:
         slots = self.slots[id(bs)]
@@ -75,7 +81,7 @@ class Zero3:
         bs.params = {s.key: t for s, t in zip(slots, full, strict=True)}
 
     def leave(self, bs, y: torch.Tensor) -> torch.Tensor:
-        if not self.reshard:
+        if self.keep or not self.reshard:
             return y
         self.free(bs)
         return Refill.apply(y, self, bs)

@@ -21,9 +21,11 @@ a 50-element core: shards of 13, the last rank updates 39..49 (11 elements, 2 of
 Levels (as the cost model, ``cost_models.layout.ParallelLayout.zero``): 1 keeps the full
 gradient buffer and shards AdamW's state; 2 also drops the full gradient after the
 reduce-scatter (only the shard's gradient is held); 3 also holds parameters as shards
-(``fsdp``). ZeRO-1 and 2 reduce-scatter once per step, after the last micro-batch (the cost
-model's ZeRO-2 reduces every micro-batch's: the same bytes held after the step, more calls), one
-reduce-scatter and one all-gather per parameter tensor. With float32/float64 parameters a rank's shard of its own slice is a view of the
+(``fsdp``). ZeRO-1 reduce-scatters once per step, after the last micro-batch; ZeRO-2 and 3
+reduce-scatter every micro-batch's gradient as it leaves a block's backward (``fsdp``), where the
+replicas hold each block alike and run as many micro-batches (else ZeRO-2 reduces once per step:
+the same bytes held after the step, fewer calls). One reduce-scatter and one all-gather per
+parameter tensor. With float32/float64 parameters a rank's shard of its own slice is a view of the
 parameter (no copy, as Megatron's distributed optimizer without a main-parameter copy); under
 NTP the core is in the n layout, so its shard is a tensor of its own.
 
@@ -91,8 +93,9 @@ class ShardedOptimizer:
         self.mixed = spec.dtype in MASTER_DTYPE
         self.main_grads: dict[int, torch.Tensor | None] = {}
         full = dict(ref.named_parameters())
-        if self.mixed or spec.zero >= 3:  # ZeRO-3: full buffers, gathered from the shards for each use
-            make = (lambda t: t.detach().clone()) if spec.zero >= 3 else _leaf
+        self.per_micro_batch = per_micro_batch(spec)
+        if self.mixed or self.per_micro_batch:  # full buffers, gathered from the shards (``fsdp``)
+            make = (lambda t: t.detach().clone()) if self.per_micro_batch else _leaf
             for bs in model.blocks:
                 bs.params = {k: make(t.detach().to(getattr(torch, spec.dtype))) for k, t in bs.params.items()}
         index = {id(bs): i for i, bs in enumerate(model.blocks)}
@@ -100,16 +103,16 @@ class ShardedOptimizer:
         for name, key, bs, p in model.named_parameters():
             slot = self._slot(name, key, bs, p, index[id(bs)], full[name])
             self.slots.append(slot)
-            if self.mixed and spec.zero < 3:
+            if self.mixed and not self.per_micro_batch:
                 self.main_grads[id(p)] = None
                 p.register_post_accumulate_grad_hook(self._accumulate)
         masters = [s.master for s in self.slots if s.master is not None]
         self.opt = torch.optim.AdamW(masters, lr=spec.lr, **ADAMW) if masters else None
         self.zero3 = None
-        if spec.zero >= 3:
-            from ntp_planner.executor.fsdp import Zero3
+        if self.per_micro_batch:
+            from ntp_planner.executor.fsdp import BlockShards
 
-            self.zero3 = model.around = Zero3(self)
+            self.zero3 = model.around = BlockShards(self)
 
     # ---- set-up -----------------------------------------------------------------------------
     def _slot(self, name, key, bs, p, b, full: torch.Tensor) -> Slot:
@@ -134,12 +137,14 @@ class ShardedOptimizer:
         if planted("zero-shard-offset") and g > 1:
             i = (i + 1) % g  # the bug: this rank updates its neighbour's shard with its own gradient
         a, e = shard_bounds(core.numel(), g, i)
-        if a == e and spec.zero < 3:  # ZeRO-3 keeps an empty shard: every slice of a block has its leaf
+        if a == e and not self.per_micro_batch:  # ``fsdp`` keeps an empty shard: every slice of a block has its leaf
             return slot
         if self.mixed or slot.ntp or spec.zero >= 3:
             slot.master = _leaf(core.detach().reshape(-1)[a:e].clone().to(default_dtype(spec)))
         else:  # a view of the parameter itself: AdamW writes straight into it
             slot.master = p.detach().view(-1)[a:e]
+            if self.per_micro_batch:  # ZeRO-2's buffer: the shard is the leaf ``fsdp.Gather`` gives gradients
+                slot.master.requires_grad_(True)
         if self.mixed and spec.zero >= 3:
             slot.low = slot.master.detach().to(p.dtype)
         return slot
@@ -230,6 +235,9 @@ class ShardedOptimizer:
             for s in self.slots:
                 if s.low is not None:
                     s.low.copy_(s.master.detach())
+            if self.spec.zero < 3:  # ZeRO-2: the parameters are gathered once per step
+                for bs in self.model.blocks:
+                    self.zero3.fill(bs)
             return
         with torch.no_grad():
             for s in self.slots:
@@ -297,7 +305,7 @@ class ShardedOptimizer:
         precision) and, from ZeRO-2, the shards' gradients; AdamW's moments and the master shards
         that are not the weights themselves (fp32 masters, NTP's cores in the smallest layout)."""
         masters = [s for s in self.slots if s.master is not None]
-        if self.zero3 is None:
+        if self.spec.zero < 3:
             weights = sum(_nbytes(s.param) for s in self.slots)
             own = sum(_nbytes(s.master) for s in masters if s.master._base is None)
         else:
@@ -319,6 +327,16 @@ def _master(spec: RunSpec) -> torch.dtype:
 
 def _nbytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel() * t.element_size()
+
+
+def per_micro_batch(spec: RunSpec) -> bool:
+    """Whether gradients are reduce-scattered every micro-batch (``fsdp``): ZeRO-3, and ZeRO-2
+    where every replica holds each block at one degree and runs as many micro-batches (each
+    reduce-scatter is a collective every member makes equally often)."""
+    if spec.zero < 2:
+        return False
+    degrees = {tuple(b.degree for st in rep.stages for b in st.blocks) for rep in spec.replicas}
+    return spec.zero >= 3 or (len(degrees) == 1 and len({rep.micro_batches for rep in spec.replicas}) == 1)
 
 
 def uses_engine(spec: RunSpec) -> bool:

@@ -68,7 +68,7 @@ class StageModel:
             )
             self.context = (start, lambda t: AllGatherSeq.apply(t, *args, "cp"))
         full = dict(ref.named_parameters())
-        self.around = None  # ZeRO-3 (``fsdp.Zero3``): gathers a block's parameters before it runs, frees them after
+        self.around = None  # ZeRO-2/3 (``fsdp.BlockShards``): gathers a block's parameters, reduce-scatters gradients
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
             copy, j = stage.position(rank, b.degree)

@@ -48,10 +48,11 @@ def test_zero1_tp2_dp2_is_exact_and_halves_the_optimizer_state():
 
 @pytest.mark.timeout(180)
 def test_zero2_dp3_shards_of_uneven_tensors_by_hand():
-    # TP1, 3 replicas: every tensor's 1/3, the first two ranks ceil(N / 3), the last the rest.
-    # embedding and LM head 2,048 -> 683, 683, 682; norms 32 -> 11, 11, 10; q and o 1,024 ->
+    # TP1, 3 replicas of 2 micro-batches, each micro-batch's gradient reduce-scattered as it
+    # leaves a block's backward: every tensor's 1/3, the first two ranks ceil(N / 3), the last the
+    # rest. embedding and LM head 2,048 -> 683, 683, 682; norms 32 -> 11, 11, 10; q and o 1,024 ->
     # 342, 342, 340; k and v 256 -> 86, 86, 84; gate, up, down 1,536 -> 512 each
-    spec = make_spec(CFG, [[1, 1, 1, 1]], [([1], 1)] * 3, 1, 8, dtype="float64", zero=2)
+    spec = make_spec(CFG, [[1, 1, 1, 1]], [([1], 2)] * 3, 1, 8, dtype="float64", zero=2)
     result = launch(spec, timeout_s=120)
     exact(result)
     first = 683 + 683 + 11 + 2 * (342 + 86 + 86 + 342 + 3 * 512 + 11 + 11)  # 6,205
