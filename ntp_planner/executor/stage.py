@@ -47,6 +47,8 @@ class BlockState:
 class StageModel:
     """This rank's blocks of its stage, sliced from the reference model."""
 
+    around = None  # ZeRO-2/3 (``fsdp.BlockShards``): gathers a block's parameters, reduce-scatters gradients
+
     def __init__(self, spec: RunSpec, stage: StageSpec, rank: int, ref: Reference, comm: Comm, device):
         self.spec, self.stage, self.comm, self.cfg = spec, stage, comm, spec.cfg
         # sequence parallelism where every block runs at the stage width (Megatron's case);
@@ -68,7 +70,6 @@ class StageModel:
             )
             self.context = (start, lambda t: AllGatherSeq.apply(t, *args, "cp"))
         full = dict(ref.named_parameters())
-        self.around = None  # ZeRO-2/3 (``fsdp.BlockShards``): gathers a block's parameters, reduce-scatters gradients
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
             copy, j = stage.position(rank, b.degree)
