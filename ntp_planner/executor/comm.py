@@ -109,6 +109,15 @@ class Comm:
         self._batch(ops)
         return out
 
+    def exchange_many(self, sends: list[tuple[torch.Tensor, int]], frms: list[int], shape, like: torch.Tensor):
+        """``exchange`` with several peers at once: send each (tensor, rank) of ``sends`` and
+        receive a ``shape`` tensor from each rank of ``frms`` (in that order), as one batch."""
+        ops = [dist.P2POp(dist.isend, t.contiguous(), to) for t, to in sends]
+        out = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in frms]
+        ops += [dist.P2POp(dist.irecv, buf, frm) for buf, frm in zip(out, frms, strict=True)]
+        self._batch(ops)
+        return out
+
     def _batch(self, ops: list) -> None:
         """Run point-to-point sends and receives as one batch and wait for all of them."""
         if ops:

@@ -20,7 +20,7 @@ from cost_models.model import ModelSpec
 from cost_models.profile import BlockShape, Profile
 from cost_models.step import cost_env, cost_from_stages, layout_stages, stage_memory, stage_runs
 from cost_models.training import TrainingSpec
-from ntp_planner.executor.spec import RunSpec
+from ntp_planner.executor.spec import RunSpec, model_chunks
 from topologies.cluster import Cluster
 from topologies.cluster_catalogue import ClusterSpec
 
@@ -80,12 +80,14 @@ def replica_kinds(spec: RunSpec) -> list[tuple[tuple[int, ...], int]]:
 def _layout(spec: RunSpec, widths: tuple[int, ...], micro_batches: int, dp: int, healthy: bool) -> ParallelLayout:
     first = next(r for r in spec.replicas if tuple(st.width for st in r.stages) == widths)
     tp = min(widths)
-    blocks = [b for st in first.stages for b in st.blocks]
+    chunks = model_chunks(first)  # model order: chunk c on stage c % pp
+    blocks = [b for c in chunks for b in c]
     degrees = tuple(b.degree for b in blocks) if healthy else (tp,) * len(blocks)
-    counts = tuple(sum(b.kind == "layer" for b in st.blocks) for st in first.stages)
+    counts = tuple(sum(b.kind == "layer" for b in c) for c in chunks)
     return ParallelLayout(
         tp=tp,
         pp=spec.pp,
+        vpp=spec.vpp,
         dp=dp,
         cp=spec.cp,
         micro_batch=spec.micro_batch,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_models.step import stage_blocks
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.failures.replan import ReplanResult
 from ntp_planner.plan import Plan
@@ -66,12 +65,9 @@ def shrink(
     """The run that stands for ``plan`` on ``nproc`` processes, with notes on what changed.
     ``seq_len``: tokens per sequence of the run (longer ones make a timing run compute-bound)."""
     lay, model = plan.layout, plan.model
-    w, L = lay.tp, model.num_layers
+    w = lay.tp
     if replan is not None:
         check_replan(plan, replan)
-    blocks = list(lay.block_tp(L))
-    # each stage's blocks in the order it runs them, chunk by chunk (the plan's ``pipeline``)
-    plan_stage = [[blocks[i] for i, _ in stage_blocks(model, lay, s)] for s in range(lay.pp)]
     micro = lay.num_micro_batches
     if replan is None:
         active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
@@ -92,29 +88,24 @@ def shrink(
             picks.append(next(x for x in active if x is not picks[0]))
     pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
-    stage_degrees, layer_count = [], 0
-    for j, g in enumerate(groups):
-        merged = [d for s in g for d in plan_stage[s]]
-        first, last = j == 0, j == len(groups) - 1
-        body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
-        runs = _runs(body)[:MAX_LAYERS_PER_STAGE]
-        if len(runs) == 1 and len(body) > 1:
-            runs *= 2
-        stage_degrees.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
-        layer_count += len(runs)
+    vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
+    chunk_degrees = _chunk_degrees(plan, groups, vpp)
+    layer_count = sum(len(d) for d in chunk_degrees) - 2
     widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
     # sequences per micro-batch: every copy of every block needs one
-    copies = [w // t for d in stage_degrees for t in d]
+    copies = [w // t for d in chunk_degrees for t in d]
     mb = math.lcm(*copies)
-    m = min(micro, max(2 * pp, 2))
+    # the interleaved schedule needs micro-batches in multiples of pp (``spec.check``)
+    unit = pp if vpp > 1 else 1
+    m = min(micro, max(2 * pp, 2)) // unit * unit
     ratios = [n / micro for *_, n in picks]
     if any(r < 1 for r in ratios):
-        m = max(m, 2)
+        m = max(m, 2 * unit)
     run_micro = []
     for r in ratios:
-        k = max(1, round(r * m))
-        run_micro.append(m - 1 if r < 1 and k >= m else k)
-    degrees = {t for d in stage_degrees for t in d} | {x for ws in widths for x in ws}
+        k = max(unit, unit * round(r * m / unit))
+        run_micro.append(m - unit if r < 1 and k >= m else k)
+    degrees = {t for d in chunk_degrees for t in d} | {x for ws in widths for x in ws}
     modulus = math.lcm(*degrees)
     head_dim = 4 if model.num_heads <= 32 else 2
     cfg = TinyConfig(
@@ -127,15 +118,16 @@ def shrink(
     )
     # every cp chunk needs a token, and a token per rank under sequence parallelism
     seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan)
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp)
     spec = make_spec(
         cfg,
-        stage_degrees,
+        chunk_degrees,
         [(ws, k) for ws, k in zip(widths, run_micro, strict=True)],
         mb,
         seq_len,
         width=w,
         cp=cp,
+        vpp=vpp,
         steps=steps,
         seed=seed,
         recompute=lay.recompute == "full",
@@ -151,6 +143,43 @@ def shrink(
                     plan_rank = grid.rank(tp=i, cp=c, dp=r, pp=g[0])
                     ranks.append((plan_rank, gpus[plan_rank]))
     return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
+
+
+def _chunk_degrees(plan: Plan, groups: list[tuple[int, ...]], vpp: int) -> list[list[int]]:
+    """TP degrees of the run's model chunks, in model order, from the plan's ``pipeline``. With
+    the plan's vpp kept, run chunk v * pp + j holds the plan's chunks v * P + s of the plan
+    stages s merged into run stage j (consecutive in model order, so the layers stay in order);
+    with vpp 1 a run stage holds its plan stages' chunks, in model order. Each chunk keeps one
+    layer per run of equal degrees (two when it has several layers at one degree), at most
+    ``MAX_LAYERS_PER_STAGE / vpp``.
+
+    >>> from cost_models.catalogue import MODELS
+    >>> from cost_models.layout import ParallelLayout
+    >>> from cost_models.training import TrainingSpec
+    >>> from ntp_planner.solver.planner import plan_from_layout
+    >>> from topologies.cluster import Cluster
+    >>> from topologies.cluster_catalogue import CLUSTERS
+    >>> lay = ParallelLayout(tp=4, pp=2, vpp=2, global_batch=8, layer_tp=(4,) + (2,) * 4 + (4,) * 4 + (1,) * 8 + (4,))
+    >>> p = plan_from_layout(MODELS["llama3-8b"].model_copy(update={"num_layers": 16}), TrainingSpec(seq_len=2048,
+    ...     global_batch=8), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8), lay)
+    >>> [c.tp for c in p.pipeline]
+    [[4, 2, 2, 2, 2], [4, 4, 4, 4], [1, 1, 1, 1], [1, 1, 1, 1, 4]]
+    >>> _chunk_degrees(p, [(0,), (1,)], 2), _chunk_degrees(p, [(0, 1)], 1)
+    ([[4, 2, 2], [4, 4], [1, 1], [1, 1, 4]], [[4, 2, 4, 1, 4]])
+    """
+    P, V, chunks = plan.layout.pp, plan.layout.vpp, plan.pipeline
+    held = [[chunks[v * P + s] for s in g] for v in range(vpp) for g in groups] if vpp > 1 else []
+    held = held or [[chunks[v * P + s] for v in range(V) for s in range(P) if s in g] for g in groups]
+    out = []
+    for i, parts in enumerate(held):
+        merged = [t for c in parts for t in c.tp]
+        first, last = i == 0, i == len(held) - 1
+        body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
+        runs = _runs(body)[: max(1, MAX_LAYERS_PER_STAGE // vpp)]
+        if len(runs) == 1 and len(body) > 1:
+            runs *= 2
+        out.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
+    return out
 
 
 def _split(n: int, parts: int) -> list[list[int]]:
@@ -193,18 +222,21 @@ def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: in
     return k, reps, c
 
 
-def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> list[str]:
+def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
-        f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per stage), "
+        f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per "
+        f"{'chunk' if vpp > 1 else 'stage'}), "
         f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
         f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
         f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens",
         f"pipeline {lay.pp} stages -> {pp}"
-        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)"),
+        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
+        + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
         f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})",
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
-        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}",
+        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
+        + (f" (multiples of pp {pp}: the interleaved schedule needs them)" if vpp > 1 else ""),
     ]
     if lay.cp > 1:
         notes.append(
@@ -212,7 +244,8 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> 
             + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more processes keep it)")
         )
     skipped = []
-    skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
+    if lay.vpp > vpp:
+        skipped += [f"vpp {lay.vpp} (only one pipeline stage fits and interleaving needs two; plain 1F1B)"]
     if lay.sequence_parallel and lay.is_per_layer:
         skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
     skipped += [f"ZeRO-{lay.zero} sharding of the model state (replicated AdamW, the same math)"] if lay.zero else []

@@ -28,6 +28,7 @@ from ntp_planner.executor.comm import (
     ScatterSeq,
 )
 from ntp_planner.executor.model import Reference, rms_norm
+from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 from ntp_planner.executor.spec import Block, RunSpec, StageSpec
 from ntp_planner.executor.tp_slices import BLOCK_PARAMS, rank_attention, rank_mlp, rank_slice
@@ -97,17 +98,30 @@ class StageModel:
                 name = f"{bs.block.name}.{key}" if bs.block.kind == "layer" else key
                 yield name, key, bs, t
 
+    def chunk(self, v: int) -> list[BlockState]:
+        """This rank's blocks of virtual chunk ``v``, in the order the chunk runs them."""
+        start = sum(len(c) for c in self.stage.chunks[:v])
+        blocks = self.blocks[start : start + len(self.stage.chunks[v])]
+        if planted("chunk-layers-reversed"):  # a test's planted bug: the chunk's layers run backwards
+            layers = iter([bs for bs in blocks if bs.block.kind == "layer"][::-1])
+            blocks = [next(layers) if bs.block.kind == "layer" else bs for bs in blocks]
+        return blocks
+
     # ---- forward ----------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None, loss_scale: float) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, targets: torch.Tensor | None, loss_scale: float, chunk: int | None = None
+    ) -> torch.Tensor:
         """Stage output for one micro-batch: the residual stream, or on the last stage the loss
         of this rank's copy, summed over its tokens and multiplied by ``loss_scale``. ``x`` is
-        the token ids on the first stage."""
+        the token ids on the first stage. With ``chunk``, only that virtual chunk's blocks run
+        (interleaving): the stream enters and leaves the chunk replicated on the whole stage."""
+        blocks = self.blocks if chunk is None else self.chunk(chunk)
         if self.sp:
-            return self._forward_sp(x, targets, loss_scale)
+            return self._forward_sp(x, targets, loss_scale, blocks)
         width, comm, ranks = self.stage.width, self.comm, self.stage.ranks
         total = x.shape[0]
         current: BlockState | None = None  # block whose copies hold the stream; None = whole stage
-        for bs in self.blocks:
+        for bs in blocks:
             on_copies = bs.block.degree < width
             same = current is not None and on_copies and current.block.degree == bs.block.degree
             if not same:
@@ -133,11 +147,11 @@ class StageModel:
             x = ExitCopies.apply(x, comm, ranks, current.rows, total, current.tp_rank == 0)
         return x
 
-    def _forward_sp(self, x: torch.Tensor, targets: torch.Tensor, loss_scale: float) -> torch.Tensor:
+    def _forward_sp(self, x: torch.Tensor, targets: torch.Tensor, loss_scale: float, blocks) -> torch.Tensor:
         """As ``forward``, the stream between TP regions cut along the sequence: all-gather
         before column-parallel layers, reduce-scatter after row-parallel ones."""
         args = self.sp_args
-        for i, bs in enumerate(self.blocks):
+        for i, bs in enumerate(blocks):
             if bs.block.kind == "embed":
                 x = ReduceScatterSeq.apply(self._embed_partial(bs, x), *args)
                 continue
