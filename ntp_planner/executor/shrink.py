@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from cost_models.step import stage_blocks
+from ntp_planner.executor.shrink_notes import cut_runs_note, micro_why, replan_pick_notes, replicas_why, stages_why
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.failures.replan import ReplanResult
 from ntp_planner.plan import Plan
@@ -92,12 +93,13 @@ def shrink(
             picks.append(next(x for x in active if x is not picks[0]))
     pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
-    stage_degrees, layer_count = [], 0
+    stage_degrees, layer_count, cut = [], 0, []
     for j, g in enumerate(groups):
         merged = [d for s in g for d in plan_stage[s]]
         first, last = j == 0, j == len(groups) - 1
         body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
         runs = _runs(body)[:MAX_LAYERS_PER_STAGE]
+        cut += [cut_runs_note(j, g, _runs(body), runs)] if len(runs) < len(_runs(body)) else []
         if len(runs) == 1 and len(body) > 1:
             runs *= 2
         stage_degrees.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
@@ -127,7 +129,7 @@ def shrink(
     )
     # every cp chunk needs a token, and a token per rank under sequence parallelism
     seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan)
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, nproc) + cut
     spec = make_spec(
         cfg,
         stage_degrees,
@@ -193,18 +195,22 @@ def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: in
     return k, reps, c
 
 
-def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> list[str]:
+def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, nproc=None) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
         f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per stage), "
         f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
         f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
-        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens",
+        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens"
+        " (shards cut heads, FFN columns, vocabulary rows and cp chunks, never the length)",
         f"pipeline {lay.pp} stages -> {pp}"
-        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)"),
-        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})",
+        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
+        + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc)),
+        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
+        + replicas_why(lay.dp, len(picks), replan, nproc),
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
-        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}",
+        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
+        + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp)),
     ]
     if lay.cp > 1:
         notes.append(
@@ -214,7 +220,11 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> 
     skipped = []
     skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
     if lay.sequence_parallel and lay.is_per_layer:
-        skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
+        skipped += [
+            "sequence parallelism on stages with lower-degree copies (all-reduce there: a copy holds whole "
+            "sequences of its share of the micro-batch, so the executor splits sequences only where every block "
+            "runs at the stage width)"
+        ]
     skipped += [f"ZeRO-{lay.zero} sharding of the model state (replicated AdamW, the same math)"] if lay.zero else []
     skipped += ["selective recompute"] if lay.recompute == "selective" else []
     skipped += (
@@ -229,4 +239,5 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> 
         notes.append(f"re-plan ({replan.policy}): replicas run at stage widths " + "; ".join(
             f"{p[0]}: {'/'.join(map(str, p[1]))}" for p in picks
         ))  # fmt: skip
+        notes += replan_pick_notes(replan, [p[0] for p in picks])
     return notes
