@@ -202,7 +202,7 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, npr
         f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
         f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
         f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens"
-        " (shards cut heads, FFN columns, vocabulary rows and cp chunks, never the length)",
+        " (enough for every cp chunk and sequence-parallel piece; no TP cut depends on the length)",
         f"pipeline {lay.pp} stages -> {pp}"
         + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
         + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc)),
