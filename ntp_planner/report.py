@@ -284,7 +284,7 @@ def replan_view(r) -> Group:
             str(x.gpus_used),
             str(x.gpus_idle),
         )
-    parts = [head, t]
+    parts = [head, t, *_replica_reasons(r.replicas)]
     if r.reshard is not None:
         rs = r.reshard
         parts.append(
@@ -295,6 +295,19 @@ def replan_view(r) -> Group:
             )
         )
     return Group(*parts)
+
+
+def _replica_reasons(replicas) -> list[Text]:
+    """One line per distinct reason of the replicas that changed: 'dropped (replicas 3, 17): memory: ...'."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for x in replicas:
+        if x.status != "healthy" and getattr(x, "reason", None):
+            groups.setdefault((x.status, x.reason), []).append(x.replica)
+    lines = []
+    for (status, why), reps in groups.items():
+        shown = ", ".join(map(str, reps[:8])) + (f" and {len(reps) - 8} more" if len(reps) > 8 else "")
+        lines.append(Text(f"{status} (replica{'s' if len(reps) > 1 else ''} {shown}): {why}"))
+    return lines
 
 
 def _compact(values) -> str:

@@ -156,6 +156,7 @@ def validate(
     n, torchrun = _world_size(torch, backend, nproc)
     measured_profile = None if profile is None else _machine_profile(profile, backend)
     shrunk = shrink(p, n, replan_result, steps, seed, seq_len)
+    replan_fields = {} if replan_result is None else _replan_coverage(replan_result, shrunk, n)
     if measured_profile is not None:
         from ntp_planner.profiler.for_run import complete_profile
 
@@ -163,7 +164,7 @@ def validate(
     result = _run(shrunk, backend, timeout, injected, torchrun, steps, json_out)
     if result is None:
         return  # a torchrun rank other than 0: rank 0 reports
-    data = validate_json(shrunk, result, tolerance, backend)
+    data = validate_json(shrunk, result, tolerance, backend) | replan_fields
     comparison = None
     if measured_profile is not None:
         comparison = _compare_prediction(measured_profile, shrunk.spec, p, result)
@@ -180,6 +181,19 @@ def validate(
         _record(record, plan_file, p, measured_profile, comparison)
     if not data["passed"]:
         raise typer.Exit(1)
+
+
+def _replan_coverage(replan, shrunk, nproc: int) -> dict:
+    """The re-plan's replicas the run holds, said out loud (a warning on stderr, before the run)
+    when none of them is degraded beside one of another width: such a run checks no NTP sync."""
+    from ntp_planner.executor.shrink_notes import no_degraded_warning
+
+    picked = list(shrunk.replicas)
+    warning = no_degraded_warning(replan, picked, nproc)
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
+    status = {x.replica: x.status for x in replan.replicas}
+    return {"degraded_replicas_run": [r for r in picked if status[r] == "degraded"], "replan_warning": warning}
 
 
 def _machine_profile(path: Path, backend: str):

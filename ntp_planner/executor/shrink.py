@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ntp_planner.executor.shrink_notes import cut_runs_note, micro_why, replan_pick_notes, replicas_why, stages_why
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.failures.replan import ReplanResult
 from ntp_planner.plan import Plan
@@ -89,7 +90,7 @@ def shrink(
     pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
     vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
-    chunk_degrees = _chunk_degrees(plan, groups, vpp)
+    chunk_degrees, cut = _chunk_degrees(plan, groups, vpp)
     layer_count = sum(len(d) for d in chunk_degrees) - 2
     widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
     # sequences per micro-batch: every copy of every block needs one
@@ -118,7 +119,7 @@ def shrink(
     )
     # every cp chunk needs a token, and a token per rank under sequence parallelism
     seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp)
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc) + cut
     spec = make_spec(
         cfg,
         chunk_degrees,
@@ -145,13 +146,13 @@ def shrink(
     return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
 
 
-def _chunk_degrees(plan: Plan, groups: list[tuple[int, ...]], vpp: int) -> list[list[int]]:
+def _chunk_degrees(plan: Plan, groups: list[tuple[int, ...]], vpp: int) -> tuple[list[list[int]], list[str]]:
     """TP degrees of the run's model chunks, in model order, from the plan's ``pipeline``. With
     the plan's vpp kept, run chunk v * pp + j holds the plan's chunks v * P + s of the plan
     stages s merged into run stage j (consecutive in model order, so the layers stay in order);
     with vpp 1 a run stage holds its plan stages' chunks, in model order. Each chunk keeps one
     layer per run of equal degrees (two when it has several layers at one degree), at most
-    ``MAX_LAYERS_PER_STAGE / vpp``.
+    ``MAX_LAYERS_PER_STAGE / vpp``; the second list notes every chunk cut by that cap.
 
     >>> from cost_models.catalogue import MODELS
     >>> from cost_models.layout import ParallelLayout
@@ -164,22 +165,25 @@ def _chunk_degrees(plan: Plan, groups: list[tuple[int, ...]], vpp: int) -> list[
     ...     global_batch=8), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8), lay)
     >>> [c.tp for c in p.pipeline]
     [[4, 2, 2, 2, 2], [4, 4, 4, 4], [1, 1, 1, 1], [1, 1, 1, 1, 4]]
-    >>> _chunk_degrees(p, [(0,), (1,)], 2), _chunk_degrees(p, [(0, 1)], 1)
+    >>> _chunk_degrees(p, [(0,), (1,)], 2)[0], _chunk_degrees(p, [(0, 1)], 1)[0]
     ([[4, 2, 2], [4, 4], [1, 1], [1, 1, 4]], [[4, 2, 4, 1, 4]])
     """
     P, V, chunks = plan.layout.pp, plan.layout.vpp, plan.pipeline
     held = [[chunks[v * P + s] for s in g] for v in range(vpp) for g in groups] if vpp > 1 else []
     held = held or [[chunks[v * P + s] for v in range(V) for s in range(P) if s in g] for g in groups]
-    out = []
+    out, cut = [], []
     for i, parts in enumerate(held):
         merged = [t for c in parts for t in c.tp]
         first, last = i == 0, i == len(held) - 1
         body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
         runs = _runs(body)[: max(1, MAX_LAYERS_PER_STAGE // vpp)]
+        if len(runs) < len(_runs(body)):
+            j = i % len(groups)
+            cut.append(cut_runs_note(j, groups[j], _runs(body), runs, i // len(groups) if vpp > 1 else None))
         if len(runs) == 1 and len(body) > 1:
             runs *= 2
         out.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
-    return out
+    return out, cut
 
 
 def _split(n: int, parts: int) -> list[list[int]]:
@@ -222,20 +226,24 @@ def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: in
     return k, reps, c
 
 
-def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp) -> list[str]:
+def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp=1, nproc=None) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
         f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per "
         f"{'chunk' if vpp > 1 else 'stage'}), "
         f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
         f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
-        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens",
+        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens"
+        " (enough for every cp chunk and sequence-parallel piece; no TP cut depends on the length)",
         f"pipeline {lay.pp} stages -> {pp}"
         + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
+        + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
         + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
-        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})",
+        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
+        + replicas_why(lay.dp, len(picks), replan, nproc),
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
         f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
+        + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))
         + (f" (multiples of pp {pp}: the interleaved schedule needs them)" if vpp > 1 else ""),
     ]
     if lay.cp > 1:
@@ -247,7 +255,11 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp
     if lay.vpp > vpp:
         skipped += [f"vpp {lay.vpp} (only one pipeline stage fits and interleaving needs two; plain 1F1B)"]
     if lay.sequence_parallel and lay.is_per_layer:
-        skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
+        skipped += [
+            "sequence parallelism on stages with lower-degree copies (all-reduce there: a copy holds whole "
+            "sequences of its share of the micro-batch, so the executor splits sequences only where every block "
+            "runs at the stage width)"
+        ]
     skipped += [f"ZeRO-{lay.zero} sharding of the model state (replicated AdamW, the same math)"] if lay.zero else []
     skipped += ["selective recompute"] if lay.recompute == "selective" else []
     skipped += (
@@ -262,4 +274,5 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp
         notes.append(f"re-plan ({replan.policy}): replicas run at stage widths " + "; ".join(
             f"{p[0]}: {'/'.join(map(str, p[1]))}" for p in picks
         ))  # fmt: skip
+        notes += replan_pick_notes(replan, [p[0] for p in picks])
     return notes
