@@ -28,6 +28,7 @@ from ntp_planner.executor.comm import (
     ScatterSeq,
 )
 from ntp_planner.executor.model import Reference, rms_norm
+from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 from ntp_planner.executor.spec import Block, RunSpec, StageSpec
 from ntp_planner.executor.tp_slices import BLOCK_PARAMS, rank_attention, rank_mlp, rank_slice
@@ -164,7 +165,7 @@ class StageModel:
     def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows looked up (zeros for the others' tokens)."""
         a, b = vocab_shards(self.cfg.vocab, bs.block.degree)[bs.tp_rank]
-        mine = (tokens >= a) & (tokens < b)
+        mine = (tokens >= a) & ((tokens <= b) if planted("embed-mask-off-by-one") else (tokens < b))
         return bs.params["embed"][(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
 
     def _embed(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
