@@ -62,17 +62,18 @@ TimeoutOpt = Annotated[
 ]
 # Largest relative error that passes, per dtype of the run. float64: roundoff 1.1e-16, a clean run
 # errs near 1e-15 and a bug by 1e-8 or more, so 1e-9 is tight with room for longer runs; float32:
-# roundoff 6e-8, Adam amplifies a clean run's to 1e-6 (more with --seq-len), so 1e-5; bfloat16
-# (fp32 master weights): roundoff 3.9e-3 on every activation, so 2e-2 (about five of them).
-TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 2e-2}
+# roundoff 6e-8, Adam amplifies a clean run's to 1e-6 (more with --seq-len), so 1e-5; bfloat16:
+# roundoff 3.9e-3 on every activation, and a clean TP2 run's first-step gradients err by 1.7e-2,
+# so 5e-2 (about three times that; a bug of the planted kinds errs by 0.2 to 1).
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 5e-2}
 RunDtype = Literal["float64", "float32", "bfloat16"]
 ValidateDtypeOpt = Annotated[
     RunDtype,
     typer.Option(
         "--dtype",
         help="Precision of the run and of the one-process reference: float64 makes the exactness check tight "
-        "(tolerance 1e-9), float32 (1e-5) is the default, bfloat16 runs the plan's precision with fp32 master "
-        "weights (2e-2).",
+        "(tolerance 1e-9), float32 (1e-5) is the default, bfloat16 runs the plan's precision for timing "
+        "(5e-2).",
     ),
 ]
 ToleranceOpt = Annotated[
@@ -169,9 +170,6 @@ def validate(
 
         check_writable(record, "runs file", "runs.jsonl")  # before the run, not after
     torch = _import_torch()
-    from ntp_planner.executor.batch import covering_seq_len, covers_vocabulary
-    from ntp_planner.executor.cuts import compare_cuts, mismatches
-    from ntp_planner.executor.shrink import shrink
     from ntp_planner.plan import Plan
     from ntp_planner.report import validate_json, validate_view
 
@@ -181,16 +179,7 @@ def validate(
     injected = _parse_fault(fault)
     n, torchrun = _world_size(torch, backend, nproc)
     measured_profile = None if profile is None else _machine_profile(profile, backend)
-    shrunk = shrink(p, n, replan_result, steps, seed, seq_len)
-    if not covers_vocabulary(shrunk.spec):  # longer sequences, so that the batch has every vocabulary id
-        shrunk = shrink(p, n, replan_result, steps, seed, covering_seq_len(shrunk.spec))
-    shrunk = replace(shrunk, spec=replace(shrunk.spec, dtype=dtype))
-    cuts = compare_cuts(shrunk.spec, p.model)
-    if mismatches(cuts):  # the run would check a sharding the planner did not plan
-        if json_out:
-            show_json({"passed": False, "failure": mismatches(cuts), "cuts": cuts})
-        typer.echo(f"error: {mismatches(cuts)}.", err=True)
-        raise typer.Exit(1)
+    shrunk, cuts = _shrunk_run(p, n, replan_result, steps, seed, seq_len, dtype, json_out)
     if measured_profile is not None:
         from ntp_planner.profiler.for_run import complete_profile
 
@@ -215,6 +204,27 @@ def validate(
         _record(record, plan_file, p, measured_profile, comparison)
     if not data["passed"]:
         raise typer.Exit(1)
+
+
+def _shrunk_run(plan, n: int, replan_result, steps: int, seed: int, seq_len: int, dtype: str, quiet: bool):
+    """The shrunk run in ``dtype``, its sequences lengthened until its batch holds every vocabulary
+    id, and its shard cuts against the planner's shares; a mismatch ends the command (exit 1)
+    before any process starts: the run would check a sharding the planner did not plan."""
+    from ntp_planner.executor.batch import covering_seq_len, covers_vocabulary
+    from ntp_planner.executor.cuts import compare_cuts, mismatches
+    from ntp_planner.executor.shrink import shrink
+
+    shrunk = shrink(plan, n, replan_result, steps, seed, seq_len)
+    if not covers_vocabulary(shrunk.spec):
+        shrunk = shrink(plan, n, replan_result, steps, seed, covering_seq_len(shrunk.spec))
+    shrunk = replace(shrunk, spec=replace(shrunk.spec, dtype=dtype))
+    cuts = compare_cuts(shrunk.spec, plan.model)
+    if mismatches(cuts):
+        if quiet:
+            show_json({"passed": False, "failure": mismatches(cuts), "cuts": cuts})
+        typer.echo(f"error: {mismatches(cuts)}.", err=True)
+        raise typer.Exit(1)
+    return shrunk, cuts
 
 
 def _machine_profile(path: Path, backend: str):
