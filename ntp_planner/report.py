@@ -430,7 +430,7 @@ def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str, cu
         "vocabulary",
         f"all {spec.cfg.vocab} ids an input and a target"
         if not missing
-        else Text(f"{missing} of {spec.cfg.vocab} ids never an input or never a target: raise --steps", style="yellow"),
+        else Text(f"{missing} of {spec.cfg.vocab} ids missing as input or target: lengthen --seq-len", style="yellow"),
     )
     verdict.add_row("step time (slowest rank)", f"{result.step_time_s:.3f} s")
     ok = data["passed"]

@@ -69,7 +69,7 @@ class Result:
     worst_grad: str = ""  # the parameter whose first-step gradient is worst
     worst_grad_holder: str = ""  # where that gradient is held
     holdings_compared: int = 0  # (rank, parameter) pairs compared with the reference
-    vocab_ids_missing: int = 0  # vocabulary ids that no step's batch has as an input, or as a target
+    vocab_ids_missing: int = 0  # vocabulary ids that the batch lacks as an input or as a target (``batch``)
 
 
 def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault) -> None:
