@@ -83,6 +83,13 @@ class Comm:
             dist.all_reduce(t, op=op)
         return t
 
+    def gather_objects(self, obj) -> list | None:
+        """Every rank's picklable ``obj``, in rank order, on rank 0 (None on the others); untimed."""
+        out = [None] * dist.get_world_size() if self.rank == 0 else None
+        with self._counted():
+            dist.gather_object(obj, out, dst=0)
+        return out
+
     def broadcast(self, t: torch.Tensor, src: int, ranks: tuple[int, ...]) -> torch.Tensor:
         if len(ranks) > 1:
             with self._counted():

@@ -178,7 +178,7 @@ class StageModel:
     def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows looked up (zeros for the others' tokens)."""
         a, b = vocab_shards(self.cfg.vocab, bs.block.degree)[bs.tp_rank]
-        mine = (tokens >= a) & (tokens < b)
+        mine = (tokens >= a) & ((tokens <= b) if planted("embed-mask-off-by-one") else (tokens < b))
         return bs.params["embed"][(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
 
     def _embed(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
