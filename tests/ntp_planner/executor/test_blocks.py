@@ -104,3 +104,24 @@ def test_a_row_parallel_bias_added_on_every_tp_rank_is_caught(monkeypatch):
     monkeypatch.setenv(VARIABLE, "row-bias-twice")
     result = run(GPT, [[2, 2, 2, 2]], [([2], 2)], 2, 8)
     assert result.max_rel_error_loss > 1e-4 and result.max_rel_error_grads > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_validate_a_gpt_plan_with_selective_recompute_end_to_end(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ntp_planner.cli import app
+
+    runner = CliRunner()
+    common = ["-m", "gpt3-5b", "-c", "dgx-h100", "--seq-len", "2048", "-n", "8", "--tp", "2", "--pp", "2"]
+    plan = tmp_path / "gpt.json"
+    args = ["estimate", *common, "--global-batch", "8", "--recompute", "selective", "-o", str(plan)]
+    assert runner.invoke(app, args).exit_code == 0
+    r = runner.invoke(app, ["validate", str(plan), "--nproc", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["passed"] and max(out["max_rel_error_loss"], out["max_rel_error_grads"]) <= 1e-5
+    assert any("gpt blocks kept" in n and "selective recompute kept" in n for n in out["notes"]), out["notes"]
