@@ -52,3 +52,16 @@ def test_replicas_must_hold_the_same_blocks():
     with pytest.raises(ValueError, match="same blocks on the same stages"):
         RunSpec(cfg, (a, moved), 2, 4)
     assert Block("layer", 3, 2).name == "layers.3"
+
+
+def test_recompute_granularity_and_learned_positions_are_checked():
+    with pytest.raises(ValueError, match="recompute must be 'none', 'selective' or 'full'; got True"):
+        make_spec(TinyConfig(), [[2, 2, 2, 2]], [([2], 1)], 1, 8, recompute=True)
+    learned = TinyConfig(positions="learned", max_positions=8)
+    assert make_spec(learned, [[2, 2, 2, 2]], [([2], 1)], 1, 8).cfg.max_positions == 8
+    with pytest.raises(ValueError, match="sequence of 9 tokens is longer than the 8 learned positions"):
+        make_spec(learned, [[2, 2, 2, 2]], [([2], 1)], 1, 9)
+
+
+def test_the_family_of_a_config_follows_its_mlp():
+    assert [TinyConfig(mlp=m).family for m in ("swiglu", "gelu", "relu2")] == ["llama", "gpt", "nemotron"]
