@@ -54,19 +54,25 @@ def _slice(full: torch.Tensor, index) -> torch.Tensor:
     return full if index is None else full.index_select(index[0], torch.tensor(index[1]))
 
 
-def compare(held: list[dict], ref_params: dict, ref_grads: dict) -> dict:
+def compare(held: list[dict], ref_params: dict, ref_grads: dict, noise: frozenset[str] = frozenset()) -> dict:
     """Errors of every holding against the reference: the worst parameter and gradient (with
     where they are held), the largest elementwise parameter error (over max |ref|), and the
-    worst parameter error of each pipeline (replica, or its cp slice)."""
+    worst parameter error of each pipeline (replica, or its cp slice). Parameters in ``noise``
+    have no gradient in exact arithmetic: their values are not compared and their gradient's
+    error is taken over the largest reference gradient."""
     worst = {"param": (-1.0, None), "grad": (-1.0, None)}
     elementwise, per_pipeline = 0.0, {}
+    largest_grad = max(torch.linalg.norm(v) for v in ref_grads.values())
     for h in held:
         for kind, ref in (("param", ref_params), ("grad", ref_grads)):
+            if kind == "param" and h["name"] in noise:
+                continue
             full = ref[h["name"]]
             got, want = h[kind].to(full.dtype), _slice(full, h["index"])
             if got.shape != want.shape:
                 raise AssertionError(f"{h['name']} on {where(h)}: shape {tuple(got.shape)} != {tuple(want.shape)}")
-            err = (torch.linalg.norm(got - want) / torch.linalg.norm(full).clamp_min(1e-30)).item()
+            scale = largest_grad if h["name"] in noise else torch.linalg.norm(full)
+            err = (torch.linalg.norm(got - want) / scale.clamp_min(1e-30)).item()
             if err >= worst[kind][0]:
                 worst[kind] = (err, h)
             if kind == "param":

@@ -49,11 +49,12 @@ class Prediction:
 
 
 def run_model(spec: RunSpec, name: str) -> ModelSpec:
-    """The executor's Llama-style decoder (``TinyConfig``) as a ModelSpec."""
+    """The executor's decoder (``TinyConfig``) as a ModelSpec of its family (untied, no dropout:
+    what the executor runs)."""
     c = spec.cfg
     return ModelSpec(
         name=f"{name} (shrunk)",
-        family="llama",
+        family=c.family,
         hidden_size=c.hidden,
         ffn_hidden_size=c.ffn,
         num_layers=c.layers,
@@ -61,12 +62,12 @@ def run_model(spec: RunSpec, name: str) -> ModelSpec:
         num_kv_heads=c.kv_heads,
         head_dim=c.head_dim,
         vocab_size=c.vocab,
-        max_position_embeddings=spec.seq_len,
+        max_position_embeddings=c.max_positions if c.positions == "learned" else spec.seq_len,
         tie_embeddings=False,
-        gated_mlp=True,
-        norm="rmsnorm",
-        position="rope",
-        bias=False,
+        gated_mlp=c.mlp == "swiglu",
+        norm="layernorm" if c.norm == "layer" else "rmsnorm",
+        position=c.positions,
+        bias=c.bias,
         dropout=0.0,
     )
 
@@ -93,7 +94,7 @@ def _layout(spec: RunSpec, widths: tuple[int, ...], micro_batches: int, dp: int,
         micro_batch=spec.micro_batch,
         global_batch=micro_batches * spec.micro_batch * dp,
         sequence_parallel=spec.sequence_parallel and tp > 1,
-        recompute="full" if spec.recompute else "none",
+        recompute=spec.recompute,
         overlap_grad_reduce=False,
         overlap_p2p=False,
         tp_comm_overlap=False,

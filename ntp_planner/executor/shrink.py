@@ -1,8 +1,9 @@
 """Shrink a Plan (optionally re-planned after failures) to a run this host can afford, keeping
 what makes its sharding what it is: the stage width, every block's TP degree (one layer per run
 of equal degrees), the degraded replicas' widths and their share of the batch, the number of
-query and KV heads, and the FFN width and vocabulary modulo every degree in use (so uneven
-splits cut at the same places). No torch here: ``ntp validate`` reports the shrink before it
+query and KV heads, the FFN width and vocabulary modulo every degree in use (so uneven
+splits cut at the same places), the block style (norm, MLP, biases, positions: ``block_style``)
+and the recompute granularity. No torch here: ``ntp validate`` reports the shrink before it
 starts any process.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cost_models.model import ModelSpec
 from ntp_planner.executor.shrink_notes import cut_runs_note, micro_why, replan_pick_notes, replicas_why, stages_why
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.failures.replan import ReplanResult
@@ -37,6 +39,22 @@ def _same_remainder(value: int, modulus: int, at_least: int) -> int:
     """
     r = value % modulus
     return r + modulus * max(1 if r == 0 else 0, math.ceil((at_least - r) / modulus))
+
+
+def block_style(model: ModelSpec) -> dict:
+    """The TinyConfig fields that make the executor's blocks the model's: its norm, its MLP
+    (SwiGLU when gated, else Nemotron's squared ReLU or GPT's GELU), its linear biases and its
+    positions.
+
+    >>> from cost_models.catalogue import MODELS
+    >>> block_style(MODELS["gpt3-5b"])
+    {'norm': 'layer', 'mlp': 'gelu', 'bias': True, 'positions': 'learned'}
+    >>> block_style(MODELS["nemotron4-15b"])
+    {'norm': 'layer', 'mlp': 'relu2', 'bias': False, 'positions': 'rope'}
+    """
+    mlp = "swiglu" if model.gated_mlp else "relu2" if model.family == "nemotron" else "gelu"
+    norm = "layer" if model.norm == "layernorm" else "rms"
+    return {"norm": norm, "mlp": mlp, "bias": model.bias, "positions": model.position}
 
 
 def _runs(degrees: list[int]) -> list[int]:
@@ -109,6 +127,8 @@ def shrink(
     degrees = {t for d in chunk_degrees for t in d} | {x for ws in widths for x in ws}
     modulus = math.lcm(*degrees)
     head_dim = 4 if model.num_heads <= 32 else 2
+    # every cp chunk needs a token, and a token per rank under sequence parallelism
+    seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
     cfg = TinyConfig(
         vocab=_same_remainder(model.vocab_size, modulus, 64),
         hidden=model.num_heads * head_dim,
@@ -116,9 +136,9 @@ def shrink(
         heads=model.num_heads,
         kv_heads=model.num_kv_heads,
         ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
+        **block_style(model),
+        max_positions=seq_len,
     )
-    # every cp chunk needs a token, and a token per rank under sequence parallelism
-    seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
     notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc) + cut
     spec = make_spec(
         cfg,
@@ -131,7 +151,7 @@ def shrink(
         vpp=vpp,
         steps=steps,
         seed=seed,
-        recompute=lay.recompute == "full",
+        recompute=lay.recompute,
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
     )
@@ -235,6 +255,8 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp
         f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
         f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens"
         " (enough for every cp chunk and sequence-parallel piece; no TP cut depends on the length)",
+        f"{model.family} blocks kept: {cfg.norm} norm, {cfg.mlp} MLP, {'' if cfg.bias else 'no '}linear biases, "
+        f"{cfg.positions} positions" + (f"; {lay.recompute} recompute kept" if lay.recompute != "none" else ""),
         f"pipeline {lay.pp} stages -> {pp}"
         + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
         + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
@@ -261,13 +283,13 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp
             "runs at the stage width)"
         ]
     skipped += [f"ZeRO-{lay.zero} sharding of the model state (replicated AdamW, the same math)"] if lay.zero else []
-    skipped += ["selective recompute"] if lay.recompute == "selective" else []
     skipped += (
         [f"experts{f' and ep {lay.ep}' if lay.ep > 1 else ''} (MoE layers run as dense SwiGLU)"]
         if model.num_experts
         else []
     )
-    skipped += [f"{model.family} blocks (run as Llama-style)"] if model.family != "llama" else []
+    skipped += ["tied input and output embeddings (run as two matrices)"] if model.tie_embeddings else []
+    skipped += [f"dropout {model.dropout:g} (off: the check is deterministic)"] if model.dropout else []
     if skipped:
         notes.append("not executed: " + "; ".join(skipped))
     if replan is not None:

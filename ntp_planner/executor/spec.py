@@ -34,10 +34,21 @@ class TinyConfig:
     kv_heads: int = 2  # key/value heads (grouped-query attention)
     ffn: int = 48  # SwiGLU hidden width
     rope_theta: float = 10000.0  # rotary base
+    norm: Literal["rms", "layer"] = "rms"  # RMSNorm (Llama), or LayerNorm with a bias (GPT, Nemotron)
+    mlp: Literal["swiglu", "gelu", "relu2"] = "swiglu"  # SwiGLU (3 matrices), or 2 with GELU / squared ReLU
+    bias: bool = False  # biases on the linear layers (Megatron's add_bias_linear)
+    positions: Literal["rope", "learned"] = "rope"  # rotary, or learned absolute position embeddings
+    max_positions: int = 64  # rows of the learned position table (the longest sequence it takes)
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def family(self) -> str:
+        """The ModelSpec family whose blocks these are (by the MLP: Llama's SwiGLU, GPT's GELU,
+        Nemotron's squared ReLU)."""
+        return {"swiglu": "llama", "gelu": "gpt", "relu2": "nemotron"}[self.mlp]
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,8 @@ class RunSpec:
     steps: int = 3
     lr: float = 1e-4  # fp32 rounding of tiny gradients, amplified by Adam, grows with lr (1e-5 at 1e-3)
     seed: int = 0
-    recompute: bool = False  # full activation recomputation (torch.utils.checkpoint)
+    recompute: Literal["none", "selective", "full"] = "none"  # activations recomputed in backward: none, the
+    # core attention softmax(QK^T)V (Megatron's selective) or whole layers (torch.utils.checkpoint)
     sequence_parallel: bool = False  # reduce-scatter / all-gather on stages whose blocks all run at full width
     weighted: bool = True  # False: plain mean of replica gradients (wrong when batches differ)
     dtype: str = "float32"  # torch dtype name of parameters and activations
@@ -169,6 +181,12 @@ def check(spec: RunSpec) -> None:
         raise ValueError("every replica must hold the same blocks on the same stages")
     _check_cp(spec)
     _check_chunks(spec)
+    if spec.recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full'; got {spec.recompute!r}")
+    if cfg.positions == "learned" and spec.seq_len > cfg.max_positions:
+        raise ValueError(
+            f"the sequence of {spec.seq_len} tokens is longer than the {cfg.max_positions} learned positions"
+        )
     names = [(b.kind, b.layer) for chunk in model_chunks(spec.replicas[0]) for b in chunk]
     expected = [("embed", -1)] + [("layer", i) for i in range(cfg.layers)] + [("head", -1)]
     if names != expected:

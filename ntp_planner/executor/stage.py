@@ -27,11 +27,11 @@ from ntp_planner.executor.comm import (
     ReduceScatterSeq,
     ScatterSeq,
 )
-from ntp_planner.executor.model import Reference, rms_norm
+from ntp_planner.executor.model import Reference, add_bias, block_params, normed
 from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 from ntp_planner.executor.spec import Block, RunSpec, StageSpec
-from ntp_planner.executor.tp_slices import BLOCK_PARAMS, rank_attention, rank_mlp, rank_slice
+from ntp_planner.executor.tp_slices import rank_attention, rank_mlp, rank_slice
 
 
 @dataclass
@@ -74,7 +74,7 @@ class StageModel:
             copy, j = stage.position(rank, b.degree)
             per = spec.micro_batch * b.degree // stage.width
             params = {}
-            for key in BLOCK_PARAMS[b.kind]:
+            for key in block_params(self.cfg, b.kind):
                 name = f"{b.name}.{key}" if b.kind == "layer" else key
                 t = rank_slice(full[name], self.cfg, key, b.degree, j).detach()
                 params[key] = t.to(device).requires_grad_(True)
@@ -141,7 +141,7 @@ class StageModel:
                 x = self._run(self._layer, bs, x)
             else:
                 rows = bs.rows if current is not None else slice(None)
-                h = CopyToTP.apply(rms_norm(x, bs.params["norm"]), self.comm, bs.tp_ranks)
+                h = CopyToTP.apply(normed(x, bs.params, "norm"), self.comm, bs.tp_ranks)
                 return self._loss(bs, h, targets[rows]) * loss_scale
         if current is not None:
             x = ExitCopies.apply(x, comm, ranks, current.rows, total, current.tp_rank == 0)
@@ -154,26 +154,41 @@ class StageModel:
         for i, bs in enumerate(blocks):
             if bs.block.kind == "embed":
                 x = ReduceScatterSeq.apply(self._embed_partial(bs, x), *args)
+                x = self._positions(bs, x, args[2][args[3]][0])  # this rank's piece of the sequence
                 continue
             if i == 0:
                 x = ScatterSeq.apply(x, *args)
             if bs.block.kind == "layer":
                 x = self._run(self._layer_sp, bs, x)
             else:
-                h = AllGatherSeq.apply(rms_norm(x, bs.params["norm"]), *args, "tp")
+                h = AllGatherSeq.apply(normed(x, bs.params, "norm"), *args, "tp")
                 return self._loss(bs, h, targets) * loss_scale
         return GatherSeq.apply(x, *args)
 
     def _run(self, layer, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         """One layer, its activations recomputed in backward under full recompute."""
-        return checkpoint(layer, bs, x, use_reentrant=False) if self.spec.recompute else layer(bs, x)
+        return checkpoint(layer, bs, x, use_reentrant=False) if self.spec.recompute == "full" else layer(bs, x)
+
+    def _attention(self, bs: BlockState, h: torch.Tensor) -> torch.Tensor:
+        """This rank's partial attention output; its core recomputed under selective recompute."""
+        selective = self.spec.recompute == "selective"
+        return rank_attention(h, bs.params, bs.shards, bs.tp_rank, self.cfg, self.context, selective)
+
+    @staticmethod
+    def _row_parallel(partial: torch.Tensor, p: dict, key: str, reduce) -> torch.Tensor:
+        """``reduce`` (the TP sum) of a row-parallel layer's partial outputs, plus its bias ``key``
+        once: after the sum, so every TP rank adds it to the same total."""
+        if planted("row-bias-twice"):  # the bias on every TP rank's partial: summed t times
+            return reduce(add_bias(partial, p, key))
+        return add_bias(reduce(partial), p, key)
 
     def _layer_sp(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, args = bs.params, self.sp_args
-        h = AllGatherSeq.apply(rms_norm(x, p["norm1"]), *args, "tp")
-        x = x + ReduceScatterSeq.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), *args)
-        h = AllGatherSeq.apply(rms_norm(x, p["norm2"]), *args, "tp")
-        return x + ReduceScatterSeq.apply(rank_mlp(h, p), *args)
+        reduce = lambda t: ReduceScatterSeq.apply(t, *args)  # noqa: E731
+        h = AllGatherSeq.apply(normed(x, p, "norm1"), *args, "tp")
+        x = x + self._row_parallel(self._attention(bs, h), p, "o_bias", reduce)
+        h = AllGatherSeq.apply(normed(x, p, "norm2"), *args, "tp")
+        return x + self._row_parallel(rank_mlp(h, p, self.cfg), p, "down_bias", reduce)
 
     def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows looked up (zeros for the others' tokens)."""
@@ -182,14 +197,24 @@ class StageModel:
         return bs.params["embed"][(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
 
     def _embed(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
-        return ReduceFromTP.apply(self._embed_partial(bs, tokens), self.comm, bs.tp_ranks)
+        return self._positions(bs, ReduceFromTP.apply(self._embed_partial(bs, tokens), self.comm, bs.tp_ranks))
+
+    def _positions(self, bs: BlockState, x: torch.Tensor, piece: int = 0) -> torch.Tensor:
+        """``x`` plus the learned embeddings of its positions (when the model has them), added
+        once after the vocabulary sum: the context-parallel chunk's offset, plus ``piece``, the
+        offset of this rank's piece of the chunk under sequence parallelism."""
+        if "pos" not in bs.params:
+            return x
+        start = (self.context[0] if self.context else 0) + piece
+        return x + bs.params["pos"][start : start + x.shape[1]]
 
     def _layer(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, g, comm = bs.params, bs.tp_ranks, self.comm
-        h = CopyToTP.apply(rms_norm(x, p["norm1"]), comm, g)
-        x = x + ReduceFromTP.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), comm, g)
-        h = CopyToTP.apply(rms_norm(x, p["norm2"]), comm, g)
-        return x + ReduceFromTP.apply(rank_mlp(h, p), comm, g)
+        reduce = lambda t: ReduceFromTP.apply(t, comm, g)  # noqa: E731
+        h = CopyToTP.apply(normed(x, p, "norm1"), comm, g)
+        x = x + self._row_parallel(self._attention(bs, h), p, "o_bias", reduce)
+        h = CopyToTP.apply(normed(x, p, "norm2"), comm, g)
+        return x + self._row_parallel(rank_mlp(h, p, self.cfg), p, "down_bias", reduce)
 
     def _loss(self, bs: BlockState, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of the vocabulary-parallel LM head on the normed stream ``h``."""

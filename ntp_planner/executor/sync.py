@@ -22,7 +22,7 @@ from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.reshard import reshard_plan
 from ntp_planner.executor.spec import RunSpec, dp_groups
 from ntp_planner.executor.stage import StageModel
-from ntp_planner.executor.tp_slices import param_index
+from ntp_planner.executor.tp_slices import cuts_kv_heads, param_index
 
 
 def _place(t: torch.Tensor, idx, shape) -> torch.Tensor:
@@ -37,9 +37,10 @@ def _take(full: torch.Tensor, idx) -> torch.Tensor:
 
 
 def _with_cut_kv_summed(cfg, key: str, bs, grad: torch.Tensor, comm: Comm, shape) -> torch.Tensor:
-    """For K and V split unevenly, each owner of a cut KV head holds part of its gradient: sum
-    the parts over the copy's TP group (every owner then holds the whole). Others unchanged."""
-    if key not in ("k", "v") or not any(len(bs.shards.kv_owners(kv)) > 1 for kv in range(cfg.kv_heads)):
+    """For K and V (and their biases) split unevenly, each owner of a cut KV head holds part of
+    its gradient: sum the parts over the copy's TP group (every owner then holds the whole).
+    Others unchanged."""
+    if not cuts_kv_heads(key) or not any(len(bs.shards.kv_owners(kv)) > 1 for kv in range(cfg.kv_heads)):
         return grad
     idx = param_index(cfg, key, bs.block.degree, bs.tp_rank)
     return _take(comm.all_reduce(_place(grad, idx, shape), bs.tp_ranks), idx)

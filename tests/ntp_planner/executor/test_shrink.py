@@ -154,3 +154,29 @@ def test_the_prediction_of_an_interleaved_run_costs_its_chunks_in_model_order():
     lay = _layout(spec, (4, 4), spec.replicas[0].micro_batches, 1, healthy=True)
     assert (lay.pp, lay.vpp, lay.chunk_layers) == (2, 2, (2, 2, 2, 2))
     assert lay.layer_tp == (4, 2, 1, 4, 4, 2, 1, 1, 1, 4)  # embedding, chunk 0, 1, 2, 3 layers, LM head
+
+
+@pytest.mark.parametrize(
+    ("name", "style"),
+    [
+        ("gpt3-5b", dict(norm="layer", mlp="gelu", bias=True, positions="learned")),
+        ("nemotron4-15b", dict(norm="layer", mlp="relu2", bias=False, positions="rope")),
+    ],
+)
+def test_a_gpt_or_nemotron_plan_keeps_its_blocks_and_selective_recompute(name, style):
+    from ntp_planner.executor.predict import run_model
+
+    lay = ParallelLayout(tp=4, pp=2, dp=2, global_batch=64, recompute="selective", sequence_parallel=True)
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    plan = plan_from_layout(MODELS[name], TrainingSpec(seq_len=2048, global_batch=64), cluster, lay)
+    spec = shrink(plan, nproc=16).spec
+    cfg = spec.cfg
+    assert {k: getattr(cfg, k) for k in style} == style and cfg.family == plan.model.family
+    assert spec.recompute == "selective" and cfg.max_positions >= spec.seq_len
+    not_executed = next((n for n in spec.notes if n.startswith("not executed")), "")
+    assert "recompute" not in not_executed and "blocks" not in not_executed
+    assert ("tied input and output embeddings" in not_executed) == plan.model.tie_embeddings
+    shrunk = run_model(spec, name)  # what the cost model prices for the run: the same family
+    assert (shrunk.family, shrunk.gated_mlp, shrunk.norm, shrunk.position, shrunk.bias) == (
+        plan.model.family, False, "layernorm", style["positions"], style["bias"]
+    )  # fmt: skip

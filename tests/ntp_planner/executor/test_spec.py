@@ -79,3 +79,16 @@ def test_interleaving_refuses_micro_batches_that_are_not_a_multiple_of_pp():
     )
     with pytest.raises(ValueError, match=r"interleaving \(vpp 2\) needs .* at least 2 stages"):
         make_spec(TinyConfig(layers=2), [[2, 2], [2, 2]], [([2], 2)], 2, 8, vpp=2)
+
+
+def test_recompute_granularity_and_learned_positions_are_checked():
+    with pytest.raises(ValueError, match="recompute must be 'none', 'selective' or 'full'; got True"):
+        make_spec(TinyConfig(), [[2, 2, 2, 2]], [([2], 1)], 1, 8, recompute=True)
+    learned = TinyConfig(positions="learned", max_positions=8)
+    assert make_spec(learned, [[2, 2, 2, 2]], [([2], 1)], 1, 8).cfg.max_positions == 8
+    with pytest.raises(ValueError, match="sequence of 9 tokens is longer than the 8 learned positions"):
+        make_spec(learned, [[2, 2, 2, 2]], [([2], 1)], 1, 9)
+
+
+def test_the_family_of_a_config_follows_its_mlp():
+    assert [TinyConfig(mlp=m).family for m in ("swiglu", "gelu", "relu2")] == ["llama", "gpt", "nemotron"]
