@@ -284,7 +284,7 @@ def replan_view(r) -> Group:
             str(x.gpus_used),
             str(x.gpus_idle),
         )
-    parts = [head, t]
+    parts = [head, t, *_replica_reasons(r.replicas)]
     if r.reshard is not None:
         rs = r.reshard
         parts.append(
@@ -295,6 +295,19 @@ def replan_view(r) -> Group:
             )
         )
     return Group(*parts)
+
+
+def _replica_reasons(replicas) -> list[Text]:
+    """One line per distinct reason of the replicas that changed: 'dropped (replicas 3, 17): memory: ...'."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for x in replicas:
+        if x.status != "healthy" and getattr(x, "reason", None):
+            groups.setdefault((x.status, x.reason), []).append(x.replica)
+    lines = []
+    for (status, why), reps in groups.items():
+        shown = ", ".join(map(str, reps[:8])) + (f" and {len(reps) - 8} more" if len(reps) > 8 else "")
+        lines.append(Text(f"{status} (replica{'s' if len(reps) > 1 else ''} {shown}): {why}"))
+    return lines
 
 
 def _compact(values) -> str:
@@ -347,8 +360,9 @@ def simulation_table(results, cfg) -> Group:
     )
 
 
-def validate_json(shrunk, result, tolerance: float, backend: str) -> dict:
-    """What `ntp validate --json` prints."""
+def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dict] | None = None) -> dict:
+    """What `ntp validate --json` prints. ``cuts``: the shard cuts against the planner's shares
+    (``executor.cuts.compare_cuts``); a mismatch fails the run."""
     spec = shrunk.spec
     errors = (result.max_rel_error_loss, result.max_rel_error_grads, result.max_rel_error_params)
     ranks = []
@@ -359,12 +373,20 @@ def validate_json(shrunk, result, tolerance: float, backend: str) -> dict:
             {"process": process, "plan_rank": plan_rank, "gpu": gpu, "replica": replica, "stage": stage, "local": local}
         )
     return {
-        "passed": max(errors) <= tolerance,
+        "passed": max(errors) <= tolerance and all(c["match"] for c in cuts or []),
         "tolerance": tolerance,
+        "dtype": spec.dtype,
         "max_rel_error_loss": result.max_rel_error_loss,
         "max_rel_error_grads": result.max_rel_error_grads,
         "max_rel_error_params": result.max_rel_error_params,
         "worst_param": result.worst_param,
+        "worst_param_holder": result.worst_param_holder,
+        "worst_grad": result.worst_grad,
+        "worst_grad_holder": result.worst_grad_holder,
+        "holdings_compared": result.holdings_compared,
+        "cuts_match": all(c["match"] for c in cuts or []),
+        "cuts": cuts or [],
+        "vocabulary_ids_missing": result.vocab_ids_missing,
         "max_rel_error_params_per_pipeline": result.per_replica_error,
         "max_elementwise_error_params": result.max_elementwise_error_params,
         "step_time_s": result.step_time_s,
@@ -385,9 +407,9 @@ def validate_json(shrunk, result, tolerance: float, backend: str) -> dict:
     }
 
 
-def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str) -> Group:
+def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str, cuts: list[dict] | None = None) -> Group:
     """The run as executed, the losses step by step, the errors and the verdict."""
-    data = validate_json(shrunk, result, tolerance, backend)
+    data = validate_json(shrunk, result, tolerance, backend, cuts)
     spec = shrunk.spec
     head = Table(show_header=False, box=None)
     head.add_row("plan", escape(plan.layout.describe()))
@@ -405,15 +427,50 @@ def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str) ->
         losses.add_row(str(i), f"{a:.7f}", f"{b:.7f}", f"{abs(a - b) / abs(b):.1e}")
     verdict = Table(show_header=False, box=None)
     verdict.add_row("max relative error, loss", f"{result.max_rel_error_loss:.1e}")
-    verdict.add_row("max relative error, first-step gradients", f"{result.max_rel_error_grads:.1e}")
-    verdict.add_row("max relative error, parameters", f"{result.max_rel_error_params:.1e} ({result.worst_param})")
+    verdict.add_row(
+        "max relative error, first-step gradients",
+        f"{result.max_rel_error_grads:.1e} ({result.worst_grad} on {result.worst_grad_holder})",
+    )
+    verdict.add_row(
+        "max relative error, parameters",
+        f"{result.max_rel_error_params:.1e} ({result.worst_param} on {result.worst_param_holder})",
+    )
+    verdict.add_row("compared", f"{result.holdings_compared} holdings (every rank's copy of every parameter)")
+    if cuts is not None:
+        verdict.add_row("shard cuts", _cuts_text(cuts))
+    missing = result.vocab_ids_missing
+    verdict.add_row(
+        "vocabulary",
+        f"all {spec.cfg.vocab} ids an input and a target"
+        if not missing
+        else Text(f"{missing} of {spec.cfg.vocab} ids missing as input or target: lengthen --seq-len", style="yellow"),
+    )
     verdict.add_row("step time (slowest rank)", f"{result.step_time_s:.3f} s")
     ok = data["passed"]
+    fail = f"FAIL (above {tolerance:g})" if data["cuts_match"] else "FAIL (shard cuts differ from the planner's)"
     verdict.add_row(
         "verdict",
-        Text(f"PASS (all <= {tolerance:g})" if ok else f"FAIL (above {tolerance:g})", style="green" if ok else "red"),
+        Text(f"PASS ({spec.dtype}, all <= {tolerance:g})" if ok else fail, style="green" if ok else "red"),
     )
     return Group(head, losses, verdict)
+
+
+def _cuts_text(cuts: list[dict]) -> str:
+    """'as the planner deals them (heads, kv_heads, ffn at degree 3, 4; vocab at 4)', or the mismatches."""
+    bad = [c for c in cuts if not c["match"]]
+    if bad:
+        return "; ".join(
+            f"{c['unit']} at degree {c['degree']}: ran {'/'.join(map(str, c['executor']))}, "
+            f"planned {'/'.join(map(str, c['planner']))}"
+            for c in bad
+        )
+    by_unit: dict[str, list[str]] = {}
+    for c in cuts:
+        by_unit.setdefault(c["unit"], []).append(str(c["degree"]))
+    groups: dict[str, list[str]] = {}
+    for unit, degrees in by_unit.items():
+        groups.setdefault(", ".join(degrees), []).append(unit)
+    return "as the planner deals them (" + "; ".join(f"{', '.join(u)} at degree {d}" for d, u in groups.items()) + ")"
 
 
 def _stage_text(stage) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -47,8 +48,8 @@ ShrunkSeqOpt = Annotated[
         "--seq-len",
         min=1,
         max=65536,
-        help="Tokens per sequence of the shrunk run: longer ones give timing more compute per step (and fp32 more "
-        "rounding: allow a larger --tolerance).",
+        help="Tokens per sequence of the shrunk run, at least enough for its batch to hold every vocabulary id: "
+        "longer ones give timing more compute per step (and fp32 more rounding: allow a larger --tolerance).",
     ),
 ]
 RecordOpt = Annotated[
@@ -59,7 +60,26 @@ TimeoutOpt = Annotated[
     float,
     typer.Option("--timeout", help="Seconds without progress before the run counts as hung (start-up gets 60 s more)."),
 ]
-ToleranceOpt = Annotated[float, typer.Option("--tolerance", help="Largest relative error that passes, in (0, 1).")]
+# Largest relative error that passes, per dtype of the run. float64: roundoff 1.1e-16, a clean run
+# errs near 1e-15 and a bug by 1e-8 or more, so 1e-9 is tight with room for longer runs; float32:
+# roundoff 6e-8, Adam amplifies a clean run's to 1e-6 (more with --seq-len), so 1e-5; bfloat16:
+# roundoff 3.9e-3 on every activation, and a clean TP2 run's first-step gradients err by 1.7e-2,
+# so 5e-2 (about three times that; a bug of the planted kinds errs by 0.2 to 1).
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 5e-2}
+RunDtype = Literal["float64", "float32", "bfloat16"]
+ValidateDtypeOpt = Annotated[
+    RunDtype,
+    typer.Option(
+        "--dtype",
+        help="Precision of the run and of the one-process reference: float64 makes the exactness check tight "
+        "(tolerance 1e-9), float32 (1e-5) is the default, bfloat16 runs the plan's precision for timing "
+        "(5e-2).",
+    ),
+]
+ToleranceOpt = Annotated[
+    float | None,
+    typer.Option("--tolerance", help="Largest relative error that passes, in (0, 1) (default: set by --dtype)."),
+]
 WeightSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the weights and the synthetic batch.")]
 FaultOpt = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="RANK:die|hang|raise:STEP")]
 
@@ -113,13 +133,14 @@ def validate(
     backend: BackendOpt = "gloo",
     steps: StepsOpt = None,
     timeout: TimeoutOpt = 180.0,
-    tolerance: ToleranceOpt = 1e-5,
+    tolerance: ToleranceOpt = None,
     seed: WeightSeedOpt = 0,
     seq_len: ShrunkSeqOpt = 8,
     profile: ValidateProfileOpt = None,
     record: RecordOpt = None,
     fault: FaultOpt = None,
     json_out: JsonOpt = False,
+    dtype: ValidateDtypeOpt = "float32",
 ) -> None:
     """Run a plan for real on a shrunk model with torch.distributed and compare it with one process.
 
@@ -128,14 +149,18 @@ def validate(
     Across hosts, run the same command under torchrun (each process becomes one rank). With
     --profile, the cost model predicts the run (the shrunk model on these processes) and the
     report sets predicted against measured step time, per stage and per part, and memory.
+    Every rank's copy of every parameter and first-step gradient is compared, the shard cuts are
+    checked against the planner's shares, and the batches cover every vocabulary id.
     Needs PyTorch: pip install 'ntp-planner[torch]'.
 
     \b
     Example: ntp validate plan.json --replan replan.json --steps 3
+             ntp validate plan.json --dtype float64
              ntp validate plan.json --profile profile.json --record runs.jsonl
     """
     if not timeout > 0:
         raise InputError(f"--timeout {timeout:g} must be positive")
+    tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
         raise InputError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")
     if record is not None and profile is None:
@@ -145,7 +170,6 @@ def validate(
 
         check_writable(record, "runs file", "runs.jsonl")  # before the run, not after
     torch = _import_torch()
-    from ntp_planner.executor.shrink import shrink
     from ntp_planner.plan import Plan
     from ntp_planner.report import validate_json, validate_view
 
@@ -155,7 +179,8 @@ def validate(
     injected = _parse_fault(fault)
     n, torchrun = _world_size(torch, backend, nproc)
     measured_profile = None if profile is None else _machine_profile(profile, backend)
-    shrunk = shrink(p, n, replan_result, steps, seed, seq_len)
+    shrunk, cuts = _shrunk_run(p, n, replan_result, steps, seed, seq_len, dtype, json_out)
+    replan_fields = {} if replan_result is None else _replan_coverage(replan_result, shrunk, n)
     if measured_profile is not None:
         from ntp_planner.profiler.for_run import complete_profile
 
@@ -163,7 +188,7 @@ def validate(
     result = _run(shrunk, backend, timeout, injected, torchrun, steps, json_out)
     if result is None:
         return  # a torchrun rank other than 0: rank 0 reports
-    data = validate_json(shrunk, result, tolerance, backend)
+    data = validate_json(shrunk, result, tolerance, backend, cuts) | replan_fields
     comparison = None
     if measured_profile is not None:
         comparison = _compare_prediction(measured_profile, shrunk.spec, p, result)
@@ -171,7 +196,7 @@ def validate(
     if json_out:
         show_json(data)
     else:
-        show(validate_view(p, shrunk, result, tolerance, backend))
+        show(validate_view(p, shrunk, result, tolerance, backend, cuts))
         if comparison is not None:
             from ntp_planner.timing_report import comparison_view
 
@@ -180,6 +205,40 @@ def validate(
         _record(record, plan_file, p, measured_profile, comparison)
     if not data["passed"]:
         raise typer.Exit(1)
+
+
+def _replan_coverage(replan, shrunk, nproc: int) -> dict:
+    """The re-plan's replicas the run holds, said out loud (a warning on stderr, before the run)
+    when none of them is degraded beside one of another width: such a run checks no NTP sync."""
+    from ntp_planner.executor.shrink_notes import no_degraded_warning
+
+    picked = list(shrunk.replicas)
+    warning = no_degraded_warning(replan, picked, nproc)
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
+    status = {x.replica: x.status for x in replan.replicas}
+    return {"degraded_replicas_run": [r for r in picked if status[r] == "degraded"], "replan_warning": warning}
+
+
+def _shrunk_run(plan, n: int, replan_result, steps: int, seed: int, seq_len: int, dtype: str, quiet: bool):
+    """The shrunk run in ``dtype``, its sequences lengthened until its batch holds every vocabulary
+    id, and its shard cuts against the planner's shares; a mismatch ends the command (exit 1)
+    before any process starts: the run would check a sharding the planner did not plan."""
+    from ntp_planner.executor.batch import covering_seq_len, covers_vocabulary
+    from ntp_planner.executor.cuts import compare_cuts, mismatches
+    from ntp_planner.executor.shrink import shrink
+
+    shrunk = shrink(plan, n, replan_result, steps, seed, seq_len)
+    if not covers_vocabulary(shrunk.spec):
+        shrunk = shrink(plan, n, replan_result, steps, seed, covering_seq_len(shrunk.spec))
+    shrunk = replace(shrunk, spec=replace(shrunk.spec, dtype=dtype))
+    cuts = compare_cuts(shrunk.spec, plan.model)
+    if mismatches(cuts):
+        if quiet:
+            show_json({"passed": False, "failure": mismatches(cuts), "cuts": cuts})
+        typer.echo(f"error: {mismatches(cuts)}.", err=True)
+        raise typer.Exit(1)
+    return shrunk, cuts
 
 
 def _machine_profile(path: Path, backend: str):

@@ -83,6 +83,13 @@ class Comm:
             dist.all_reduce(t, op=op)
         return t
 
+    def gather_objects(self, obj) -> list | None:
+        """Every rank's picklable ``obj``, in rank order, on rank 0 (None on the others); untimed."""
+        out = [None] * dist.get_world_size() if self.rank == 0 else None
+        with self._counted():
+            dist.gather_object(obj, out, dst=0)
+        return out
+
     def broadcast(self, t: torch.Tensor, src: int, ranks: tuple[int, ...]) -> torch.Tensor:
         if len(ranks) > 1:
             with self._counted():
@@ -106,6 +113,15 @@ class Comm:
         if frm is not None:
             out = torch.empty(shape, dtype=like.dtype, device=like.device)
             ops.append(dist.P2POp(dist.irecv, out, frm))
+        self._batch(ops)
+        return out
+
+    def exchange_many(self, sends: list[tuple[torch.Tensor, int]], frms: list[int], shape, like: torch.Tensor):
+        """``exchange`` with several peers at once: send each (tensor, rank) of ``sends`` and
+        receive a ``shape`` tensor from each rank of ``frms`` (in that order), as one batch."""
+        ops = [dist.P2POp(dist.isend, t.contiguous(), to) for t, to in sends]
+        out = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in frms]
+        ops += [dist.P2POp(dist.irecv, buf, frm) for buf, frm in zip(out, frms, strict=True)]
         self._batch(ops)
         return out
 

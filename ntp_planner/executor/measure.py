@@ -92,7 +92,8 @@ class ActivationMeter:
     Not counted: the stage output a pipeline keeps for its backward (alive, but saved by no op),
     and under full recompute the layer inputs the checkpoint keeps to recompute from and the
     recomputation's transient saves (the checkpoint holds them, under its own hooks): then only
-    the blocks outside the checkpoints (embedding, LM head) count.
+    the blocks outside the checkpoints (embedding, LM head) count. Under selective recompute the
+    core attention's inputs count (the checkpoint saves them) and its own saves do not.
 
     >>> meter = ActivationMeter([])
     >>> w = torch.ones(4, requires_grad=True)

@@ -3,6 +3,10 @@ environment variable ``NTP_EXECUTOR_MUTATION`` names one; spawned ranks inherit 
 environment, so a test sets it (``monkeypatch.setenv``) before ``launch``. Production code asks
 ``planted("name")`` at the one place the bug would live; nothing else reads the variable.
 
+Planted so far: ``doubled-grad-copy1`` (``sync``: copy 1 of a block keeps twice its synced
+gradient), ``embed-mask-off-by-one`` (``stage``: a rank also looks up the first id of the next
+rank's vocabulary rows), ``cuts-reversed`` (``ownership``: fuller ranks last).
+
 >>> planted("doubled-grad-copy1")
 False
 """

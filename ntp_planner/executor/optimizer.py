@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ntp_planner.executor.batch import synthetic_batch
 from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.model import Reference
 from ntp_planner.executor.mutations import planted
@@ -348,8 +349,6 @@ def mixed_reference(spec: RunSpec) -> dict:
     """The reference in mixed precision, in one process: the model's bf16 copy of fp32 master
     weights runs the whole batch, its bf16 gradients become fp32, AdamW updates the masters and
     the copy is cast from them again. Parameters reported are the bf16 copy's (as fp32)."""
-    from ntp_planner.executor.runtime import synthetic_batch
-
     master = Reference(spec.cfg, seed=spec.seed)
     low = getattr(torch, spec.dtype)
     model = Reference(spec.cfg, seed=spec.seed).to(low)

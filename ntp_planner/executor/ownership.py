@@ -19,12 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.degraded import uneven_shares
+from ntp_planner.executor.mutations import planted
 
 
 def contiguous(units: int, degree: int) -> tuple[tuple[int, int], ...]:
     """[start, end) of each rank's block of ``units``, fuller ranks first."""
     out, start = [], 0
-    for n in uneven_shares(units, degree):
+    shares = uneven_shares(units, degree)
+    for n in shares[::-1] if planted("cuts-reversed") else shares:
         out.append((start, start + n))
         start += n
     return tuple(out)

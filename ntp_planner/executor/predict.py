@@ -20,7 +20,7 @@ from cost_models.model import ModelSpec
 from cost_models.profile import BlockShape, Profile
 from cost_models.step import cost_env, cost_from_stages, layout_stages, stage_memory, stage_runs
 from cost_models.training import TrainingSpec
-from ntp_planner.executor.spec import RunSpec
+from ntp_planner.executor.spec import RunSpec, model_chunks
 from topologies.cluster import Cluster
 from topologies.cluster_catalogue import ClusterSpec
 
@@ -49,11 +49,12 @@ class Prediction:
 
 
 def run_model(spec: RunSpec, name: str) -> ModelSpec:
-    """The executor's Llama-style decoder (``TinyConfig``) as a ModelSpec."""
+    """The executor's decoder (``TinyConfig``) as a ModelSpec of its family (untied, no dropout:
+    what the executor runs)."""
     c = spec.cfg
     return ModelSpec(
         name=f"{name} (shrunk)",
-        family="llama",
+        family=c.family,
         hidden_size=c.hidden,
         ffn_hidden_size=c.ffn,
         num_layers=c.layers,
@@ -61,12 +62,12 @@ def run_model(spec: RunSpec, name: str) -> ModelSpec:
         num_kv_heads=c.kv_heads,
         head_dim=c.head_dim,
         vocab_size=c.vocab,
-        max_position_embeddings=spec.seq_len,
+        max_position_embeddings=c.max_positions if c.positions == "learned" else spec.seq_len,
         tie_embeddings=False,
-        gated_mlp=True,
-        norm="rmsnorm",
-        position="rope",
-        bias=False,
+        gated_mlp=c.mlp == "swiglu",
+        norm="layernorm" if c.norm == "layer" else "rmsnorm",
+        position=c.positions,
+        bias=c.bias,
         dropout=0.0,
     )
 
@@ -80,18 +81,20 @@ def replica_kinds(spec: RunSpec) -> list[tuple[tuple[int, ...], int]]:
 def _layout(spec: RunSpec, widths: tuple[int, ...], micro_batches: int, dp: int, healthy: bool) -> ParallelLayout:
     first = next(r for r in spec.replicas if tuple(st.width for st in r.stages) == widths)
     tp = min(widths)
-    blocks = [b for st in first.stages for b in st.blocks]
+    chunks = model_chunks(first)  # model order: chunk c on stage c % pp
+    blocks = [b for c in chunks for b in c]
     degrees = tuple(b.degree for b in blocks) if healthy else (tp,) * len(blocks)
-    counts = tuple(sum(b.kind == "layer" for b in st.blocks) for st in first.stages)
+    counts = tuple(sum(b.kind == "layer" for b in c) for c in chunks)
     return ParallelLayout(
         tp=tp,
         pp=spec.pp,
+        vpp=spec.vpp,
         dp=dp,
         cp=spec.cp,
         micro_batch=spec.micro_batch,
         global_batch=micro_batches * spec.micro_batch * dp,
         sequence_parallel=spec.sequence_parallel and tp > 1,
-        recompute="full" if spec.recompute else "none",
+        recompute=spec.recompute,
         overlap_grad_reduce=False,
         overlap_p2p=False,
         tp_comm_overlap=False,

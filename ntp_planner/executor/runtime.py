@@ -18,7 +18,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ntp_planner.executor.batch import synthetic_batch
 from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.holders import holdings
 from ntp_planner.executor.measure import ActivationMeter, StepClock, gather_rows, rank_memory
 from ntp_planner.executor.model import Reference
 from ntp_planner.executor.optimizer import (
@@ -32,14 +34,7 @@ from ntp_planner.executor.optimizer import (
 from ntp_planner.executor.schedule import one_f_one_b
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.stage import StageModel
-from ntp_planner.executor.sync import gathered_parameters, sync_gradients
-
-
-def synthetic_batch(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed batch every step trains on: random token ids, targets shifted by one."""
-    g = torch.Generator().manual_seed(spec.seed + 1)
-    tokens = torch.randint(0, spec.cfg.vocab, (spec.total_sequences, spec.seq_len + 1), generator=g)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+from ntp_planner.executor.sync import sync_gradients
 
 
 def loss_scale(spec: RunSpec, replica: int) -> float:
@@ -62,9 +57,9 @@ def _inject(fault, rank: int, step: int) -> None:
 
 def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file: str, timeout_s: float,
              progress=None, fault=None) -> None:  # fmt: skip
-    """Train ``spec.steps`` steps as process ``rank``; rank 0 writes losses, every replica's
-    parameters and first-step gradients, and every rank's step times, their split and memory
-    (``measure``) to ``out_file``. ``progress[3 * rank]`` holds the step this rank has entered
+    """Train ``spec.steps`` steps as process ``rank``; rank 0 writes losses, every rank's
+    parameters and first-step gradients (``holders``), and every rank's step times, their split
+    and memory (``measure``) to ``out_file``. ``progress[3 * rank]`` holds the step this rank has entered
     (then ``Comm`` its collectives)."""
     torch.set_num_threads(1)
     torch.set_default_dtype(default_dtype(spec))
@@ -105,8 +100,11 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
             engine.reduce() if engine else sync_gradients(model, spec, s, comm, shapes)
         if step == 0:
             with clock.excluded():
-                synced = engine.synced_grads() if engine else None
-                first_grads = gathered_parameters(model, spec, replica, comm, shapes, grads=True, value_of=synced)
+                if engine:  # the synced gradient, rebuilt from the shards
+                    synced = engine.synced_grads()
+                    first_grads = [synced(name).detach().cpu().clone() for name, *_ in model.named_parameters()]
+                else:
+                    first_grads = [p.grad.detach().cpu().clone() for p in weights]
         with clock.optimizer():
             opt.step()
         if engine:
@@ -118,11 +116,12 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
         losses.append(comm.world_reduce(torch.tensor([share], device=device)).item())
     if engine:
         engine.materialize()
-    params = gathered_parameters(model, spec, replica, comm, shapes)
+    held = comm.gather_objects(holdings(model, spec, rank, first_grads))
     row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device, engine)
     stats = gather_rows(comm, row, rank, spec.world_size, device)
     if rank == 0:
-        torch.save({"losses": losses, "params": params, "grads": first_grads, "rank_stats": stats}, out_file)
+        holders = [h for rank_held in held for h in rank_held]
+        torch.save({"losses": losses, "holders": holders, "rank_stats": stats}, out_file)
     comm.world_reduce(torch.zeros(1, device=device))  # nobody leaves before rank 0 has written
     dist.destroy_process_group()
 

@@ -1,8 +1,9 @@
 """Shrink a Plan (optionally re-planned after failures) to a run this host can afford, keeping
 what makes its sharding what it is: the stage width, every block's TP degree (one layer per run
 of equal degrees), the degraded replicas' widths and their share of the batch, the number of
-query and KV heads, and the FFN width and vocabulary modulo every degree in use (so uneven
-splits cut at the same places). No torch here: ``ntp validate`` reports the shrink before it
+query and KV heads, the FFN width and vocabulary modulo every degree in use (so uneven
+splits cut at the same places), the block style (norm, MLP, biases, positions: ``block_style``)
+and the recompute granularity. No torch here: ``ntp validate`` reports the shrink before it
 starts any process.
 """
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_models.step import stage_blocks
+from cost_models.model import ModelSpec
+from ntp_planner.executor.shrink_notes import cut_runs_note, micro_why, replan_pick_notes, replicas_why, stages_why
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.failures.replan import ReplanResult
 from ntp_planner.plan import Plan
@@ -37,6 +39,22 @@ def _same_remainder(value: int, modulus: int, at_least: int) -> int:
     """
     r = value % modulus
     return r + modulus * max(1 if r == 0 else 0, math.ceil((at_least - r) / modulus))
+
+
+def block_style(model: ModelSpec) -> dict:
+    """The TinyConfig fields that make the executor's blocks the model's: its norm, its MLP
+    (SwiGLU when gated, else Nemotron's squared ReLU or GPT's GELU), its linear biases and its
+    positions.
+
+    >>> from cost_models.catalogue import MODELS
+    >>> block_style(MODELS["gpt3-5b"])
+    {'norm': 'layer', 'mlp': 'gelu', 'bias': True, 'positions': 'learned'}
+    >>> block_style(MODELS["nemotron4-15b"])
+    {'norm': 'layer', 'mlp': 'relu2', 'bias': False, 'positions': 'rope'}
+    """
+    mlp = "swiglu" if model.gated_mlp else "relu2" if model.family == "nemotron" else "gelu"
+    norm = "layer" if model.norm == "layernorm" else "rms"
+    return {"norm": norm, "mlp": mlp, "bias": model.bias, "positions": model.position}
 
 
 def _runs(degrees: list[int]) -> list[int]:
@@ -66,12 +84,9 @@ def shrink(
     """The run that stands for ``plan`` on ``nproc`` processes, with notes on what changed.
     ``seq_len``: tokens per sequence of the run (longer ones make a timing run compute-bound)."""
     lay, model = plan.layout, plan.model
-    w, L = lay.tp, model.num_layers
+    w = lay.tp
     if replan is not None:
         check_replan(plan, replan)
-    blocks = list(lay.block_tp(L))
-    # each stage's blocks in the order it runs them, chunk by chunk (the plan's ``pipeline``)
-    plan_stage = [[blocks[i] for i, _ in stage_blocks(model, lay, s)] for s in range(lay.pp)]
     micro = lay.num_micro_batches
     if replan is None:
         active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
@@ -92,31 +107,28 @@ def shrink(
             picks.append(next(x for x in active if x is not picks[0]))
     pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
-    stage_degrees, layer_count = [], 0
-    for j, g in enumerate(groups):
-        merged = [d for s in g for d in plan_stage[s]]
-        first, last = j == 0, j == len(groups) - 1
-        body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
-        runs = _runs(body)[:MAX_LAYERS_PER_STAGE]
-        if len(runs) == 1 and len(body) > 1:
-            runs *= 2
-        stage_degrees.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
-        layer_count += len(runs)
+    vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
+    chunk_degrees, cut = _chunk_degrees(plan, groups, vpp)
+    layer_count = sum(len(d) for d in chunk_degrees) - 2
     widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
     # sequences per micro-batch: every copy of every block needs one
-    copies = [w // t for d in stage_degrees for t in d]
+    copies = [w // t for d in chunk_degrees for t in d]
     mb = math.lcm(*copies)
-    m = min(micro, max(2 * pp, 2))
+    # the interleaved schedule needs micro-batches in multiples of pp (``spec.check``)
+    unit = pp if vpp > 1 else 1
+    m = min(micro, max(2 * pp, 2)) // unit * unit
     ratios = [n / micro for *_, n in picks]
     if any(r < 1 for r in ratios):
-        m = max(m, 2)
+        m = max(m, 2 * unit)
     run_micro = []
     for r in ratios:
-        k = max(1, round(r * m))
-        run_micro.append(m - 1 if r < 1 and k >= m else k)
-    degrees = {t for d in stage_degrees for t in d} | {x for ws in widths for x in ws}
+        k = max(unit, unit * round(r * m / unit))
+        run_micro.append(m - unit if r < 1 and k >= m else k)
+    degrees = {t for d in chunk_degrees for t in d} | {x for ws in widths for x in ws}
     modulus = math.lcm(*degrees)
     head_dim = 4 if model.num_heads <= 32 else 2
+    # every cp chunk needs a token, and a token per rank under sequence parallelism
+    seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
     cfg = TinyConfig(
         vocab=_same_remainder(model.vocab_size, modulus, 64),
         hidden=model.num_heads * head_dim,
@@ -124,24 +136,25 @@ def shrink(
         heads=model.num_heads,
         kv_heads=model.num_kv_heads,
         ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
+        **block_style(model),
+        max_positions=seq_len,
     )
-    # every cp chunk needs a token, and a token per rank under sequence parallelism
-    seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
     # ZeRO-3 gathers every micro-batch over the replicas: they must hold each block alike, as often
     uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
     zero = 2 if lay.zero == 3 and not uniform else lay.zero
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, zero)
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc, zero) + cut
     spec = make_spec(
         cfg,
-        stage_degrees,
+        chunk_degrees,
         [(ws, k) for ws, k in zip(widths, run_micro, strict=True)],
         mb,
         seq_len,
         width=w,
         cp=cp,
+        vpp=vpp,
         steps=steps,
         seed=seed,
-        recompute=lay.recompute == "full",
+        recompute=lay.recompute,
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
         zero=zero,
@@ -156,6 +169,46 @@ def shrink(
                     plan_rank = grid.rank(tp=i, cp=c, dp=r, pp=g[0])
                     ranks.append((plan_rank, gpus[plan_rank]))
     return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
+
+
+def _chunk_degrees(plan: Plan, groups: list[tuple[int, ...]], vpp: int) -> tuple[list[list[int]], list[str]]:
+    """TP degrees of the run's model chunks, in model order, from the plan's ``pipeline``. With
+    the plan's vpp kept, run chunk v * pp + j holds the plan's chunks v * P + s of the plan
+    stages s merged into run stage j (consecutive in model order, so the layers stay in order);
+    with vpp 1 a run stage holds its plan stages' chunks, in model order. Each chunk keeps one
+    layer per run of equal degrees (two when it has several layers at one degree), at most
+    ``MAX_LAYERS_PER_STAGE / vpp``; the second list notes every chunk cut by that cap.
+
+    >>> from cost_models.catalogue import MODELS
+    >>> from cost_models.layout import ParallelLayout
+    >>> from cost_models.training import TrainingSpec
+    >>> from ntp_planner.solver.planner import plan_from_layout
+    >>> from topologies.cluster import Cluster
+    >>> from topologies.cluster_catalogue import CLUSTERS
+    >>> lay = ParallelLayout(tp=4, pp=2, vpp=2, global_batch=8, layer_tp=(4,) + (2,) * 4 + (4,) * 4 + (1,) * 8 + (4,))
+    >>> p = plan_from_layout(MODELS["llama3-8b"].model_copy(update={"num_layers": 16}), TrainingSpec(seq_len=2048,
+    ...     global_batch=8), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8), lay)
+    >>> [c.tp for c in p.pipeline]
+    [[4, 2, 2, 2, 2], [4, 4, 4, 4], [1, 1, 1, 1], [1, 1, 1, 1, 4]]
+    >>> _chunk_degrees(p, [(0,), (1,)], 2)[0], _chunk_degrees(p, [(0, 1)], 1)[0]
+    ([[4, 2, 2], [4, 4], [1, 1], [1, 1, 4]], [[4, 2, 4, 1, 4]])
+    """
+    P, V, chunks = plan.layout.pp, plan.layout.vpp, plan.pipeline
+    held = [[chunks[v * P + s] for s in g] for v in range(vpp) for g in groups] if vpp > 1 else []
+    held = held or [[chunks[v * P + s] for v in range(V) for s in range(P) if s in g] for g in groups]
+    out, cut = [], []
+    for i, parts in enumerate(held):
+        merged = [t for c in parts for t in c.tp]
+        first, last = i == 0, i == len(held) - 1
+        body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
+        runs = _runs(body)[: max(1, MAX_LAYERS_PER_STAGE // vpp)]
+        if len(runs) < len(_runs(body)):
+            j = i % len(groups)
+            cut.append(cut_runs_note(j, groups[j], _runs(body), runs, i // len(groups) if vpp > 1 else None))
+        if len(runs) == 1 and len(body) > 1:
+            runs *= 2
+        out.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
+    return out, cut
 
 
 def _split(n: int, parts: int) -> list[list[int]]:
@@ -198,18 +251,27 @@ def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: in
     return k, reps, c
 
 
-def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, zero: int) -> list[str]:
+def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp=1, nproc=None, zero=None) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
-        f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per stage), "
+        f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per "
+        f"{'chunk' if vpp > 1 else 'stage'}), "
         f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
         f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
-        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens",
+        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens"
+        " (enough for every cp chunk and sequence-parallel piece; no TP cut depends on the length)",
+        f"{model.family} blocks kept: {cfg.norm} norm, {cfg.mlp} MLP, {'' if cfg.bias else 'no '}linear biases, "
+        f"{cfg.positions} positions" + (f"; {lay.recompute} recompute kept" if lay.recompute != "none" else ""),
         f"pipeline {lay.pp} stages -> {pp}"
-        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)"),
-        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})",
+        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
+        + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
+        + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
+        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
+        + replicas_why(lay.dp, len(picks), replan, nproc),
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
-        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}",
+        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
+        + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))
+        + (f" (multiples of pp {pp}: the interleaved schedule needs them)" if vpp > 1 else ""),
     ]
     if lay.cp > 1:
         notes.append(
@@ -217,25 +279,31 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, zer
             + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more processes keep it)")
         )
     skipped = []
-    skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
+    if lay.vpp > vpp:
+        skipped += [f"vpp {lay.vpp} (only one pipeline stage fits and interleaving needs two; plain 1F1B)"]
     if lay.sequence_parallel and lay.is_per_layer:
-        skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
-    if zero != lay.zero:
+        skipped += [
+            "sequence parallelism on stages with lower-degree copies (all-reduce there: a copy holds whole "
+            "sequences of its share of the micro-batch, so the executor splits sequences only where every block "
+            "runs at the stage width)"
+        ]
+    if zero is not None and zero != lay.zero:
         skipped += [
             f"ZeRO-{lay.zero}'s per-micro-batch parameter gathers between replicas of different TP degrees or "
             f"micro-batches (run as ZeRO-{zero}: the same sharded optimizer state and gradients)"
         ]
-    skipped += ["selective recompute"] if lay.recompute == "selective" else []
     skipped += (
         [f"experts{f' and ep {lay.ep}' if lay.ep > 1 else ''} (MoE layers run as dense SwiGLU)"]
         if model.num_experts
         else []
     )
-    skipped += [f"{model.family} blocks (run as Llama-style)"] if model.family != "llama" else []
+    skipped += ["tied input and output embeddings (run as two matrices)"] if model.tie_embeddings else []
+    skipped += [f"dropout {model.dropout:g} (off: the check is deterministic)"] if model.dropout else []
     if skipped:
         notes.append("not executed: " + "; ".join(skipped))
     if replan is not None:
         notes.append(f"re-plan ({replan.policy}): replicas run at stage widths " + "; ".join(
             f"{p[0]}: {'/'.join(map(str, p[1]))}" for p in picks
         ))  # fmt: skip
+        notes += replan_pick_notes(replan, [p[0] for p in picks])
     return notes

@@ -34,10 +34,21 @@ class TinyConfig:
     kv_heads: int = 2  # key/value heads (grouped-query attention)
     ffn: int = 48  # SwiGLU hidden width
     rope_theta: float = 10000.0  # rotary base
+    norm: Literal["rms", "layer"] = "rms"  # RMSNorm (Llama), or LayerNorm with a bias (GPT, Nemotron)
+    mlp: Literal["swiglu", "gelu", "relu2"] = "swiglu"  # SwiGLU (3 matrices), or 2 with GELU / squared ReLU
+    bias: bool = False  # biases on the linear layers (Megatron's add_bias_linear)
+    positions: Literal["rope", "learned"] = "rope"  # rotary, or learned absolute position embeddings
+    max_positions: int = 64  # rows of the learned position table (the longest sequence it takes)
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def family(self) -> str:
+        """The ModelSpec family whose blocks these are (by the MLP: Llama's SwiGLU, GPT's GELU,
+        Nemotron's squared ReLU)."""
+        return {"swiglu": "llama", "gelu": "gpt", "relu2": "nemotron"}[self.mlp]
 
 
 @dataclass(frozen=True)
@@ -54,11 +65,23 @@ class Block:
 @dataclass(frozen=True)
 class StageSpec:
     ranks: tuple[int, ...]  # process ranks in local (TP) order
-    blocks: tuple[Block, ...]
+    blocks: tuple[Block, ...]  # every block the stage holds, its virtual chunks one after the other
+    chunk_sizes: tuple[int, ...] = ()  # blocks in each virtual chunk (interleaving); () = one chunk
 
     @property
     def width(self) -> int:
         return len(self.ranks)
+
+    @property
+    def chunks(self) -> tuple[tuple[Block, ...], ...]:
+        """The blocks of each virtual chunk, in the order the stage holds them.
+
+        >>> StageSpec((0,), (Block("embed", -1, 1), Block("layer", 0, 1), Block("layer", 3, 1)), (2, 1)).chunks[1]
+        (Block(kind='layer', layer=3, degree=1),)
+        """
+        sizes = self.chunk_sizes or (len(self.blocks),)
+        starts = [sum(sizes[:v]) for v in range(len(sizes))]
+        return tuple(self.blocks[a : a + n] for a, n in zip(starts, sizes, strict=True))
 
     def copy_tp_groups(self, degree: int) -> tuple[tuple[int, ...], ...]:
         """TP group of every copy of a block at ``degree``."""
@@ -96,11 +119,13 @@ class RunSpec:
     steps: int = 3
     lr: float = 1e-4  # fp32 rounding of tiny gradients, amplified by Adam, grows with lr (1e-5 at 1e-3)
     seed: int = 0
-    recompute: bool = False  # full activation recomputation (torch.utils.checkpoint)
+    recompute: Literal["none", "selective", "full"] = "none"  # activations recomputed in backward: none, the
+    # core attention softmax(QK^T)V (Megatron's selective) or whole layers (torch.utils.checkpoint)
     sequence_parallel: bool = False  # reduce-scatter / all-gather on stages whose blocks all run at full width
     weighted: bool = True  # False: plain mean of replica gradients (wrong when batches differ)
     dtype: str = "float32"  # torch dtype name of parameters and activations
     notes: tuple[str, ...] = field(default=())  # how the run differs from the plan it stands for
+    vpp: int = 1  # virtual chunks per stage: > 1 runs Megatron's interleaved 1F1B (``interleave``)
     zero: int = 0  # ZeRO level over each parameter's data-parallel group (``optimizer``): 0 replicated, 1 optimizer
     # state sharded (Megatron's distributed optimizer), 2 also gradients, 3 also parameters (FSDP)
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again for backward
@@ -154,18 +179,31 @@ def check(spec: RunSpec) -> None:
     ranks = sorted(r for rep in spec.replicas for st in rep.stages for r in st.ranks)
     if ranks != list(range(len(ranks))):
         raise ValueError(f"process ranks must be 0..{len(ranks) - 1}, each once; got {ranks}")
-    layout = [[tuple((b.kind, b.layer) for b in st.blocks) for st in rep.stages] for rep in spec.replicas]
+    layout = [[[tuple((b.kind, b.layer) for b in c) for c in st.chunks] for st in rep.stages] for rep in spec.replicas]
     if any(x != layout[0] for x in layout):
         raise ValueError("every replica must hold the same blocks on the same stages")
     _check_cp(spec)
+    _check_chunks(spec)
     _check_zero(spec)
-    names = [b for st in layout[0] for b in st]
+    if spec.recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full'; got {spec.recompute!r}")
+    if cfg.positions == "learned" and spec.seq_len > cfg.max_positions:
+        raise ValueError(
+            f"the sequence of {spec.seq_len} tokens is longer than the {cfg.max_positions} learned positions"
+        )
+    names = [(b.kind, b.layer) for chunk in model_chunks(spec.replicas[0]) for b in chunk]
     expected = [("embed", -1)] + [("layer", i) for i in range(cfg.layers)] + [("head", -1)]
     if names != expected:
-        raise ValueError(f"stages must hold embedding, layers 0..{cfg.layers - 1} and LM head in order; got {names}")
+        where = "stages" if spec.vpp == 1 else "chunks (chunk c on stage c % pp as virtual chunk c // pp)"
+        raise ValueError(f"{where} must hold embedding, layers 0..{cfg.layers - 1} and LM head in order; got {names}")
     for i, rep in enumerate(spec.replicas):
         if rep.micro_batches < 1:
             raise ValueError(f"replica {i} has {rep.micro_batches} micro-batches; it needs at least 1")
+        if spec.vpp > 1 and rep.micro_batches % spec.pp:
+            raise ValueError(
+                f"replica {i} runs {rep.micro_batches} micro-batches but the interleaved schedule (vpp {spec.vpp}) "
+                f"needs a multiple of pp: {rep.micro_batches} % {spec.pp} = {rep.micro_batches % spec.pp}"
+            )
         for s, st in enumerate(rep.stages):
             for b in st.blocks:
                 if st.width % b.degree:
@@ -181,6 +219,39 @@ def check(spec: RunSpec) -> None:
                     )
                 if b.degree > min(cfg.heads, cfg.ffn, cfg.vocab):
                     raise ValueError(f"{b.name} degree {b.degree} exceeds the model's {cfg.heads} heads")
+
+
+def model_chunks(replica: ReplicaSpec) -> list[tuple[Block, ...]]:
+    """The replica's chunks in model order: chunk c is virtual chunk c // pp of stage c % pp
+    (Megatron-Core's placement, as ``ntp_planner.plan.chunk_placements``); with one chunk per
+    stage, the stages in order.
+
+    >>> st = lambda *layers: StageSpec((0,), tuple(Block("layer", i, 1) for i in layers), (1, 1))
+    >>> [[b.layer for b in c] for c in model_chunks(ReplicaSpec((st(0, 2), st(1, 3)), 2))]
+    [[0], [1], [2], [3]]
+    """
+    vpp = len(replica.stages[0].chunks)
+    return [st.chunks[v] for v in range(vpp) for st in replica.stages]
+
+
+def _check_chunks(spec: RunSpec) -> None:
+    """Every stage holds ``vpp`` chunks, each at least one block; interleaving needs two stages.
+
+    Megatron-Core's interleaved schedule runs micro-batches in groups of
+    ``microbatch_group_size_per_vp_stage`` (default pp) per chunk and requires that size to lie
+    in [pp, m] and the last group (m mod size) to be 0 or at least pp (``schedules.py``,
+    ``forward_backward_pipelining_with_interleaving``): with the default, m must be a multiple
+    of pp, which ``check`` asks of every replica.
+    """
+    if spec.vpp < 1 or (spec.vpp > 1 and spec.pp < 2):
+        raise ValueError(f"interleaving (vpp {spec.vpp}) needs vpp >= 1 and, above 1, at least 2 stages")
+    for s, st in enumerate(spec.replicas[0].stages):
+        sizes = st.chunk_sizes or (len(st.blocks),)
+        if len(sizes) != spec.vpp or sum(sizes) != len(st.blocks) or min(sizes) < 1:
+            raise ValueError(
+                f"stage {s} holds {len(st.blocks)} blocks in chunks of {list(sizes)}; vpp {spec.vpp} needs "
+                f"{spec.vpp} chunks of at least one block each, adding up to its blocks"
+            )
 
 
 def _check_cp(spec: RunSpec) -> None:
@@ -276,6 +347,7 @@ def make_spec(
     seq_len: int,
     width: int | None = None,
     cp: int = 1,
+    vpp: int = 1,
     **run,
 ) -> RunSpec:
     """A RunSpec from the blocks' degrees per stage (``stage_degrees[s]``: embedding first on
@@ -289,24 +361,35 @@ def make_spec(
     >>> s = make_spec(TinyConfig(layers=2), [[2, 2], [2, 2]], [([2, 2], 1), ([2, 1], 1)], 1, 4)
     >>> [[st.ranks for st in r.stages] for r in s.replicas]
     [[(0, 1), (4, 5)], [(2, 3), (6,)]]
+
+    With ``vpp`` > 1, ``stage_degrees`` lists the degrees of every model chunk in model order
+    (pp * vpp entries, chunk c on stage c % pp as its virtual chunk c // pp):
+
+    >>> s = make_spec(TinyConfig(layers=5), [[1, 1, 1], [1], [1], [1, 1]], [([1, 1], 2)], 1, 4, vpp=2)
+    >>> [[b.name for b in st.blocks] for st in s.replicas[0].stages], s.replicas[0].stages[0].chunk_sizes
+    ([['embed', 'layers.0', 'layers.1', 'layers.3'], ['layers.2', 'layers.4', 'head']], (3, 1))
     """
-    healthy = width or max(max(d) for d in stage_degrees)
+    chunk_degrees = stage_degrees
+    if len(chunk_degrees) % vpp:
+        raise ValueError(f"{len(chunk_degrees)} chunks of degrees do not split into pp stages of vpp({vpp}) chunks")
+    pp = len(chunk_degrees) // vpp
+    healthy = width or max(max(d) for d in chunk_degrees)
     layer = 0
-    blocks_per_stage = []
-    for s, degrees in enumerate(stage_degrees):
+    chunk_blocks = []
+    for c, degrees in enumerate(chunk_degrees):
         kinds = ["layer"] * len(degrees)
-        if s == 0:
+        if c == 0:
             kinds[0] = "embed"
-        if s == len(stage_degrees) - 1:
+        if c == len(chunk_degrees) - 1:
             kinds[-1] = "head"
         blocks = []
         for kind in kinds:
             blocks.append((kind, layer if kind == "layer" else -1))
             layer += kind == "layer"
-        blocks_per_stage.append(blocks)
+        chunk_blocks.append(blocks)
     next_rank = 0
     ranks: dict[tuple[int, int, int], tuple[int, ...]] = {}
-    stage_slots = RankGrid(cp=cp, dp=len(replicas), pp=len(stage_degrees))  # one rank per TP group
+    stage_slots = RankGrid(cp=cp, dp=len(replicas), pp=pp)  # one rank per TP group
     for slot in range(stage_slots.world_size):
         _, c, r, s = stage_slots.coords(slot)
         width = replicas[r][0][s]
@@ -316,9 +399,13 @@ def make_spec(
     for r, (widths, micro) in enumerate(replicas):
         for c in range(cp):
             stages = []
-            for s, (blocks, degrees) in enumerate(zip(blocks_per_stage, stage_degrees, strict=True)):
-                degs = degrees if widths[s] == healthy else [widths[s]] * len(degrees)
-                held = tuple(Block(k, i, t) for (k, i), t in zip(blocks, degs, strict=True))
-                stages.append(StageSpec(ranks[r, c, s], held))
+            for s in range(pp):
+                held = []
+                mine = range(s, pp * vpp, pp)  # this stage's chunks, virtual chunk 0 first
+                for k in mine:
+                    degs = chunk_degrees[k] if widths[s] == healthy else [widths[s]] * len(chunk_degrees[k])
+                    held += [Block(kind, i, t) for (kind, i), t in zip(chunk_blocks[k], degs, strict=True)]
+                sizes = tuple(len(chunk_blocks[k]) for k in mine) if vpp > 1 else ()
+                stages.append(StageSpec(ranks[r, c, s], tuple(held), sizes))
             reps.append(ReplicaSpec(tuple(stages), micro, c))
-    return RunSpec(cfg, tuple(reps), micro_batch, seq_len, cp, **run)
+    return RunSpec(cfg, tuple(reps), micro_batch, seq_len, cp, vpp=vpp, **run)

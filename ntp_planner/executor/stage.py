@@ -27,10 +27,11 @@ from ntp_planner.executor.comm import (
     ReduceScatterSeq,
     ScatterSeq,
 )
-from ntp_planner.executor.model import Reference, rms_norm
+from ntp_planner.executor.model import Reference, add_bias, block_params, normed
+from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 from ntp_planner.executor.spec import Block, RunSpec, StageSpec
-from ntp_planner.executor.tp_slices import BLOCK_PARAMS, rank_attention, rank_mlp, rank_slice
+from ntp_planner.executor.tp_slices import rank_attention, rank_mlp, rank_slice
 
 
 @dataclass
@@ -75,7 +76,7 @@ class StageModel:
             copy, j = stage.position(rank, b.degree)
             per = spec.micro_batch * b.degree // stage.width
             params = {}
-            for key in BLOCK_PARAMS[b.kind]:
+            for key in block_params(self.cfg, b.kind):
                 name = f"{b.name}.{key}" if b.kind == "layer" else key
                 t = rank_slice(full[name], self.cfg, key, b.degree, j).detach()
                 params[key] = t.to(device).requires_grad_(True)
@@ -99,17 +100,30 @@ class StageModel:
                 name = f"{bs.block.name}.{key}" if bs.block.kind == "layer" else key
                 yield name, key, bs, t
 
+    def chunk(self, v: int) -> list[BlockState]:
+        """This rank's blocks of virtual chunk ``v``, in the order the chunk runs them."""
+        start = sum(len(c) for c in self.stage.chunks[:v])
+        blocks = self.blocks[start : start + len(self.stage.chunks[v])]
+        if planted("chunk-layers-reversed"):  # a test's planted bug: the chunk's layers run backwards
+            layers = iter([bs for bs in blocks if bs.block.kind == "layer"][::-1])
+            blocks = [next(layers) if bs.block.kind == "layer" else bs for bs in blocks]
+        return blocks
+
     # ---- forward ----------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, targets: torch.Tensor | None, loss_scale: float) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, targets: torch.Tensor | None, loss_scale: float, chunk: int | None = None
+    ) -> torch.Tensor:
         """Stage output for one micro-batch: the residual stream, or on the last stage the loss
         of this rank's copy, summed over its tokens and multiplied by ``loss_scale``. ``x`` is
-        the token ids on the first stage."""
+        the token ids on the first stage. With ``chunk``, only that virtual chunk's blocks run
+        (interleaving): the stream enters and leaves the chunk replicated on the whole stage."""
+        blocks = self.blocks if chunk is None else self.chunk(chunk)
         if self.sp:
-            return self._forward_sp(x, targets, loss_scale)
+            return self._forward_sp(x, targets, loss_scale, blocks)
         width, comm, ranks = self.stage.width, self.comm, self.stage.ranks
         total = x.shape[0]
         current: BlockState | None = None  # block whose copies hold the stream; None = whole stage
-        for bs in self.blocks:
+        for bs in blocks:
             on_copies = bs.block.degree < width
             same = current is not None and on_copies and current.block.degree == bs.block.degree
             if not same:
@@ -130,27 +144,28 @@ class StageModel:
                 x = self._leave(bs, self._run(self._layer, bs, x))
             else:
                 rows = bs.rows if current is not None else slice(None)
-                h = CopyToTP.apply(rms_norm(x, bs.params["norm"]), self.comm, bs.tp_ranks)
+                h = CopyToTP.apply(normed(x, bs.params, "norm"), self.comm, bs.tp_ranks)
                 return self._leave(bs, self._loss(bs, h, targets[rows]) * loss_scale)
         if current is not None:
             x = ExitCopies.apply(x, comm, ranks, current.rows, total, current.tp_rank == 0)
         return x
 
-    def _forward_sp(self, x: torch.Tensor, targets: torch.Tensor, loss_scale: float) -> torch.Tensor:
+    def _forward_sp(self, x: torch.Tensor, targets: torch.Tensor, loss_scale: float, blocks) -> torch.Tensor:
         """As ``forward``, the stream between TP regions cut along the sequence: all-gather
         before column-parallel layers, reduce-scatter after row-parallel ones."""
         args = self.sp_args
-        for i, bs in enumerate(self.blocks):
+        for i, bs in enumerate(blocks):
             self._enter(bs)
             if bs.block.kind == "embed":
-                x = self._leave(bs, ReduceScatterSeq.apply(self._embed_partial(bs, x), *args))
+                x = ReduceScatterSeq.apply(self._embed_partial(bs, x), *args)
+                x = self._leave(bs, self._positions(bs, x, args[2][args[3]][0]))  # this rank's piece of the sequence
                 continue
             if i == 0:
                 x = ScatterSeq.apply(x, *args)
             if bs.block.kind == "layer":
                 x = self._leave(bs, self._run(self._layer_sp, bs, x))
             else:
-                h = AllGatherSeq.apply(rms_norm(x, bs.params["norm"]), *args, "tp")
+                h = AllGatherSeq.apply(normed(x, bs.params, "norm"), *args, "tp")
                 return self._leave(bs, self._loss(bs, h, targets) * loss_scale)
         return GatherSeq.apply(x, *args)
 
@@ -164,30 +179,54 @@ class StageModel:
 
     def _run(self, layer, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         """One layer, its activations recomputed in backward under full recompute."""
-        return checkpoint(layer, bs, x, use_reentrant=False) if self.spec.recompute else layer(bs, x)
+        return checkpoint(layer, bs, x, use_reentrant=False) if self.spec.recompute == "full" else layer(bs, x)
+
+    def _attention(self, bs: BlockState, h: torch.Tensor) -> torch.Tensor:
+        """This rank's partial attention output; its core recomputed under selective recompute."""
+        selective = self.spec.recompute == "selective"
+        return rank_attention(h, bs.params, bs.shards, bs.tp_rank, self.cfg, self.context, selective)
+
+    @staticmethod
+    def _row_parallel(partial: torch.Tensor, p: dict, key: str, reduce) -> torch.Tensor:
+        """``reduce`` (the TP sum) of a row-parallel layer's partial outputs, plus its bias ``key``
+        once: after the sum, so every TP rank adds it to the same total."""
+        if planted("row-bias-twice"):  # the bias on every TP rank's partial: summed t times
+            return reduce(add_bias(partial, p, key))
+        return add_bias(reduce(partial), p, key)
 
     def _layer_sp(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, args = bs.params, self.sp_args
-        h = AllGatherSeq.apply(rms_norm(x, p["norm1"]), *args, "tp")
-        x = x + ReduceScatterSeq.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), *args)
-        h = AllGatherSeq.apply(rms_norm(x, p["norm2"]), *args, "tp")
-        return x + ReduceScatterSeq.apply(rank_mlp(h, p), *args)
+        reduce = lambda t: ReduceScatterSeq.apply(t, *args)  # noqa: E731
+        h = AllGatherSeq.apply(normed(x, p, "norm1"), *args, "tp")
+        x = x + self._row_parallel(self._attention(bs, h), p, "o_bias", reduce)
+        h = AllGatherSeq.apply(normed(x, p, "norm2"), *args, "tp")
+        return x + self._row_parallel(rank_mlp(h, p, self.cfg), p, "down_bias", reduce)
 
     def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows looked up (zeros for the others' tokens)."""
         a, b = vocab_shards(self.cfg.vocab, bs.block.degree)[bs.tp_rank]
-        mine = (tokens >= a) & (tokens < b)
+        mine = (tokens >= a) & ((tokens <= b) if planted("embed-mask-off-by-one") else (tokens < b))
         return bs.params["embed"][(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
 
     def _embed(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
-        return ReduceFromTP.apply(self._embed_partial(bs, tokens), self.comm, bs.tp_ranks)
+        return self._positions(bs, ReduceFromTP.apply(self._embed_partial(bs, tokens), self.comm, bs.tp_ranks))
+
+    def _positions(self, bs: BlockState, x: torch.Tensor, piece: int = 0) -> torch.Tensor:
+        """``x`` plus the learned embeddings of its positions (when the model has them), added
+        once after the vocabulary sum: the context-parallel chunk's offset, plus ``piece``, the
+        offset of this rank's piece of the chunk under sequence parallelism."""
+        if "pos" not in bs.params:
+            return x
+        start = (self.context[0] if self.context else 0) + piece
+        return x + bs.params["pos"][start : start + x.shape[1]]
 
     def _layer(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         p, g, comm = bs.params, bs.tp_ranks, self.comm
-        h = CopyToTP.apply(rms_norm(x, p["norm1"]), comm, g)
-        x = x + ReduceFromTP.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), comm, g)
-        h = CopyToTP.apply(rms_norm(x, p["norm2"]), comm, g)
-        return x + ReduceFromTP.apply(rank_mlp(h, p), comm, g)
+        reduce = lambda t: ReduceFromTP.apply(t, comm, g)  # noqa: E731
+        h = CopyToTP.apply(normed(x, p, "norm1"), comm, g)
+        x = x + self._row_parallel(self._attention(bs, h), p, "o_bias", reduce)
+        h = CopyToTP.apply(normed(x, p, "norm2"), comm, g)
+        return x + self._row_parallel(rank_mlp(h, p, self.cfg), p, "down_bias", reduce)
 
     def _loss(self, bs: BlockState, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of the vocabulary-parallel LM head on the normed stream ``h``."""

@@ -1,4 +1,4 @@
-"""Gradient synchronisation across copies and replicas, and gathering the trained parameters.
+"""Gradient synchronisation across copies and replicas.
 
 The loss is already scaled so that summing every rank's gradient gives the gradient of the
 whole batch (samples weight themselves), so every sync is a sum.
@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 
 from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.reshard import reshard_plan
 from ntp_planner.executor.spec import RunSpec, dp_groups
 from ntp_planner.executor.stage import StageModel
-from ntp_planner.executor.tp_slices import counted_once, param_index
+from ntp_planner.executor.tp_slices import cuts_kv_heads, param_index
 
 
 def _place(t: torch.Tensor, idx, shape) -> torch.Tensor:
@@ -36,9 +37,10 @@ def _take(full: torch.Tensor, idx) -> torch.Tensor:
 
 
 def _with_cut_kv_summed(cfg, key: str, bs, grad: torch.Tensor, comm: Comm, shape) -> torch.Tensor:
-    """For K and V split unevenly, each owner of a cut KV head holds part of its gradient: sum
-    the parts over the copy's TP group (every owner then holds the whole). Others unchanged."""
-    if key not in ("k", "v") or not any(len(bs.shards.kv_owners(kv)) > 1 for kv in range(cfg.kv_heads)):
+    """For K and V (and their biases) split unevenly, each owner of a cut KV head holds part of
+    its gradient: sum the parts over the copy's TP group (every owner then holds the whole).
+    Others unchanged."""
+    if not cuts_kv_heads(key) or not any(len(bs.shards.kv_owners(kv)) > 1 for kv in range(cfg.kv_heads)):
         return grad
     idx = param_index(cfg, key, bs.block.degree, bs.tp_rank)
     return _take(comm.all_reduce(_place(grad, idx, shape), bs.tp_ranks), idx)
@@ -60,6 +62,10 @@ def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, sha
             p.grad = comm.all_reduce(grad.contiguous(), groups[j])
             continue
         p.grad = _ntp_sync(model, spec, key, bs, p.grad, degrees, groups, comm, shapes[name])
+    if planted("doubled-grad-copy1"):
+        for *_, bs, p in model.named_parameters():
+            if bs.copy == 1:
+                p.grad = p.grad * 2
 
 
 def _ntp_sync(model, spec, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:
@@ -81,34 +87,3 @@ def _ntp_sync(model, spec, key, bs, grad, degrees, groups, comm, shape) -> torch
             comm.all_reduce(mine, groups[j])  # 1:1 between core rank j of every replica
         grad = comm.move(mine, reshard_plan(cfg, key, n, t), j, bs.tp_ranks, dim, len(idx[1]), grad)  # n -> t
     return comm.broadcast(grad.contiguous(), stage.ranks[j], stage.copy_dp_groups(t)[j])  # to the other copies
-
-
-def gathered_parameters(
-    model: StageModel, spec: RunSpec, replica: int, comm: Comm, shapes: dict, grads: bool = False, value_of=None
-) -> list[dict]:
-    """Every replica's full parameters (or, with ``grads``, their synced gradients; copy 0
-    speaks for its replica), on every rank: one all-reduce of one flat buffer per replica.
-    ``value_of(name)``, if given, says what this rank holds of parameter ``name`` (a sharded optimizer's
-    rebuilt gradient)."""
-    cfg = spec.cfg
-    names = list(shapes)
-    sizes = [int(torch.Size(shapes[k]).numel()) for k in names]
-    offsets = dict(zip(names, [sum(sizes[:i]) for i in range(len(sizes))], strict=True))
-    out = []
-    dev = next(t for *_, t in model.named_parameters()).device
-    for r in range(len(spec.replicas)):
-        flat = torch.zeros(sum(sizes), device=dev)
-        if r == replica:
-            for name, key, bs, p in model.named_parameters():
-                if bs.copy:
-                    continue
-                t, j = bs.block.degree, bs.tp_rank
-                value = value_of(name) if value_of else p.grad if grads else p.detach()
-                part = _place(value * counted_once(cfg, key, t, j, dev), param_index(cfg, key, t, j), shapes[name])
-                o = offsets[name]
-                flat[o : o + part.numel()] += part.reshape(-1)
-        comm.world_reduce(flat)
-        out.append(
-            {k: flat[offsets[k] : offsets[k] + n].view(shapes[k]).cpu() for k, n in zip(names, sizes, strict=True)}
-        )
-    return out

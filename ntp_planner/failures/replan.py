@@ -18,6 +18,11 @@ then stage, then cp rank), so without failures every rank keeps its GPU. Policie
 - ``spares``: idle spare domains replace the worst degraded groups while they last; the rest is
   handled by a fallback policy.
 
+A degraded stage runs every block at its reduced width, whatever degrees a per-layer plan gave
+them, and a replica's cp slices run at the width of its worst slice (``ntp_planner.failures.degrade``
+says why, and costs a per-layer replica accordingly). Every replica that is not healthy carries the
+reason it is degraded or dropped (``ReplicaState.reason``).
+
 Before any policy, in-domain spares: a job that uses part of each NVLink domain
 (``Cluster.gpus_per_domain``, or a partial last domain) leaves idle GPUs there. A domain whose
 failed GPUs number at most its idle GPUs stays healthy: the job remaps the TP ranks of the failed
@@ -39,6 +44,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.degraded import degraded_step_time, power_for_speed, speed_at_power, work_ratio
+from ntp_planner.failures import degrade
 from ntp_planner.failures.sampling import in_domain_cover
 from ntp_planner.plan import Plan
 from topologies.errors import InputError
@@ -59,6 +65,9 @@ class ReplicaState(BaseModel):
     power: list[float] = Field(description="Power multiplier of each stage's GPUs.")
     gpus_used: int
     gpus_idle: int = Field(description="Healthy GPUs of this replica's groups left idle.")
+    reason: str | None = Field(
+        default=None, description="Why a degraded replica runs as it does, or why a dropped one is dropped."
+    )
 
 
 class Reshard(BaseModel):
@@ -115,6 +124,7 @@ class _Outcome:
     stage_tp: tuple[int, ...]
     micro_batches: int
     power: tuple[float, ...]
+    reason: str | None = None  # ReplicaState.reason
 
 
 @dataclass(frozen=True)
@@ -149,23 +159,29 @@ class Replanner:
         # slot index (r * pp + s) * cp + c. With no failure, packing then gives every slot back its GPUs.
         self.slot_gpus = np.asarray(plan.placement, dtype=np.int64)[lay.rank_grid.array("dp", "pp", "cp", "tp")]
         self.m = lay.num_micro_batches
-        cost = plan.predicted
-        self.healthy_s = cost.step_time_s
-        usable = cost.hbm_bytes * (1 - plan.headroom)
-        parts = cost.memory_breakdown_bytes
-        scaled = sum(v for k, v in parts.items() if k != "runtime_reserved")
+        self.healthy_s = plan.predicted.step_time_s
+        # a degraded replica scales from every block at the stage width (per-layer plans: ntp_planner.failures.degrade)
+        self.basis = degrade.degraded_basis(plan)
+        self.usable_bytes = self.basis.hbm_bytes * (1 - plan.headroom)
         seq = plan.training.seq_len
         self.work = {k: work_ratio(plan.model, self.n, k, seq) for k in range(1, self.n + 1)}
-        fits = [k for k in range(1, self.n + 1) if scaled * self.work[k] + parts["runtime_reserved"] <= usable]
+        fits = [k for k in range(1, self.n + 1) if self.memory_at(k) <= self.usable_bytes]
         self.min_degree = min(fits) if fits else self.n
         self._micro: dict[tuple[int, float], int] = {}  # memo of micro_batches_at (ints, never handed out mutable)
 
     # ---- per-replica decisions -------------------------------------------------------------
+    def memory_at(self, degree: int) -> float:
+        """Bytes on the fullest GPU of a replica at ``degree``: all but the runtime's reserve grow
+        with the fullest GPU's share of the units."""
+        parts = self.basis.memory_breakdown_bytes
+        scaled = sum(v for k, v in parts.items() if k != "runtime_reserved")
+        return scaled * self.work[degree] + parts["runtime_reserved"]
+
     def micro_batches_at(self, degree: int, speed: float = 1.0) -> int:
         """Most micro-batches a replica at ``degree`` runs within the healthy step time."""
         key = (degree, speed)
         if key not in self._micro:
-            br, m = self.plan.predicted.time_breakdown_s, self.m
+            br, m = self.basis.time_breakdown_s, self.m
             best = 0
             for mm in range(m, 0, -1):
                 if degraded_step_time(br, m, mm, self.n, degree, self.work[degree], speed) <= self.healthy_s * (
@@ -177,26 +193,51 @@ class Replanner:
         return self._micro[key]
 
     def decide(self, policy: str, stage_survivors: list[int]) -> _Outcome:
-        """What one replica does, given the fewest survivors among its groups at each stage."""
+        """What one replica does, given the fewest survivors among its groups at each stage (over
+        its cp slices: the slices run at one width, ``ntp_planner.failures.degrade``), and why."""
         pp, n = self.lay.pp, self.n
         worst = min(stage_survivors)
-        dropped = _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp)
         if worst == n:
             return _Outcome("healthy", (n,) * pp, self.m, (1.0,) * pp)
-        if policy == "dp-drop" or worst < self.min_degree:
-            return dropped
+        why = self._drop_reason(policy, worst)
+        if why:
+            return _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, why)
         if policy == "ntp":
             mm = self.micro_batches_at(worst)
-            return _Outcome("degraded", (worst,) * pp, mm, (1.0,) * pp) if mm else dropped
+            return self._degraded((worst,) * pp, mm, (1.0,) * pp) if mm else self._too_slow(worst)
         # ntp-pw: reduced stages keep pace by power, up to the maximum
         powers = tuple(power_for_speed(self.work[s], self.max_power) if s < n else 1.0 for s in stage_survivors)
         if all(math.isfinite(p) for p in powers):
-            return _Outcome("degraded", tuple(stage_survivors), self.m, powers)
+            return self._degraded(tuple(stage_survivors), self.m, powers)
         mm = self.micro_batches_at(worst, speed_at_power(self.max_power))
         if not mm:
-            return dropped
+            return self._too_slow(worst, self.max_power)
         capped = tuple(self.max_power if s < n else 1.0 for s in stage_survivors)
-        return _Outcome("degraded", tuple(stage_survivors), mm, capped)
+        return self._degraded(tuple(stage_survivors), mm, capped)
+
+    def _drop_reason(self, policy: str, worst: int) -> str | None:
+        """Why a replica whose worst TP group kept ``worst`` GPUs must drop before any timing."""
+        if policy == "dp-drop":
+            return degrade.policy_reason(policy)
+        if worst == 0:
+            return degrade.lost_group_reason(self.n)
+        if worst < self.min_degree:
+            return degrade.memory_reason(worst, self.memory_at(worst), self.usable_bytes, self.min_degree, self.n)
+        return None
+
+    def _degraded(self, stage_tp: tuple[int, ...], micro: int, power: tuple[float, ...]) -> _Outcome:
+        why = degrade.degraded_reason(stage_tp, micro, self.m, self.lay.cp, self.lay.is_per_layer)
+        if any(p != 1.0 for p in power):
+            why += f", at up to {max(power):.3g}x power"
+        return _Outcome("degraded", stage_tp, micro, power, why)
+
+    def _too_slow(self, degree: int, power: float = 1.0) -> _Outcome:
+        """A replica dropped because even one micro-batch at ``degree`` overruns the healthy step."""
+        one = degraded_step_time(
+            self.basis.time_breakdown_s, self.m, 1, self.n, degree, self.work[degree], speed_at_power(power)
+        )
+        pp = self.lay.pp
+        return _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, degrade.time_reason(degree, one, self.healthy_s, power))
 
     # ---- the whole job -----------------------------------------------------------------------
     def replan(
@@ -319,6 +360,7 @@ class Replanner:
                     power=list(out.power),
                     gpus_used=gpus_used,
                     gpus_idle=idle,
+                    reason=out.reason,
                 )
             )
         healthy = set(range(self.plan.cluster.num_gpus)) - set(failed)

@@ -146,6 +146,7 @@ def test_cli_surface_is_frozen():
                 "--record",
                 "--inject-fault",
                 "--json",
+                "--dtype",
             ]
         ),
         "calibrate": sorted(["runs_file", "--profile", "--output", "--json"]),

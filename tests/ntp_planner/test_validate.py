@@ -39,11 +39,21 @@ def plans(tmp_path_factory):
 
 @pytest.mark.timeout(180)
 def test_validate_a_pipelined_plan(plans):
-    r = run("validate", plans / "pp.json", "--nproc", 8, "--json")
+    r = run("validate", plans / "pp.json", "--nproc", 8, "--dtype", "float64", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["passed"] and out["processes"] == 8 and out["plan_stages"] == [[0], [1]]
-    assert max(out["max_rel_error_loss"], out["max_rel_error_params"], out["max_rel_error_grads"]) <= 1e-5
+    assert out["dtype"] == "float64" and out["tolerance"] == 1e-9
+    assert max(out["max_rel_error_loss"], out["max_rel_error_params"], out["max_rel_error_grads"]) <= 1e-9
+    # every rank's copy: stage 0 holds the embedding and 2 layers (19 tensors), stage 1 2 layers, norm and head (20)
+    assert out["holdings_compared"] == 4 * 19 + 4 * 20
+    assert out["cuts_match"] and {(c["unit"], c["degree"]) for c in out["cuts"]} == {
+        ("heads", 4),
+        ("kv_heads", 4),
+        ("ffn", 4),
+        ("vocab", 4),
+    }
+    assert out["vocabulary_ids_missing"] == 0
     assert out["step_time_s"] > 0
     assert len(out["max_rel_error_params_per_pipeline"]) == 1  # one replica, one pipeline
     # process k stands for plan rank k's GPU: stage 1 starts at plan rank tp * dp = 8
@@ -52,12 +62,24 @@ def test_validate_a_pipelined_plan(plans):
 
 @pytest.mark.timeout(180)
 def test_validate_an_ntp_replan_runs_tp4_beside_tp3_with_fewer_micro_batches(plans):
-    r = run("validate", plans / "dp.json", "--replan", plans / "r.json", "--nproc", 8)
+    r = run("validate", plans / "dp.json", "--replan", plans / "r.json", "--nproc", 8, "--dtype", "float64")
     assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())
     # the plan's degraded replica keeps 7 of 8 micro-batches; the shrunk run keeps fewer too
     assert "4 ranks: TP 4 x 2 micro-batches" in text and "3 ranks: TP 3 x 1 micro-batches" in text
-    assert "PASS" in text
+    # 3 sequences need 25 tokens (24 dealt each) to hold all 72 ids of the shrunk vocabulary
+    assert "sequence 2048 -> 25 tokens" in text and "all 72 ids an input and a target" in text
+    assert "147 holdings (every rank's copy of every parameter)" in text
+    assert "as the planner deals them (heads, kv_heads, ffn, vocab at degree 3, 4)" in text
+    assert "PASS (float64, all <= 1e-09)" in text
+
+
+def test_validate_fails_when_the_cuts_differ_from_the_planners(plans, monkeypatch):
+    monkeypatch.setenv("NTP_EXECUTOR_MUTATION", "cuts-reversed")  # fuller ranks last
+    r = run("validate", plans / "dp.json", "--replan", plans / "r.json", "--nproc", 8, "--dtype", "float64")
+    assert r.exit_code == 1
+    assert "the executor's shard cuts differ from the planner's shares (heads at degree 3: executor 10/11/11, " \
+        "planner 11/11/10" in " ".join(r.output.split())  # fmt: skip
 
 
 @pytest.mark.slow
@@ -75,6 +97,7 @@ def test_a_dead_rank_fails_validate_with_its_name(plans):
         (["--backend", "mpi"], "'--backend': Value error, 'mpi' is not one of 'gloo', 'nccl'"),
         (["--nproc", 2], "needs 4 processes (its stage width); run at least 4 processes"),
         (["--steps", 0], "'--steps': Input should be greater than or equal to 1"),
+        (["--dtype", "float16"], "'--dtype': Value error, 'float16' is not one of 'float64', 'float32', 'bfloat16'"),
         (["--tolerance", -1], "--tolerance -1 must lie between 0 and 1"),
         (["--timeout", 0], "--timeout 0 must be positive"),
         (["--inject-fault", "x"], "must look like RANK:die|hang|raise:STEP"),

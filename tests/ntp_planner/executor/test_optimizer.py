@@ -89,7 +89,7 @@ def test_zero3_pp2_dp2_1f1b_with_recompute_is_exact_and_holds_parameter_shards()
     # 4 micro-batches: stage 0 holds two in flight; each block's parameters are gathered before its
     # forward, freed after it, gathered again for backward (and its recompute), and every micro-batch's
     # gradient is reduce-scattered
-    spec = make_spec(CFG, [[1, 1], [1, 1]], [([1, 1], 4), ([1, 1], 4)], 1, 8, dtype="float64", zero=3, recompute=True)
+    spec = make_spec(CFG, [[1, 1], [1, 1]], [([1, 1], 4), ([1, 1], 4)], 1, 8, dtype="float64", zero=3, recompute="full")
     result = launch(spec, timeout_s=120)
     exact(result)
     # stage 0: embedding 2,048 + layer 0 (7,232) = 9,280 parameters, halves over the two replicas

@@ -66,7 +66,7 @@ def test_unweighted_average_with_unequal_batches_is_detected():
 @pytest.mark.timeout(120)
 def test_e_pp2_tp2_1f1b_with_recompute():
     # 4 micro-batches: stage 0 runs one warm-up forward, then 1F1B, then drains
-    spec = make_spec(CFG, [[2, 2], [2, 2]], [([2, 2], 4)], 2, 8, recompute=True)
+    spec = make_spec(CFG, [[2, 2], [2, 2]], [([2, 2], 4)], 2, 8, recompute="full")
     check(launch(spec, timeout_s=60))
 
 

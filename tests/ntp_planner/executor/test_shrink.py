@@ -85,6 +85,103 @@ def test_context_parallelism_is_kept_when_it_fits_and_folded_otherwise():
     assert any("cp 2 -> 1" in n for n in folded.spec.notes)
 
 
+def interleaved_plan(dp: int = 1):
+    """A 16-layer Llama-3-8B at tp4 pp2 vpp2, chunks of 3/5/4/4 layers, per-layer degrees:
+    embedding 4; chunk 0 (stage 0) 2 2 1; chunk 1 (stage 1) 4 x 5; chunk 2 (stage 0) 2 2 1 1;
+    chunk 3 (stage 1) 1 x 4; LM head 4."""
+    layer_tp = (4,) + (2, 2, 1) + (4,) * 5 + (2, 2, 1, 1) + (1,) * 4 + (4,)
+    lay = ParallelLayout(tp=4, pp=2, vpp=2, dp=dp, global_batch=8 * dp, chunk_layers=(3, 5, 4, 4), layer_tp=layer_tp)
+    model = MODELS["llama3-8b"].model_copy(update={"num_layers": 16})
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8 * dp)
+    return plan_from_layout(model, TrainingSpec(seq_len=2048, global_batch=8 * dp), cluster, lay)
+
+
+def test_cost_model_exporters_and_executor_read_one_chunk_mapping():
+    from cost_models.pipeline_layout import parse_layout
+    from cost_models.step import stage_blocks
+    from ntp_planner.emitters.common import pipeline_split
+    from ntp_planner.executor.spec import model_chunks
+
+    plan = interleaved_plan()
+    lay, L = plan.layout, plan.model.num_layers
+    chunks = plan.pipeline
+    assert [(c.stage, c.virtual_chunk, c.layers[0], len(c.layers)) for c in chunks] == [
+        (0, 0, 0, 3), (1, 0, 3, 5), (0, 1, 8, 4), (1, 1, 12, 4),
+    ]  # fmt: skip
+    assert [c.tp for c in chunks] == [[4, 2, 2, 1], [4] * 5, [2, 2, 1, 1], [1, 1, 1, 1, 4]]
+    # cost model: each stage runs its chunks' blocks (0 = embedding, i + 1 = layer i, L + 1 = head)
+    for s in range(lay.pp):
+        mine = [c for c in chunks if c.stage == s]
+        held = [b for c in mine for b in ([0] * c.embedding + [i + 1 for i in c.layers] + [L + 1] * c.loss)]
+        assert [i for i, _ in stage_blocks(plan.model, lay, s)] == held
+        assert [lay.layer_tp[i] for i in held] == [t for c in mine for t in c.tp]
+    # exporters: Megatron's layout string holds the same chunks
+    split = pipeline_split(lay, L)
+    assert split == {"pipeline_model_parallel_layout": "Ettt|ttttt|tttt|ttttL"}
+    assert parse_layout(split["pipeline_model_parallel_layout"], pp=2) == tuple(len(c.layers) for c in chunks)
+    # executor: the run keeps vpp 2, each chunk one layer per run of equal degrees, on stage c % 2
+    spec = shrink(plan, nproc=8).spec
+    assert spec.vpp == 2 and spec.pp == 2
+    run = [[b.degree for b in c] for c in model_chunks(spec.replicas[0])]
+    assert run == [[4, 2, 1], [4, 4], [2, 1], [1, 1, 4]]
+    assert [st.chunk_sizes for st in spec.replicas[0].stages] == [(3, 2), (2, 3)]
+    assert spec.replicas[0].micro_batches % 2 == 0
+    assert not any("vpp" in n for n in spec.notes if n.startswith("not executed"))
+    assert any("vpp 2 kept: interleaved 1F1B over 4 chunks" in n for n in spec.notes)
+
+
+def test_vpp_is_dropped_with_its_reason_when_one_stage_fits():
+    spec = shrink(interleaved_plan(), nproc=4).spec
+    assert spec.vpp == 1 and spec.pp == 1
+    # one stage holds every chunk in model order, one layer per run of equal degrees (1 1 1 1 joins 1 1)
+    assert [b.degree for b in spec.replicas[0].stages[0].blocks] == [4, 2, 1, 4, 2, 1, 4]
+    assert any("vpp 2 (only one pipeline stage fits and interleaving needs two; plain 1F1B)" in n for n in spec.notes)
+
+
+def test_a_replan_of_an_interleaved_plan_keeps_vpp_with_micro_batches_in_multiples_of_pp():
+    plan = interleaved_plan(dp=2)
+    replan = Replanner(plan).replan(frozenset({3}), "ntp")
+    s = shrink(plan, nproc=16, replan=replan)
+    assert s.spec.vpp == 2 and [[st.width for st in rep.stages] for rep in s.spec.replicas] == [[4, 4], [3, 3]]
+    # the degraded replica's 5 of 8 micro-batches: 5/8 x 4 = 2.5 rounds to one group of pp = 2
+    assert [rep.micro_batches for rep in s.spec.replicas] == [4, 2]
+
+
+def test_the_prediction_of_an_interleaved_run_costs_its_chunks_in_model_order():
+    from ntp_planner.executor.predict import _layout
+
+    spec = shrink(interleaved_plan(), nproc=8).spec
+    lay = _layout(spec, (4, 4), spec.replicas[0].micro_batches, 1, healthy=True)
+    assert (lay.pp, lay.vpp, lay.chunk_layers) == (2, 2, (2, 2, 2, 2))
+    assert lay.layer_tp == (4, 2, 1, 4, 4, 2, 1, 1, 1, 4)  # embedding, chunk 0, 1, 2, 3 layers, LM head
+
+
+@pytest.mark.parametrize(
+    ("name", "style"),
+    [
+        ("gpt3-5b", dict(norm="layer", mlp="gelu", bias=True, positions="learned")),
+        ("nemotron4-15b", dict(norm="layer", mlp="relu2", bias=False, positions="rope")),
+    ],
+)
+def test_a_gpt_or_nemotron_plan_keeps_its_blocks_and_selective_recompute(name, style):
+    from ntp_planner.executor.predict import run_model
+
+    lay = ParallelLayout(tp=4, pp=2, dp=2, global_batch=64, recompute="selective", sequence_parallel=True)
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    plan = plan_from_layout(MODELS[name], TrainingSpec(seq_len=2048, global_batch=64), cluster, lay)
+    spec = shrink(plan, nproc=16).spec
+    cfg = spec.cfg
+    assert {k: getattr(cfg, k) for k in style} == style and cfg.family == plan.model.family
+    assert spec.recompute == "selective" and cfg.max_positions >= spec.seq_len
+    not_executed = next((n for n in spec.notes if n.startswith("not executed")), "")
+    assert "recompute" not in not_executed and "blocks" not in not_executed
+    assert ("tied input and output embeddings" in not_executed) == plan.model.tie_embeddings
+    shrunk = run_model(spec, name)  # what the cost model prices for the run: the same family
+    assert (shrunk.family, shrunk.gated_mlp, shrunk.norm, shrunk.position, shrunk.bias) == (
+        plan.model.family, False, "layernorm", style["positions"], style["bias"]
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("zero", [1, 2, 3])
 def test_the_plans_zero_level_is_kept(zero):
     lay = ParallelLayout(tp=8, dp=4, global_batch=64, zero=zero, reshard_after_forward=zero != 3)

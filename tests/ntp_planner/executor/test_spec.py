@@ -52,3 +52,43 @@ def test_replicas_must_hold_the_same_blocks():
     with pytest.raises(ValueError, match="same blocks on the same stages"):
         RunSpec(cfg, (a, moved), 2, 4)
     assert Block("layer", 3, 2).name == "layers.3"
+
+
+def test_interleaved_chunks_sit_on_stage_c_mod_pp_in_model_order():
+    # 4 chunks over 2 stages: stage 0 holds chunks 0 and 2, stage 1 chunks 1 and 3
+    spec = make_spec(TinyConfig(layers=5), [[2, 2, 2], [2], [2], [2, 2]], [([2, 2], 2)], 2, 8, vpp=2)
+    stages = spec.replicas[0].stages
+    assert [[b.name for b in c] for c in stages[0].chunks] == [["embed", "layers.0", "layers.1"], ["layers.3"]]
+    assert [[b.name for b in c] for c in stages[1].chunks] == [["layers.2"], ["layers.4", "head"]]
+    # the flat block list keeps every block of the stage, so the gradient sync by stage block still works
+    assert [b.name for b in stages[1].blocks] == ["layers.2", "layers.4", "head"]
+    swapped = type(stages[0])(stages[0].ranks, stages[0].blocks, (1, 3))  # chunk 0 would end at the embedding
+    with pytest.raises(ValueError, match=r"chunks \(chunk c on stage c % pp as virtual chunk c // pp\) must hold"):
+        RunSpec(spec.cfg, (type(spec.replicas[0])((swapped, stages[1]), 2),), 2, 8, vpp=2)
+    with pytest.raises(ValueError, match=r"stage 0 holds 4 blocks in chunks of \[4\]; vpp 2 needs 2 chunks"):
+        RunSpec(spec.cfg, (type(spec.replicas[0])((type(stages[0])(stages[0].ranks, stages[0].blocks), stages[1]), 2),),
+                2, 8, vpp=2)  # fmt: skip
+
+
+def test_interleaving_refuses_micro_batches_that_are_not_a_multiple_of_pp():
+    # Megatron-Core: groups of pp micro-batches per chunk, the last group full or at least pp long
+    with pytest.raises(ValueError) as err:
+        make_spec(TinyConfig(layers=5), [[2, 2, 2], [2], [2], [2, 2]], [([2, 2], 3)], 2, 8, vpp=2)
+    assert str(err.value) == (
+        "replica 0 runs 3 micro-batches but the interleaved schedule (vpp 2) needs a multiple of pp: 3 % 2 = 1"
+    )
+    with pytest.raises(ValueError, match=r"interleaving \(vpp 2\) needs .* at least 2 stages"):
+        make_spec(TinyConfig(layers=2), [[2, 2], [2, 2]], [([2], 2)], 2, 8, vpp=2)
+
+
+def test_recompute_granularity_and_learned_positions_are_checked():
+    with pytest.raises(ValueError, match="recompute must be 'none', 'selective' or 'full'; got True"):
+        make_spec(TinyConfig(), [[2, 2, 2, 2]], [([2], 1)], 1, 8, recompute=True)
+    learned = TinyConfig(positions="learned", max_positions=8)
+    assert make_spec(learned, [[2, 2, 2, 2]], [([2], 1)], 1, 8).cfg.max_positions == 8
+    with pytest.raises(ValueError, match="sequence of 9 tokens is longer than the 8 learned positions"):
+        make_spec(learned, [[2, 2, 2, 2]], [([2], 1)], 1, 9)
+
+
+def test_the_family_of_a_config_follows_its_mlp():
+    assert [TinyConfig(mlp=m).family for m in ("swiglu", "gelu", "relu2")] == ["llama", "gpt", "nemotron"]

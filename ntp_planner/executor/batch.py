@@ -1,0 +1,75 @@
+"""The synthetic batch every step trains on, and the vocabulary it covers.
+
+A bug at a TP boundary of the vocabulary (an embedding mask off by one, a logit column put on
+the wrong rank) shows only when the ids on both sides of the boundary are in the batch, and
+random ids miss part of a vocabulary larger than the batch. So the ids at the positions that
+are both an input and a target (every position of a sequence but its first and its last) are
+dealt, not drawn: first the ids on both sides of every vocabulary cut the run uses and the first
+and last id, then every other id in random order, then random ids; the dealt positions are then
+shuffled. A batch with at least ``vocab`` such positions has every id as an input and a target
+(``covers_vocabulary``); a smaller one still has every boundary id while it has room for them.
+The batch is the same in every step, so the losses fall as the model learns it, and the
+first step's gradients already see every id. The reference trains on the same batch.
+
+Worked example: 2 sequences of 9 tokens (10 ids each, targets shifted by one) deal 2 x 8 = 16
+positions, enough for a 16-id vocabulary; cut at degree 3 it has boundaries at 6 and 11:
+
+>>> from ntp_planner.executor.spec import TinyConfig, make_spec
+>>> spec = make_spec(TinyConfig(vocab=16), [[3, 3, 3, 3]], [([3], 2)], 1, 9)
+>>> boundary_ids(spec), dealt_positions(spec), covers_vocabulary(spec), missing_ids(spec), covering_seq_len(spec)
+([0, 5, 6, 10, 11, 15], 16, True, ([], []), 9)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ntp_planner.executor.ownership import vocab_shards
+from ntp_planner.executor.spec import RunSpec
+
+
+def dealt_positions(spec: RunSpec) -> int:
+    """Positions of the batch that are both an input and a target: (seq_len - 1) per sequence."""
+    return spec.total_sequences * (spec.seq_len - 1)
+
+
+def covers_vocabulary(spec: RunSpec) -> bool:
+    """Whether the batch has every vocabulary id as an input and as a target."""
+    return dealt_positions(spec) >= spec.cfg.vocab
+
+
+def covering_seq_len(spec: RunSpec) -> int:
+    """The shortest sequence with which the batch covers the vocabulary (the same sequences)."""
+    return -(-spec.cfg.vocab // spec.total_sequences) + 1
+
+
+def boundary_ids(spec: RunSpec) -> list[int]:
+    """The ids on both sides of every vocabulary cut of the embedding and LM head blocks, and
+    the first and last id."""
+    vocab = spec.cfg.vocab
+    degrees = {b.degree for rep in spec.replicas for st in rep.stages for b in st.blocks if b.kind != "layer"}
+    cuts = {a for t in degrees for a, _ in vocab_shards(vocab, t)[1:]}
+    return sorted({0, vocab - 1} | {i for a in cuts for i in (a - 1, a)})
+
+
+def synthetic_batch(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, targets), each [total_sequences, seq_len], targets shifted by one; the same on
+    every rank and for the reference (seeded by ``spec.seed``)."""
+    g = torch.Generator().manual_seed(spec.seed + 1)
+    rows, seq, vocab = spec.total_sequences, spec.seq_len, spec.cfg.vocab
+    ids = torch.randint(0, vocab, (rows, seq + 1), generator=g)
+    first = boundary_ids(spec)
+    rest = torch.tensor(sorted(set(range(vocab)) - set(first)), dtype=torch.long)
+    order = torch.cat([torch.tensor(first, dtype=torch.long), rest[torch.randperm(len(rest), generator=g)]])
+    dealt = ids[:, 1:seq].reshape(-1)  # a copy: dealt, shuffled, then written back
+    n = min(len(dealt), len(order))
+    dealt[:n] = order[:n]
+    ids[:, 1:seq] = dealt[torch.randperm(len(dealt), generator=g)].view(rows, seq - 1)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def missing_ids(spec: RunSpec) -> tuple[list[int], list[int]]:
+    """Vocabulary ids that the batch does not have as an input, and those it lacks as a target."""
+    tokens, targets = synthetic_batch(spec)
+    everything = set(range(spec.cfg.vocab))
+    return sorted(everything - set(tokens.flatten().tolist())), sorted(everything - set(targets.flatten().tolist()))

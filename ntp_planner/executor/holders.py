@@ -1,0 +1,93 @@
+"""Every holder of every parameter, compared with the reference.
+
+A parameter lives on many ranks: every TP rank holds a replicated one (norms), every owner holds
+a KV head cut by an uneven split, every copy of a lower-degree block holds its slices (in-stage
+data parallelism), every replica holds its own. Each of them must end with the same values and
+the same synced first-step gradient as the reference, so each is compared: a bug confined to
+copy 1, to TP rank 2's copy of a norm or to one replica is named where it lives.
+
+Each rank describes what it holds (``holdings``: per parameter its name, where it sits, which
+indices of the full tensor it holds and its values), rank 0 gathers them (one message per rank)
+and compares each with the same indices of the reference (``compare``). A holder's error is
+normwise and relative to the whole reference tensor, ``|got - ref[idx]| / |ref|``: slices of
+one tensor then add up to the tensor's error (their squares do), so a slice never looks worse
+than it is because it is small, and a wrong slice of any size shows its share of the tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ntp_planner.executor.spec import RunSpec
+from ntp_planner.executor.tp_slices import param_index
+
+
+def holdings(model, spec: RunSpec, rank: int, first_grads: list[torch.Tensor]) -> list[dict]:
+    """This rank's parameters (after training) and their first-step gradients (``first_grads``,
+    in ``model.named_parameters()`` order), on the CPU, each with where it is held and the
+    (dimension, indices) of the full tensor it holds (None: all of it)."""
+    replica, stage = spec.locate(rank)
+    out = []
+    for (name, key, bs, p), grad in zip(model.named_parameters(), first_grads, strict=True):
+        out.append(
+            {
+                "name": name,
+                "rank": rank,
+                "replica": replica,
+                "stage": stage,
+                "copy": bs.copy,
+                "tp_rank": bs.tp_rank,
+                "index": param_index(spec.cfg, key, bs.block.degree, bs.tp_rank),
+                "param": p.detach().cpu().clone(),
+                "grad": grad,
+            }
+        )
+    return out
+
+
+def where(h: dict) -> str:
+    """'rank 5 (replica 1, stage 0, copy 1, TP rank 0)': where a holding lives."""
+    return f"rank {h['rank']} (replica {h['replica']}, stage {h['stage']}, copy {h['copy']}, TP rank {h['tp_rank']})"
+
+
+def _slice(full: torch.Tensor, index) -> torch.Tensor:
+    return full if index is None else full.index_select(index[0], torch.tensor(index[1]))
+
+
+def compare(held: list[dict], ref_params: dict, ref_grads: dict, noise: frozenset[str] = frozenset()) -> dict:
+    """Errors of every holding against the reference: the worst parameter and gradient (with
+    where they are held), the largest elementwise parameter error (over max |ref|), and the
+    worst parameter error of each pipeline (replica, or its cp slice). Parameters in ``noise``
+    have no gradient in exact arithmetic: their values are not compared and their gradient's
+    error is taken over the largest reference gradient."""
+    worst = {"param": (-1.0, None), "grad": (-1.0, None)}
+    elementwise, per_pipeline = 0.0, {}
+    largest_grad = max(torch.linalg.norm(v) for v in ref_grads.values())
+    for h in held:
+        for kind, ref in (("param", ref_params), ("grad", ref_grads)):
+            if kind == "param" and h["name"] in noise:
+                continue
+            full = ref[h["name"]]
+            got, want = h[kind].to(full.dtype), _slice(full, h["index"])
+            if got.shape != want.shape:
+                raise AssertionError(f"{h['name']} on {where(h)}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+            scale = largest_grad if h["name"] in noise else torch.linalg.norm(full)
+            err = (torch.linalg.norm(got - want) / scale.clamp_min(1e-30)).item()
+            if err >= worst[kind][0]:
+                worst[kind] = (err, h)
+            if kind == "param":
+                per_pipeline[h["replica"]] = max(per_pipeline.get(h["replica"], 0.0), err)
+                scale = full.abs().max().clamp_min(1e-30)
+                elementwise = max(elementwise, ((got - want).abs().max() / scale).item())
+    (p_err, p_at), (g_err, g_at) = worst["param"], worst["grad"]
+    return {
+        "max_rel_error_params": p_err,
+        "worst_param": p_at["name"],
+        "worst_param_holder": where(p_at),
+        "max_rel_error_grads": g_err,
+        "worst_grad": g_at["name"],
+        "worst_grad_holder": where(g_at),
+        "max_elementwise_error_params": elementwise,
+        "per_replica_error": [per_pipeline[r] for r in sorted(per_pipeline)],
+        "holdings_compared": len(held),
+    }

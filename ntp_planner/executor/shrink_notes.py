@@ -1,0 +1,142 @@
+"""Sentences about what the shrink changed and why, and the warning when a re-plan's run holds
+no degraded replica. Pure text from the plan, the re-plan and the shrink's choices; no torch.
+"""
+
+from __future__ import annotations
+
+from ntp_planner.failures.replan import ReplanResult
+
+MAX_STAGES = 4  # the shrink runs at most this many pipeline stages (``shrink._fit``)
+
+
+def cut_runs_note(
+    stage: int, plan_stages: tuple[int, ...], runs: list[int], kept: list[int], chunk: int | None = None
+) -> str:
+    """The note for a run stage (its virtual ``chunk`` when interleaved) whose runs of equal
+    degree were cut to ``len(kept)`` layers.
+
+    >>> note = cut_runs_note(0, (0, 1), [4, 2, 4, 1, 2, 8, 1], [4, 2, 4, 1, 2, 8])
+    >>> note[:75], note[-24:]
+    ('stage 0 (plan stages 0+1): kept 6 of 7 runs of equal TP degree, 4,2,4,1,2,8', 'every degree still runs)')
+    >>> cut_runs_note(1, (2,), [2, 4, 2, 1], [2, 4])[-38:]
+    'degree 1 no longer runs on this stage)'
+    """
+    left = runs[len(kept) :]
+    lost = sorted(set(left) - set(kept))
+    what = f"degree {', '.join(map(str, lost))} no longer runs on this stage" if lost else "every degree still runs"
+    where = f"stage {stage}" + ("" if chunk is None else f" chunk {chunk}")
+    return (
+        f"{where} (plan stage{'s' if len(plan_stages) > 1 else ''} {'+'.join(map(str, plan_stages))}): "
+        f"kept {len(kept)} of {len(runs)} runs of equal TP degree, {','.join(map(str, kept))}, cutting "
+        f"{','.join(map(str, left))} (one layer per run would make a longer, slower run; {what})"
+    )
+
+
+def stages_why(run_pp: int, plan_pp: int, nproc: int | None) -> str:
+    """Why the run has fewer stages than the plan.
+
+    >>> stages_why(2, 8, 16), stages_why(4, 8, 64)
+    (': more stages need more than 16 processes', ': at most 4 stages run')
+    """
+    if run_pp >= MAX_STAGES and plan_pp > MAX_STAGES:
+        return f": at most {MAX_STAGES} stages run"
+    return f": more stages need more than {nproc} processes" if nproc else ": to fit the processes"
+
+
+def replicas_why(plan_dp: int, kept: int, replan: ReplanResult | None, nproc: int | None) -> str:
+    """Why the run has the replicas it has.
+
+    >>> replicas_why(128, 2, None, 16), replicas_why(2, 1, None, 4)
+    (': two run the data-parallel sync, more add nothing new', ': two need more than 4 processes')
+    """
+    if replan is not None:
+        kinds = len(_kinds(replan))
+        if kept < kinds:
+            more = f"more need more than {nproc} processes"
+            return f": {kept} of the re-plan's {kinds} kinds (stage widths, micro-batches); {more}"
+        if kinds == 1:
+            return (
+                ": the re-plan's one kind (stage widths, micro-batches), twice for the data-parallel sync"
+                if kept > 1
+                else ""
+            )
+        return f": one of each of the re-plan's {kinds} kinds (stage widths, micro-batches)"
+    if kept < min(2, plan_dp):
+        return f": two need more than {nproc} processes"
+    return ": two run the data-parallel sync, more add nothing new" if plan_dp > 2 else ""
+
+
+def micro_why(run_pp: int) -> str:
+    return f" (at most {max(2 * run_pp, 2)} per replica keep the run short; each keeps its share of the batch)"
+
+
+def _kinds(replan: ReplanResult) -> dict[tuple, list[int]]:
+    """Replicas that run, by kind (stage widths, local batch), in replica order."""
+    out: dict[tuple, list[int]] = {}
+    for x in replan.replicas:
+        if x.status != "dropped":
+            out.setdefault((tuple(x.stage_tp), x.local_batch), []).append(x.replica)
+    return out
+
+
+def replan_pick_notes(replan: ReplanResult, picked: list[int]) -> list[str]:
+    """What each run replica is in the re-plan, the kinds left out, and the dropped replicas."""
+    by_replica = {x.replica: x for x in replan.replicas}
+    run = [
+        f"{r} {by_replica[r].status}" + (f" ({by_replica[r].reason})" if by_replica[r].reason else "") for r in picked
+    ]
+    notes = ["re-plan replicas run: " + "; ".join(run)]
+    missing = [reps for reps in _kinds(replan).values() if not set(reps) & set(picked)]
+    if missing:
+        notes.append(
+            "re-plan replicas not run (the processes hold no more): "
+            + "; ".join(
+                f"{reps[0]} {by_replica[reps[0]].status} at TP {by_replica[reps[0]].stage_tp}" for reps in missing
+            )
+        )
+    dropped = [x for x in replan.replicas if x.status == "dropped"]
+    if dropped:
+        shown = ", ".join(str(x.replica) for x in dropped[:8]) + (" ..." if len(dropped) > 8 else "")
+        why = dropped[0].reason or "no reason recorded"
+        notes.append(f"re-plan replicas dropped, not run: {shown} (replica {dropped[0].replica}: {why})")
+    return notes
+
+
+def no_degraded_warning(replan: ReplanResult, picked: list[int], nproc: int) -> str | None:
+    """Why a run of ``replan`` (plan replicas ``picked``) checks no NTP sync, or None when it
+    runs a degraded replica beside one of another width."""
+    by_replica = {x.replica: x for x in replan.replicas}
+    run = [by_replica[r] for r in picked]
+    degraded = [x for x in replan.replicas if x.status == "degraded"]
+    dropped = [x for x in replan.replicas if x.status == "dropped"]
+    if any(x.status == "degraded" for x in run):
+        if len({tuple(x.stage_tp) for x in run}) > 1:
+            return None
+        return (
+            f"every replica the run holds has stage widths {run[0].stage_tp}, so no NTP sync between degrees runs "
+            f"(plan replicas {', '.join(str(x.replica) for x in run)})"
+        )
+    if degraded:
+        return (
+            f"the shrink to {nproc} processes kept only healthy replicas ({', '.join(str(x.replica) for x in run)}), "
+            f"none of the re-plan's {len(degraded)} degraded ones (first: {degraded[0].replica}, TP "
+            f"{degraded[0].stage_tp}); give more processes (--nproc) to run one and its NTP sync"
+        )
+    tail = ", so the run is the healthy plan's and checks no NTP sync"
+    if dropped:
+        which = "the one replica" if len(dropped) == 1 else f"all {len(dropped)} replicas"
+        verb = "is" if len(dropped) == 1 else "are"
+        why = dropped[0].reason or "no reason recorded"
+        return (
+            f"the re-plan degrades no replica: {which} that lost GPUs {verb} dropped "
+            f"(replica {dropped[0].replica}: {why}){tail}"
+        )
+    if not replan.failed_gpus:
+        return f"the re-plan degrades no replica: it has no failed GPU{tail}"
+    covered = [f"{replan.in_domain_spares_used} by in-domain spares"] if replan.in_domain_spares_used else []
+    covered += [f"the rest by {replan.spares_used} spare domains"] if replan.spares_used else []
+    return (
+        f"the re-plan degrades no replica: its {replan.failed_gpus} failed GPUs are covered"
+        + (f" ({', '.join(covered)})" if covered else "")
+        + tail
+    )
