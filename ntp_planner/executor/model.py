@@ -1,6 +1,8 @@
 """A small Llama-style decoder, written plainly: the single-process reference every sharded run
 is compared with. Embedding, RMSNorm, rotary positions, grouped-query attention through
-``scaled_dot_product_attention`` (causal), SwiGLU MLP, untied LM head."""
+``scaled_dot_product_attention`` (causal), SwiGLU MLP (a mixture of experts in the layers
+``cfg.moe_layers`` names, ``moe``), untied LM head. The loss is the cross-entropy plus the MoE
+layers' load-balancing loss."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ntp_planner.executor.moe import init_moe, moe_reference
 from ntp_planner.executor.spec import TinyConfig
 
 __all__ = ["Reference", "TinyConfig"]
@@ -29,8 +32,9 @@ def rotary(x: torch.Tensor, theta: float, offset: int = 0) -> torch.Tensor:
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: TinyConfig):
+    def __init__(self, cfg: TinyConfig, index: int = -1):
         super().__init__()
+        self.moe = cfg.is_moe(index)
         d = cfg.head_dim
         self.cfg = cfg
         self.norm1 = nn.Parameter(torch.ones(cfg.hidden))
@@ -39,6 +43,9 @@ class Layer(nn.Module):
         self.v = nn.Parameter(torch.randn(cfg.kv_heads * d, cfg.hidden) * 0.1)
         self.o = nn.Parameter(torch.randn(cfg.hidden, cfg.heads * d) * 0.1)
         self.norm2 = nn.Parameter(torch.ones(cfg.hidden))
+        if self.moe:
+            init_moe(self, cfg)
+            return
         self.gate = nn.Parameter(torch.randn(cfg.ffn, cfg.hidden) * 0.1)
         self.up = nn.Parameter(torch.randn(cfg.ffn, cfg.hidden) * 0.1)
         self.down = nn.Parameter(torch.randn(cfg.hidden, cfg.ffn) * 0.1)
@@ -79,24 +86,31 @@ class Reference(nn.Module):
         torch.manual_seed(seed)
         self.cfg = cfg
         self.embed = nn.Parameter(torch.randn(cfg.vocab, cfg.hidden) * 0.1)
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden))
         self.head = nn.Parameter(torch.randn(cfg.vocab, cfg.hidden) * 0.1)
 
-    def layer_forward(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
+    def layer_forward(self, layer: Layer, x: torch.Tensor, aux: list | None = None) -> torch.Tensor:
+        """One layer; an MoE layer appends its load-balancing loss to ``aux``."""
         c = self.cfg
         h = rms_norm(x, layer.norm1)
         q, k, v = attention(h, layer.q, layer.k, layer.v, layer.o, c.heads, c.kv_heads, c.head_dim, c.rope_theta)
         group = c.heads // c.kv_heads
         x = x + attend(q, k, v, [i // group for i in range(c.heads)], layer.o)
+        if layer.moe:
+            y, a = moe_reference(rms_norm(x, layer.norm2), layer, c)
+            if aux is not None:
+                aux.append(a)
+            return x + y
         return x + swiglu(rms_norm(x, layer.norm2), layer.gate, layer.up, layer.down)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, aux: list | None = None) -> torch.Tensor:
         x = self.embed[tokens]
         for layer in self.layers:
-            x = self.layer_forward(layer, x)
+            x = self.layer_forward(layer, x, aux)
         return rms_norm(x, self.norm) @ self.head.T
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        aux: list[torch.Tensor] = []
+        logits = self(tokens, aux)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)) + sum(aux)

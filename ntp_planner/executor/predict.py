@@ -32,8 +32,9 @@ SPLIT = {
     "pp_wait": ("pp_p2p", "pp_bubble"),
     "dp_sync": ("dp_comm_exposed",),
     "optimizer": ("optimizer", "overhead"),
+    "ep_comm": ("ep_comm",),
 }
-PIPELINE_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_p2p", "pp_bubble")  # no experts run
+PIPELINE_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble")
 
 
 @dataclass(frozen=True)

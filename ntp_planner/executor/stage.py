@@ -28,9 +28,10 @@ from ntp_planner.executor.comm import (
     ScatterSeq,
 )
 from ntp_planner.executor.model import Reference, rms_norm
+from ntp_planner.executor.moe import EXPERT_KEYS, ExpertPlace, local_experts, rank_moe
 from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
-from ntp_planner.executor.spec import Block, RunSpec, StageSpec
-from ntp_planner.executor.tp_slices import BLOCK_PARAMS, rank_attention, rank_mlp, rank_slice
+from ntp_planner.executor.spec import Block, RunSpec, StageSpec, ep_group
+from ntp_planner.executor.tp_slices import block_keys, rank_attention, rank_mlp, rank_slice
 
 
 @dataclass
@@ -67,15 +68,22 @@ class StageModel:
                 spec.replicas[replica].cp_rank,
             )
             self.context = (start, lambda t: AllGatherSeq.apply(t, *args, "cp"))
+        self.experts, self.aux_values, self._aux_scale = None, [], 0.0  # MoE layers (``moe``)
+        if self.cfg.moe_layers:
+            group = ep_group(spec, rank) if spec.ep > 1 else (rank,)
+            cp_ranks = spec.cp_group(replica, s, local) if spec.cp > 1 else (rank,)
+            self.experts = ExpertPlace(self.cfg, comm, group, group.index(rank), cp_ranks, spec.seq_len)
         full = dict(ref.named_parameters())
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
             copy, j = stage.position(rank, b.degree)
             per = spec.micro_batch * b.degree // stage.width
             params = {}
-            for key in BLOCK_PARAMS[b.kind]:
+            for key in block_keys(self.cfg, b):
                 name = f"{b.name}.{key}" if b.kind == "layer" else key
                 t = rank_slice(full[name], self.cfg, key, b.degree, j).detach()
+                if key in EXPERT_KEYS:  # this EP rank's experts
+                    t = t[local_experts(self.cfg, spec.ep, self.experts.ep_rank)].clone()
                 params[key] = t.to(device).requires_grad_(True)
             shards = layer_shards(self.cfg.heads, self.cfg.kv_heads, self.cfg.ffn, b.degree)
             self.blocks.append(
@@ -102,6 +110,7 @@ class StageModel:
         """Stage output for one micro-batch: the residual stream, or on the last stage the loss
         of this rank's copy, summed over its tokens and multiplied by ``loss_scale``. ``x`` is
         the token ids on the first stage."""
+        self._aux_scale = loss_scale  # MoE layers scale their load-balancing loss like the loss
         if self.sp:
             return self._forward_sp(x, targets, loss_scale)
         width, comm, ranks = self.stage.width, self.comm, self.stage.ranks
@@ -159,7 +168,7 @@ class StageModel:
         h = AllGatherSeq.apply(rms_norm(x, p["norm1"]), *args, "tp")
         x = x + ReduceScatterSeq.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), *args)
         h = AllGatherSeq.apply(rms_norm(x, p["norm2"]), *args, "tp")
-        return x + ReduceScatterSeq.apply(rank_mlp(h, p), *args)
+        return x + ReduceScatterSeq.apply(self._mlp(bs, h, h, 1 / len(bs.tp_ranks)), *args)
 
     def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows looked up (zeros for the others' tokens)."""
@@ -174,8 +183,21 @@ class StageModel:
         p, g, comm = bs.params, bs.tp_ranks, self.comm
         h = CopyToTP.apply(rms_norm(x, p["norm1"]), comm, g)
         x = x + ReduceFromTP.apply(rank_attention(h, p, bs.shards, bs.tp_rank, self.cfg, self.context), comm, g)
-        h = CopyToTP.apply(rms_norm(x, p["norm2"]), comm, g)
-        return x + ReduceFromTP.apply(rank_mlp(h, p), comm, g)
+        normed = rms_norm(x, p["norm2"])
+        return x + ReduceFromTP.apply(self._mlp(bs, CopyToTP.apply(normed, comm, g), normed, 1.0), comm, g)
+
+    def _mlp(self, bs: BlockState, h: torch.Tensor, route_in: torch.Tensor, router_scale: float) -> torch.Tensor:
+        """This rank's partial MLP output: dense, or a mixture of experts (``moe.rank_moe``; the
+        load-balancing loss of each copy is reported by its TP rank 0)."""
+        if not self.cfg.is_moe(bs.block.layer):
+            return rank_mlp(h, bs.params)
+        sink = self.aux_values if bs.tp_rank == 0 else None
+        return rank_moe(h, route_in, bs.params, self.experts, bs.tp_ranks, router_scale, self._aux_scale, sink)
+
+    def take_aux(self) -> float:
+        """This rank's share of the load-balancing losses since the last call (scaled like the loss)."""
+        total, self.aux_values[:] = sum(self.aux_values), []
+        return total
 
     def _loss(self, bs: BlockState, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of the vocabulary-parallel LM head on the normed stream ``h``."""

@@ -11,6 +11,9 @@ whole batch (samples weight themselves), so every sync is a sum.
   rank sends only the rows another rank holds in the new layout, ``reshard``), core rank j < n
   all-reduces its slice 1:1 with core rank j of every other replica, the replica reshards the
   sum back to its own layout and copy 0 broadcasts it to the other copies.
+- Routed experts under expert parallelism (``moe``): TP rank j sums over its expert-data-parallel
+  group, TP rank j of every copy in every pipeline holding the same experts
+  (``spec.expert_dp_group``); the other EP ranks hold other experts.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from __future__ import annotations
 import torch
 
 from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.moe import EXPERT_KEYS, local_experts, place_experts
 from ntp_planner.executor.reshard import reshard_plan
-from ntp_planner.executor.spec import RunSpec, dp_groups
+from ntp_planner.executor.spec import RunSpec, dp_groups, expert_dp_group
 from ntp_planner.executor.stage import StageModel
 from ntp_planner.executor.tp_slices import counted_once, param_index
 
@@ -57,7 +61,8 @@ def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, sha
             comm.all_reduce(p.grad, bs.tp_ranks)
         if len(set(degrees)) == 1:
             grad = _with_cut_kv_summed(cfg, key, bs, p.grad, comm, shapes[name])
-            p.grad = comm.all_reduce(grad.contiguous(), groups[j])
+            group = expert_dp_group(spec, comm.rank, t) if spec.ep > 1 and key in EXPERT_KEYS else groups[j]
+            p.grad = comm.all_reduce(grad.contiguous(), group)
             continue
         p.grad = _ntp_sync(model, spec, key, bs, p.grad, degrees, groups, comm, shapes[name])
 
@@ -87,7 +92,8 @@ def gathered_parameters(
     model: StageModel, spec: RunSpec, replica: int, comm: Comm, shapes: dict, grads: bool = False
 ) -> list[dict]:
     """Every replica's full parameters (or, with ``grads``, their synced gradients; copy 0
-    speaks for its replica), on every rank: one all-reduce of one flat buffer per replica."""
+    speaks for its replica), on every rank: one all-reduce of one flat buffer per replica. Under
+    expert parallelism a replica's experts come from their owners, the pipelines of its EP group."""
     cfg = spec.cfg
     names = list(shapes)
     sizes = [int(torch.Size(shapes[k]).numel()) for k in names]
@@ -96,13 +102,18 @@ def gathered_parameters(
     dev = next(t for *_, t in model.named_parameters()).device
     for r in range(len(spec.replicas)):
         flat = torch.zeros(sum(sizes), device=dev)
-        if r == replica:
+        same_ep = r // spec.ep == replica // spec.ep  # r's experts include this rank's
+        if same_ep:
             for name, key, bs, p in model.named_parameters():
-                if bs.copy:
+                expert = spec.ep > 1 and key in EXPERT_KEYS
+                if bs.copy or not (r == replica or expert):
                     continue
                 t, j = bs.block.degree, bs.tp_rank
                 value = p.grad if grads else p.detach()
-                part = _place(value * counted_once(cfg, key, t, j, dev), param_index(cfg, key, t, j), shapes[name])
+                shape = (value.shape[0], *shapes[name][1:]) if expert else shapes[name]
+                part = _place(value * counted_once(cfg, key, t, j, dev), param_index(cfg, key, t, j), shape)
+                if expert:
+                    part = place_experts(part, shapes[name], local_experts(cfg, spec.ep, model.experts.ep_rank))
                 o = offsets[name]
                 flat[o : o + part.numel()] += part.reshape(-1)
         comm.world_reduce(flat)

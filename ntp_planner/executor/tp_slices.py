@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ntp_planner.executor.model import Reference, TinyConfig, attend, attention, rms_norm, swiglu
-from ntp_planner.executor.ownership import LayerShards, layer_shards, vocab_shards
+from ntp_planner.executor.moe import moe_keys
+from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 
 
 def head_rows(heads: tuple[int, ...], head_dim: int) -> list[int]:
@@ -40,12 +41,28 @@ CUTS = {
     "gate": (0, "ffn"),
     "up": (0, "ffn"),
     "down": (1, "ffn"),
+    # MoE layers (``moe``): experts cut along their width at the layer's degree, like the dense MLP
+    "router": None,
+    "expert_gate": (1, "expert_ffn"),
+    "expert_up": (1, "expert_ffn"),
+    "expert_down": (2, "expert_ffn"),
+    "shared_gate": (0, "shared_ffn"),
+    "shared_up": (0, "shared_ffn"),
+    "shared_down": (1, "shared_ffn"),
 }
 BLOCK_PARAMS = {
     "embed": ("embed",),
     "layer": ("norm1", "q", "k", "v", "o", "norm2", "gate", "up", "down"),
     "head": ("norm", "head"),
 }
+
+
+def block_keys(cfg: TinyConfig, block) -> tuple[str, ...]:
+    """Parameters of ``block``: an MoE layer's router and experts replace gate, up and down."""
+    keys = BLOCK_PARAMS[block.kind]
+    if block.kind == "layer" and cfg.is_moe(block.layer):
+        return (*keys[:-3], *moe_keys(cfg))
+    return keys
 
 
 def param_index(cfg: TinyConfig, key: str, degree: int, tp_rank: int) -> tuple[int, list[int]] | None:
@@ -62,6 +79,8 @@ def param_index(cfg: TinyConfig, key: str, degree: int, tp_rank: int) -> tuple[i
     if what == "vocab":
         a, b = vocab_shards(cfg.vocab, degree)[tp_rank]
         return dim, list(range(a, b))
+    if what in ("expert_ffn", "shared_ffn"):
+        return dim, list(range(*contiguous(getattr(cfg, what), degree)[tp_rank]))
     sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
     if what == "ffn":
         return dim, list(range(*sh.ffn[tp_rank]))
