@@ -2,7 +2,9 @@
 what makes its sharding what it is: the stage width, every block's TP degree (one layer per run
 of equal degrees), the degraded replicas' widths and their share of the batch, the number of
 query and KV heads, and the FFN width and vocabulary modulo every degree in use (so uneven
-splits cut at the same places). No torch here: ``ntp validate`` reports the shrink before it
+splits cut at the same places). MoE plans keep which layers are MoE (a run of equal degrees is
+split where the layer kind changes), top-k, a shared expert, expert widths modulo the degrees,
+and ep as far as the run's pipelines allow (``_experts``). No torch here: ``ntp validate`` reports the shrink before it
 starts any process.
 """
 
@@ -19,6 +21,7 @@ from topologies.errors import InputError
 
 MAX_LAYERS_PER_STAGE = 6
 SEQ_LEN = 8
+MAX_EXPERTS = 16  # more experts per layer are cut to this many (keeping whole experts per EP rank)
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,14 @@ def shrink(
     if replan is not None:
         check_replan(plan, replan)
     blocks = list(lay.block_tp(L))
-    # each stage's blocks in the order it runs them, chunk by chunk (the plan's ``pipeline``)
-    plan_stage = [[blocks[i] for i, _ in stage_blocks(model, lay, s)] for s in range(lay.pp)]
+    moe = [False, *(model.is_moe_layer(i) for i in range(L)), False]
+    # each stage's blocks in the order it runs them, chunk by chunk (the plan's ``pipeline``):
+    # (TP degree, MoE layer)
+    plan_stage = [[(blocks[i], moe[i]) for i, _ in stage_blocks(model, lay, s)] for s in range(lay.pp)]
     micro = lay.num_micro_batches
     if replan is None:
         active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
-        picks = active[: min(2, lay.dp)]
+        picks = active[: min(max(2, lay.ep), lay.dp)]  # an ep of k needs k pipelines
     else:
         active = [
             (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
@@ -92,7 +97,8 @@ def shrink(
             picks.append(next(x for x in active if x is not picks[0]))
     pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
-    stage_degrees, layer_count = [], 0
+    ep, picks = _ep(lay, picks, cp, replan)
+    stage_degrees, layer_count, moe_layers = [], 0, []
     for j, g in enumerate(groups):
         merged = [d for s in g for d in plan_stage[s]]
         first, last = j == 0, j == len(groups) - 1
@@ -100,8 +106,10 @@ def shrink(
         runs = _runs(body)[:MAX_LAYERS_PER_STAGE]
         if len(runs) == 1 and len(body) > 1:
             runs *= 2
-        stage_degrees.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
+        moe_layers += [layer_count + i for i, (_, is_moe) in enumerate(runs) if is_moe]
+        stage_degrees.append([merged[0][0]] * first + [t for t, _ in runs] + [merged[-1][0]] * last)
         layer_count += len(runs)
+    ep = ep if moe_layers else 1  # the layers kept may all be dense
     widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
     # sequences per micro-batch: every copy of every block needs one
     copies = [w // t for d in stage_degrees for t in d]
@@ -124,10 +132,11 @@ def shrink(
         heads=model.num_heads,
         kv_heads=model.num_kv_heads,
         ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
+        **_experts(model, modulus, w, ep, tuple(moe_layers)),
     )
     # every cp chunk needs a token, and a token per rank under sequence parallelism
     seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan)
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, ep)
     spec = make_spec(
         cfg,
         stage_degrees,
@@ -141,6 +150,7 @@ def shrink(
         recompute=lay.recompute == "full",
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
+        ep=ep,
     )
     ranks, grid = [], lay.rank_grid
     gpus = plan.placement if replan is None else replan.rank_to_gpu
@@ -193,7 +203,59 @@ def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: in
     return k, reps, c
 
 
-def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> list[str]:
+def _ep(lay, picks: list, cp: int, replan) -> tuple[int, list]:
+    """The run's ep (the largest divisor of the plan's that the run's pipelines, replicas x cp,
+    can hold whole groups of) and the replicas kept for it (a multiple of ep / gcd(ep, cp)).
+    Replicas of different widths (NTP) run without EP (``spec._check_moe`` says why)."""
+    if lay.ep == 1 or len({tuple(p[1]) for p in picks}) > 1:
+        return 1, picks
+    for d in sorted((d for d in range(1, lay.ep + 1) if lay.ep % d == 0), reverse=True):
+        keep = max((k for k in range(1, len(picks) + 1) if k * cp % d == 0), default=0)
+        if keep:
+            return d, picks[:keep]
+    return 1, picks
+
+
+def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) -> dict:
+    """TinyConfig's MoE fields: at most MAX_EXPERTS experts, a whole number per EP rank, top-k
+    kept (at most the experts), widths with the plan's remainders modulo every degree."""
+    if not model.num_experts or not moe_layers:
+        return {}
+    experts = model.num_experts if model.num_experts <= MAX_EXPERTS else MAX_EXPERTS - MAX_EXPERTS % ep
+    shared = model.moe_shared_ffn_hidden_size
+    return {
+        "experts": experts,
+        "top_k": min(model.moe_top_k, experts),
+        "expert_ffn": _same_remainder(model.moe_ffn_hidden_size, modulus, max(16, 2 * w)),
+        "moe_layers": moe_layers,
+        "shared_ffn": _same_remainder(shared, modulus, max(16, 2 * w)) if shared else 0,
+    }
+
+
+def _moe_notes(model, lay, cfg, picks, cp: int, ep: int) -> tuple[list[str], list[str]]:
+    """(what the shrink did to the experts, what of them is not executed)."""
+    if not model.num_experts:
+        return [], []
+    kept = (
+        f"experts {model.num_experts} -> {cfg.experts} (top-{cfg.top_k}"
+        + (" kept" if cfg.top_k == model.moe_top_k else f", the plan's top-{model.moe_top_k} cut to the experts")
+        + ", dropless), "
+        f"expert width {model.moe_ffn_hidden_size} -> {cfg.expert_ffn}"
+        + (f", shared expert {model.moe_shared_ffn_hidden_size} -> {cfg.shared_ffn}" if cfg.shared_ffn else "")
+        + f", MoE layers {', '.join(map(str, cfg.moe_layers)) or 'none'} of the run's {cfg.layers}"
+        + (f", ep {lay.ep} kept" if ep == lay.ep > 1 else f", ep {lay.ep} -> {ep}" if lay.ep > 1 else "")
+    )
+    skipped = []
+    if ep < lay.ep:
+        if len({tuple(p[1]) for p in picks}) > 1:
+            why = "replicas of different TP widths (NTP) do not hold the same expert slices"
+        else:
+            why = f"an ep of k needs k pipelines (replicas x cp), the run has {len(picks) * cp}; more processes keep it"
+        skipped.append(f"ep {lay.ep} (run at ep {ep}: {why})")
+    return [kept], skipped
+
+
+def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, ep=1) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
         f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per stage), "
@@ -211,17 +273,14 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan) -> 
             f"context parallelism cp {lay.cp}"
             + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more processes keep it)")
         )
-    skipped = []
+    moe_kept, moe_skipped = _moe_notes(model, lay, cfg, picks, cp, ep)
+    notes += moe_kept
+    skipped = list(moe_skipped)
     skipped += [f"vpp {lay.vpp} (plain 1F1B)"] if lay.vpp > 1 else []
     if lay.sequence_parallel and lay.is_per_layer:
         skipped += ["sequence parallelism on stages with lower-degree copies (all-reduce there)"]
     skipped += [f"ZeRO-{lay.zero} sharding of the model state (replicated AdamW, the same math)"] if lay.zero else []
     skipped += ["selective recompute"] if lay.recompute == "selective" else []
-    skipped += (
-        [f"experts{f' and ep {lay.ep}' if lay.ep > 1 else ''} (MoE layers run as dense SwiGLU)"]
-        if model.num_experts
-        else []
-    )
     skipped += [f"{model.family} blocks (run as Llama-style)"] if model.family != "llama" else []
     if skipped:
         notes.append("not executed: " + "; ".join(skipped))
