@@ -2,6 +2,7 @@
 parallelism on gloo exact against one process (float64), a planted bug caught, and the shrink of
 MoE plans (experts, top-k, MoE layers and ep kept)."""
 
+import json
 import math
 
 import pytest
@@ -130,7 +131,7 @@ def test_ep2_with_sequence_parallel_copies_and_pipeline_recompute():
 @pytest.mark.timeout(180)
 def test_a_wrong_combine_weight_is_caught(monkeypatch):
     monkeypatch.setenv(VARIABLE, "moe-combine-wrong-weight")  # each token's two weights swapped
-    spec = make_spec(MOE, [[1, 1, 1, 1]], [([1], 2), ([1], 2)], 2, 8, dtype="float64", ep=2)
+    spec = make_spec(MOE, [[1, 1, 1, 1]], [([1], 2), ([1], 2)], 2, 8, dtype="float64", ep=2, steps=1)
     result = launch(spec, timeout_s=150)
     assert result.max_rel_error_loss > 1e-4 and result.max_rel_error_grads > 1e-2
 
@@ -173,3 +174,18 @@ def test_shrink_of_deepseek_moe_keeps_its_dense_first_layer_and_shared_expert():
     assert (cfg.experts, cfg.top_k, spec.ep) == (16, 6, 2) and cfg.shared_ffn % 2 == 2816 % 2
     model = run_model(spec, "deepseek")
     assert (model.moe_first_dense_layers, model.num_moe_layers) == (1, 1)
+
+
+@pytest.mark.timeout(240)
+def test_ntp_validate_passes_on_a_mixtral_plan_with_ep(tmp_path):
+    from typer.testing import CliRunner
+
+    from ntp_planner.cli import app
+
+    _plan("mixtral-8x7b", 16, tp=1, dp=16, ep=2).save(tmp_path / "mixtral.json")
+    r = CliRunner().invoke(app, ["validate", str(tmp_path / "mixtral.json"), "--nproc", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["passed"] and out["processes"] == 2
+    assert max(out["max_rel_error_loss"], out["max_rel_error_params"], out["max_rel_error_grads"]) <= 1e-5
+    assert any("ep 2 kept" in n for n in out["notes"])
