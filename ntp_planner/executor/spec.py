@@ -195,7 +195,7 @@ def check(spec: RunSpec) -> None:
 
 def _check_moe(spec: RunSpec) -> None:
     cfg = spec.cfg
-    if cfg.moe_layers and not 0 < cfg.top_k <= cfg.experts or cfg.moe_layers and cfg.expert_ffn < 1:
+    if cfg.moe_layers and not (0 < cfg.top_k <= cfg.experts and cfg.expert_ffn >= 1):
         raise ValueError(
             f"MoE layers need 1 <= top_k({cfg.top_k}) <= experts({cfg.experts}) and expert_ffn({cfg.expert_ffn}) >= 1"
         )
