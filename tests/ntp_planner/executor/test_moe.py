@@ -192,3 +192,12 @@ def test_ntp_validate_passes_on_a_mixtral_plan_with_ep(tmp_path):
     assert out["passed"] and out["processes"] == 2
     assert max(out["max_rel_error_loss"], out["max_rel_error_params"], out["max_rel_error_grads"]) <= 1e-5
     assert any("ep 2 kept" in n for n in out["notes"])
+
+
+def test_shrink_of_an_ntp_replan_runs_its_experts_without_ep_and_says_why():
+    from ntp_planner.failures.replan import Replanner
+
+    plan = _plan("mixtral-8x7b", 16, tp=8, dp=2, ep=2)
+    spec = shrink(plan, nproc=16, replan=Replanner(plan).replan(frozenset({1}), "ntp")).spec
+    assert [r.stages[0].width for r in spec.replicas] == [8, 7] and spec.ep == 1 and spec.cfg.experts == 8
+    assert "ep 2 (run at ep 1: replicas of different TP widths (NTP)" in " ".join(spec.notes)
