@@ -221,7 +221,8 @@ def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) 
     kept (at most the experts), widths with the plan's remainders modulo every degree."""
     if not model.num_experts or not moe_layers:
         return {}
-    experts = model.num_experts if model.num_experts <= MAX_EXPERTS else MAX_EXPERTS - MAX_EXPERTS % ep
+    cut = max(ep, MAX_EXPERTS - MAX_EXPERTS % ep)  # ep divides the plan's experts, so cut <= them
+    experts = model.num_experts if model.num_experts <= MAX_EXPERTS else cut
     shared = model.moe_shared_ffn_hidden_size
     return {
         "experts": experts,
