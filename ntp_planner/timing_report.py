@@ -17,6 +17,7 @@ SPLIT_LABELS = {
     "pp_wait": "pipeline sends and bubble",
     "dp_sync": "DP gradient sync",
     "optimizer": "optimizer and fixed overhead",
+    "ep_comm": "EP all-to-alls",
 }
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations")
 

@@ -13,7 +13,8 @@ between TP regions is cut along the sequence, unevenly when the degree does not 
 
 Every collective and point-to-point batch is timed (wall time inside the call, waiting for peers
 included) under a category: ``kind=`` where the call is made (the autograd functions below: "tp",
-or "cp" for context parallelism's key/value gathers), else the ``with comm.category(...)`` around
+or "cp" for context parallelism's key/value gathers; "ep" for the experts' all-to-alls, ``moe``),
+else the ``with comm.category(...)`` around
 it ("pp" in the pipeline schedule, "dp" around the gradient sync). Calls under no category (the
 run's bookkeeping: losses, gathered parameters) are not timed. On CPU with gloo a call returns
 when its data has arrived, so the split is exact; on CUDA, NCCL calls return once enqueued, and
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 
 from ntp_planner.executor.spec import RunSpec, process_groups
 
-KINDS = ("tp", "cp", "pp", "dp")  # the categories communication time is split into
+KINDS = ("tp", "cp", "pp", "dp", "ep")  # the categories communication time is split into
 
 
 class Comm:
@@ -103,6 +104,14 @@ class Comm:
         with self._counted(kind):
             dist.all_gather(parts, t.contiguous(), group=self.groups[ranks])
         return parts
+
+    def all_to_all(self, t: torch.Tensor, ranks: tuple[int, ...], send: list[int], recv: list[int]) -> torch.Tensor:
+        """Rows of ``t`` in blocks of ``send`` sizes, one per rank of ``ranks`` in order; returns
+        the blocks of ``recv`` sizes this rank gets from each (category "ep")."""
+        out = t.new_empty((sum(recv), *t.shape[1:]))
+        with self._counted("ep"):
+            dist.all_to_all_single(out, t.contiguous(), recv, send, group=self.groups[ranks])
+        return out
 
     def exchange(self, send: torch.Tensor | None, to: int | None, shape, frm: int | None, like: torch.Tensor):
         """Send ``send`` to rank ``to`` and receive a ``shape`` tensor from ``frm`` together (either

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ntp_planner.executor.moe import EXPERT_KEYS, local_experts
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.tp_slices import param_index
 
@@ -25,7 +26,7 @@ from ntp_planner.executor.tp_slices import param_index
 def holdings(model, spec: RunSpec, rank: int, first_grads: list[torch.Tensor]) -> list[dict]:
     """This rank's parameters (after training) and their first-step gradients (``first_grads``,
     in ``model.named_parameters()`` order), on the CPU, each with where it is held and the
-    (dimension, indices) of the full tensor it holds (None: all of it)."""
+    (dimension, indices) cuts of the full tensor it holds (none: all of it)."""
     replica, stage = spec.locate(rank)
     out = []
     for (name, key, bs, p), grad in zip(model.named_parameters(), first_grads, strict=True):
@@ -37,7 +38,7 @@ def holdings(model, spec: RunSpec, rank: int, first_grads: list[torch.Tensor]) -
                 "stage": stage,
                 "copy": bs.copy,
                 "tp_rank": bs.tp_rank,
-                "index": param_index(spec.cfg, key, bs.block.degree, bs.tp_rank),
+                "index": _index(model, spec, key, bs),
                 "param": p.detach().cpu().clone(),
                 "grad": grad,
             }
@@ -50,8 +51,21 @@ def where(h: dict) -> str:
     return f"rank {h['rank']} (replica {h['replica']}, stage {h['stage']}, copy {h['copy']}, TP rank {h['tp_rank']})"
 
 
-def _slice(full: torch.Tensor, index) -> torch.Tensor:
-    return full if index is None else full.index_select(index[0], torch.tensor(index[1]))
+def _index(model, spec: RunSpec, key: str, bs) -> list[tuple[int, list[int]]]:
+    """The (dimension, indices) cuts of the full tensor a holding is: its TP slice, and under
+    expert parallelism the experts its EP rank owns (``moe.local_experts``)."""
+    idx = param_index(spec.cfg, key, bs.block.degree, bs.tp_rank)
+    out = [] if idx is None else [idx]
+    if key in EXPERT_KEYS and spec.ep > 1:
+        owned = local_experts(spec.cfg, spec.ep, model.experts.ep_rank)
+        out.insert(0, (0, list(range(owned.start, owned.stop))))
+    return out
+
+
+def _slice(full: torch.Tensor, index: list[tuple[int, list[int]]]) -> torch.Tensor:
+    for dim, rows in index:
+        full = full.index_select(dim, torch.tensor(rows))
+    return full
 
 
 def compare(held: list[dict], ref_params: dict, ref_grads: dict, noise: frozenset[str] = frozenset()) -> dict:

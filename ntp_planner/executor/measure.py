@@ -1,7 +1,7 @@
 """Where each rank's step time and memory go, measured inside the run (issue 13, validate).
 
 Time: ``Comm`` adds the wall time spent inside every collective to its category ("tp", "cp",
-"pp", "dp"; waiting for peers included, so a pipeline bubble shows up as "pp" wait); ``StepClock``
+"pp", "dp", "ep"; waiting for peers included, so a pipeline bubble shows up as "pp" wait); ``StepClock``
 takes each step's difference and times ``opt.zero_grad()`` + ``opt.step()`` as "optimizer".
 Compute is the rest: step time minus all of these.
 
@@ -30,8 +30,8 @@ import torch
 from ntp_planner.executor.comm import KINDS, Comm
 from ntp_planner.executor.spec import RunSpec
 
-SPLIT = ("compute", "tp_comm", "cp_comm", "pp_wait", "dp_sync", "optimizer")  # keys of a time split
-PART = {"tp": "tp_comm", "cp": "cp_comm", "pp": "pp_wait", "dp": "dp_sync"}  # Comm category -> split key
+SPLIT = ("compute", "tp_comm", "cp_comm", "pp_wait", "dp_sync", "optimizer", "ep_comm")  # keys of a time split
+PART = {"tp": "tp_comm", "cp": "cp_comm", "pp": "pp_wait", "dp": "dp_sync", "ep": "ep_comm"}  # Comm category -> key
 MEMORY = ("weights", "grads", "optimizer", "activations_peak", "cuda_max_allocated")  # keys of memory_bytes
 TIMED = ("step", *KINDS, "optimizer")  # one step's row in StepClock.rows
 

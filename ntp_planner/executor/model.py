@@ -1,9 +1,11 @@
 """A small decoder, written plainly: the single-process reference every sharded run is compared
 with. Embedding, RMSNorm, rotary positions, grouped-query attention through
-``scaled_dot_product_attention`` (causal), SwiGLU MLP, untied LM head: Llama-style, the default.
-``TinyConfig`` turns on the other families' pieces (``block_params`` lists the parameters):
-LayerNorm with a bias, a 2-matrix GELU (GPT) or squared-ReLU (Nemotron) MLP, biases on the
-linear layers, learned absolute positions added to the embedding."""
+``scaled_dot_product_attention`` (causal), SwiGLU MLP (a mixture of experts in the layers
+``cfg.moe_layers`` names, ``moe``), untied LM head: Llama-style, the default. ``TinyConfig``
+turns on the other families' pieces (``block_params`` lists the parameters): LayerNorm with a
+bias, a 2-matrix GELU (GPT) or squared-ReLU (Nemotron) MLP, biases on the linear layers, learned
+absolute positions added to the embedding. The loss is the cross-entropy plus the MoE layers'
+load-balancing loss."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ntp_planner.executor.moe import init_moe, moe_keys, moe_reference
 from ntp_planner.executor.spec import TinyConfig
 
 __all__ = ["Reference", "TinyConfig"]
@@ -30,9 +33,10 @@ def normed(x: torch.Tensor, p: dict, key: str) -> torch.Tensor:
     return F.layer_norm(x, x.shape[-1:], p[key], bias, eps=1e-5)
 
 
-def block_params(cfg: TinyConfig, kind: str) -> tuple[str, ...]:
+def block_params(cfg: TinyConfig, kind: str, layer: int = -1) -> tuple[str, ...]:
     """Names of the parameters of a block (``embed``, ``layer``, ``head``) under ``cfg``, in the
-    order the reference creates them.
+    order the reference creates them; in an MoE layer (``layer``) the router and experts replace
+    the MLP's parameters.
 
     >>> block_params(TinyConfig(norm="layer", mlp="gelu", bias=True, positions="learned"), "layer")
     ('norm1', 'q', 'k', 'v', 'o', 'norm2', 'up', 'down', 'norm1_bias', 'norm2_bias', 'q_bias', 'k_bias', \
@@ -43,10 +47,12 @@ def block_params(cfg: TinyConfig, kind: str) -> tuple[str, ...]:
         return ("embed", "pos") if cfg.positions == "learned" else ("embed",)
     if kind == "head":
         return ("norm", "head", "norm_bias") if layer_norm else ("norm", "head")
-    mlp = ("gate", "up", "down") if gated else ("up", "down")
+    moe = cfg.is_moe(layer)
+    mlp = () if moe else ("gate", "up", "down") if gated else ("up", "down")
     keys = ("norm1", "q", "k", "v", "o", "norm2", *mlp)
     keys += ("norm1_bias", "norm2_bias") if layer_norm else ()
-    return keys + (tuple(f"{k}_bias" for k in ("q", "k", "v", "o", *mlp)) if cfg.bias else ())
+    keys += tuple(f"{k}_bias" for k in ("q", "k", "v", "o", *mlp)) if cfg.bias else ()
+    return keys + (moe_keys(cfg) if moe else ())
 
 
 def rotary(x: torch.Tensor, theta: float, offset: int = 0) -> torch.Tensor:
@@ -75,17 +81,22 @@ def _shapes(cfg: TinyConfig) -> dict[str, tuple[int, ...]]:
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: TinyConfig):
+    def __init__(self, cfg: TinyConfig, index: int = -1):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.index, self.moe = cfg, index, cfg.is_moe(index)
         shapes = _shapes(cfg)
-        for key in block_params(cfg, "layer"):  # norm weights one, the rest (norm biases too) random
+        mine = block_params(cfg, "layer", index)
+        for key in mine:  # norm weights one, the rest (norm biases too) random; experts last
+            if self.moe and key in moe_keys(cfg):
+                continue
             ones = key in ("norm1", "norm2")
             value = torch.ones(cfg.hidden) if ones else torch.randn(shapes.get(key, cfg.hidden)) * 0.1
             setattr(self, key, nn.Parameter(value))
+        if self.moe:
+            init_moe(self, cfg)
 
     def params(self) -> dict[str, torch.Tensor]:
-        return {key: getattr(self, key) for key in block_params(self.cfg, "layer")}
+        return {key: getattr(self, key) for key in block_params(self.cfg, "layer", self.index)}
 
 
 def attention(x, q_w, k_w, v_w, o_w, n_heads: int, n_kv: int, head_dim: int, theta: float, offset: int = 0,
@@ -154,7 +165,7 @@ class Reference(nn.Module):
         torch.manual_seed(seed)
         self.cfg = cfg
         self.embed = nn.Parameter(torch.randn(cfg.vocab, cfg.hidden) * 0.1)
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden))
         self.head = nn.Parameter(torch.randn(cfg.vocab, cfg.hidden) * 0.1)
         if cfg.norm == "layer":
@@ -162,7 +173,8 @@ class Reference(nn.Module):
         if cfg.positions == "learned":
             self.pos = nn.Parameter(torch.randn(cfg.max_positions, cfg.hidden) * 0.1)
 
-    def layer_forward(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
+    def layer_forward(self, layer: Layer, x: torch.Tensor, aux: list | None = None) -> torch.Tensor:
+        """One layer; an MoE layer appends its load-balancing loss to ``aux``."""
         c, p = self.cfg, layer.params()
         h = normed(x, p, "norm1")
         biases = (p["q_bias"], p["k_bias"], p["v_bias"]) if c.bias else None
@@ -172,16 +184,22 @@ class Reference(nn.Module):
         )  # fmt: skip
         group = c.heads // c.kv_heads
         x = x + add_bias(attend(q, k, v, [i // group for i in range(c.heads)], p["o"]), p, "o_bias")
+        if layer.moe:
+            y, a = moe_reference(normed(x, p, "norm2"), layer, c)
+            if aux is not None:
+                aux.append(a)
+            return x + y
         return x + add_bias(mlp(c, normed(x, p, "norm2"), p), p, "down_bias")
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, aux: list | None = None) -> torch.Tensor:
         x = self.embed[tokens]
         if self.cfg.positions == "learned":
             x = x + self.pos[: tokens.shape[-1]]
         for layer in self.layers:
-            x = self.layer_forward(layer, x)
+            x = self.layer_forward(layer, x, aux)
         return normed(x, dict(self.named_parameters(recurse=False)), "norm") @ self.head.T
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        aux: list[torch.Tensor] = []
+        logits = self(tokens, aux)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)) + sum(aux)

@@ -45,9 +45,10 @@ import torch.nn.functional as F
 from ntp_planner.executor.batch import synthetic_batch
 from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.model import Reference
+from ntp_planner.executor.moe import EXPERT_KEYS
 from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.reshard import reshard_plan
-from ntp_planner.executor.spec import RunSpec, dp_groups
+from ntp_planner.executor.spec import RunSpec, dp_groups, expert_dp_group
 from ntp_planner.executor.stage import StageModel
 from ntp_planner.executor.sync import _with_cut_kv_summed
 from ntp_planner.executor.tp_slices import param_index, rank_slice
@@ -94,6 +95,8 @@ class ShardedOptimizer:
         self.mixed = spec.dtype in MASTER_DTYPE
         self.main_grads: dict[int, torch.Tensor | None] = {}
         full = dict(ref.named_parameters())
+        # the slices as built (the model's dtype): a uniform slot's core, whatever the block cuts
+        built = {(id(bs), k): t.detach() for bs in model.blocks for k, t in bs.params.items()}
         self.per_micro_batch = per_micro_batch(spec)
         if self.mixed or self.per_micro_batch:  # full buffers, gathered from the shards (``fsdp``)
             make = (lambda t: t.detach().clone()) if self.per_micro_batch else _leaf
@@ -102,7 +105,7 @@ class ShardedOptimizer:
         index = {id(bs): i for i, bs in enumerate(model.blocks)}
         self.slots = []
         for name, key, bs, p in model.named_parameters():
-            slot = self._slot(name, key, bs, p, index[id(bs)], full[name])
+            slot = self._slot(name, key, bs, p, index[id(bs)], full[name], built[id(bs), key])
             self.slots.append(slot)
             if self.mixed and not self.per_micro_batch:
                 self.main_grads[id(p)] = None
@@ -116,7 +119,7 @@ class ShardedOptimizer:
             self.zero3 = model.around = BlockShards(self)
 
     # ---- set-up -----------------------------------------------------------------------------
-    def _slot(self, name, key, bs, p, b, full: torch.Tensor) -> Slot:
+    def _slot(self, name, key, bs, p, b, full: torch.Tensor, own: torch.Tensor) -> Slot:
         """Which group sums the slice, which shard of its core this rank updates, and its master."""
         spec, cfg = self.spec, self.cfg
         t, j = bs.block.degree, bs.tp_rank
@@ -124,8 +127,9 @@ class ShardedOptimizer:
         degrees = {rep.stages[s].blocks[b].degree for rep in spec.replicas}
         groups, n = dp_groups(spec, s, b), min(degrees)
         slot = Slot(name, key, bs, p, None, len(degrees) > 1, tuple(full.shape))
-        if not slot.ntp:
-            slot.group, core = groups[j], rank_slice(full, cfg, key, t, j)
+        if not slot.ntp:  # routed experts under EP: the ranks holding the same experts (as ``sync``)
+            expert = spec.ep > 1 and key in EXPERT_KEYS
+            slot.group, core = (expert_dp_group(spec, self.comm.rank, t) if expert else groups[j]), own
         elif bs.copy == 0 and param_index(cfg, key, t, j) is None and j == 0:  # a norm: core rank 0 speaks
             slot.group, core = groups[0], full
         elif bs.copy == 0 and param_index(cfg, key, t, j) is not None and j < n:

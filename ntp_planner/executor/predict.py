@@ -20,7 +20,7 @@ from cost_models.model import ModelSpec
 from cost_models.profile import BlockShape, Profile
 from cost_models.step import cost_env, cost_from_stages, layout_stages, stage_memory, stage_runs
 from cost_models.training import TrainingSpec
-from ntp_planner.executor.spec import RunSpec, model_chunks
+from ntp_planner.executor.spec import RunSpec, TinyConfig, model_chunks
 from topologies.cluster import Cluster
 from topologies.cluster_catalogue import ClusterSpec
 
@@ -32,8 +32,9 @@ SPLIT = {
     "pp_wait": ("pp_p2p", "pp_bubble"),
     "dp_sync": ("dp_comm_exposed",),
     "optimizer": ("optimizer", "overhead"),
+    "ep_comm": ("ep_comm",),
 }
-PIPELINE_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_p2p", "pp_bubble")  # no experts run
+PIPELINE_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble")
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,39 @@ class Prediction:
     notes: list[str] = field(default_factory=list)
 
 
+def moe_pattern(cfg: TinyConfig, layers: int) -> tuple[int, int] | None:
+    """(moe_first_dense_layers, moe_layer_freq) of ModelSpec that mark exactly ``cfg.moe_layers``
+    MoE, or None when no such pair does (the cost model knows a dense prefix then every k-th).
+
+    >>> moe_pattern(TinyConfig(layers=4, moe_layers=(1, 3)), 4), moe_pattern(TinyConfig(layers=3, moe_layers=(0, 1)), 3)
+    ((1, 2), None)
+    """
+    want = set(cfg.moe_layers)
+    for first in range(layers):
+        for freq in range(1, layers + 1):
+            if want == {i for i in range(first, layers) if (i - first) % freq == 0}:
+                return first, freq
+    return None
+
+
 def run_model(spec: RunSpec, name: str) -> ModelSpec:
     """The executor's decoder (``TinyConfig``) as a ModelSpec of its family (untied, no dropout:
-    what the executor runs)."""
+    what the executor runs), with its experts (the MoE layers as near as ``moe_pattern`` can
+    say: ``moe_notes``)."""
     c = spec.cfg
+    first, freq = moe_pattern(c, c.layers) or (c.moe_layers[0] if c.moe_layers else 0, 1)
+    moe = (
+        {
+            "num_experts": c.experts,
+            "moe_top_k": c.top_k,
+            "moe_ffn_hidden_size": c.expert_ffn,
+            "moe_layer_freq": freq,
+            "moe_first_dense_layers": first,
+            "moe_shared_ffn_hidden_size": c.shared_ffn,
+        }
+        if c.moe_layers
+        else {}
+    )
     return ModelSpec(
         name=f"{name} (shrunk)",
         family=c.family,
@@ -69,7 +99,19 @@ def run_model(spec: RunSpec, name: str) -> ModelSpec:
         position=c.positions,
         bias=c.bias,
         dropout=0.0,
+        **moe,
     )
+
+
+def moe_notes(spec: RunSpec) -> set[str]:
+    """What the cost model cannot see of the run's experts."""
+    c = spec.cfg
+    if not c.moe_layers or moe_pattern(c, c.layers):
+        return set()
+    return {
+        f"MoE layers {', '.join(map(str, c.moe_layers))} are no dense prefix then every k-th layer; costed as "
+        f"MoE from layer {c.moe_layers[0]} on"
+    }
 
 
 def replica_kinds(spec: RunSpec) -> list[tuple[tuple[int, ...], int]]:
@@ -100,6 +142,7 @@ def _layout(spec: RunSpec, widths: tuple[int, ...], micro_batches: int, dp: int,
         tp_comm_overlap=False,
         chunk_layers=counts if spec.pp > 1 else None,
         layer_tp=degrees if len(set(degrees)) > 1 else None,
+        ep=spec.ep if healthy else 1,
         zero=spec.zero,
         reshard_after_forward=spec.reshard_after_forward,
     )
@@ -153,7 +196,7 @@ def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: Clust
     kinds = replica_kinds(spec)
     healthy_env, stages = envs[0], layout_stages(envs[0])
     costs = [cost_from_stages(healthy_env, stages), *(cost_from_stages(env) for env in envs[1:])]
-    notes = set().union(*(env.notes for env in envs))
+    notes = set().union(*(env.notes for env in envs), moe_notes(spec))
     for widths, _ in kinds:
         if len(set(widths)) > 1:
             notes.add(f"a replica with stage widths {'/'.join(map(str, widths))} is costed at width {min(widths)}")

@@ -96,6 +96,7 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
             opt.zero_grad()
         with meter.hooks():
             share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens, targets), scale)
+            share += model.take_aux()  # MoE layers' load-balancing loss, part of the loss
         with comm.category("dp"):
             engine.reduce() if engine else sync_gradients(model, spec, s, comm, shapes)
         if step == 0:

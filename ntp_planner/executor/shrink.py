@@ -3,7 +3,10 @@ what makes its sharding what it is: the stage width, every block's TP degree (on
 of equal degrees), the degraded replicas' widths and their share of the batch, the number of
 query and KV heads, the FFN width and vocabulary modulo every degree in use (so uneven
 splits cut at the same places), the block style (norm, MLP, biases, positions: ``block_style``)
-and the recompute granularity. No torch here: ``ntp validate`` reports the shrink before it
+and the recompute granularity. MoE plans keep which layers are MoE (a run of equal degrees is
+split where the layer kind changes), top-k, a shared expert, expert widths modulo the degrees,
+and ep as far as the run's pipelines allow (``_experts``). No torch here: ``ntp validate``
+reports the shrink before it
 starts any process.
 """
 
@@ -21,6 +24,7 @@ from topologies.errors import InputError
 
 MAX_LAYERS_PER_STAGE = 6
 SEQ_LEN = 8
+MAX_EXPERTS = 16  # more experts per layer are cut to this many (keeping whole experts per EP rank)
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def shrink(
     micro = lay.num_micro_batches
     if replan is None:
         active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
-        picks = active[: min(2, lay.dp)]
+        picks = active[: min(max(2, lay.ep), lay.dp)]  # an ep of k needs k pipelines
     else:
         active = [
             (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
@@ -108,8 +112,11 @@ def shrink(
     pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
     vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
-    chunk_degrees, cut = _chunk_degrees(plan, groups, vpp)
+    ep, picks = _ep(lay, picks, cp, replan)
+    chunk_degrees, cut, moe_flags = _chunk_degrees(plan, groups, vpp)
     layer_count = sum(len(d) for d in chunk_degrees) - 2
+    moe_layers = [i for i, is_moe in enumerate(moe_flags) if is_moe]
+    ep = ep if moe_layers else 1  # the layers kept may all be dense
     widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
     # sequences per micro-batch: every copy of every block needs one
     copies = [w // t for d in chunk_degrees for t in d]
@@ -138,11 +145,12 @@ def shrink(
         ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
         **block_style(model),
         max_positions=seq_len,
+        **_experts(model, modulus, w, ep, tuple(moe_layers)),
     )
     # ZeRO-3 gathers every micro-batch over the replicas: they must hold each block alike, as often
     uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
     zero = 2 if lay.zero == 3 and not uniform else lay.zero
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc, zero) + cut
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc, ep, zero) + cut
     spec = make_spec(
         cfg,
         chunk_degrees,
@@ -157,6 +165,7 @@ def shrink(
         recompute=lay.recompute,
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
+        ep=ep,
         zero=zero,
         reshard_after_forward=lay.reshard_after_forward if zero == 3 else True,
     )
@@ -171,13 +180,17 @@ def shrink(
     return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
 
 
-def _chunk_degrees(plan: Plan, groups: list[tuple[int, ...]], vpp: int) -> tuple[list[list[int]], list[str]]:
+def _chunk_degrees(
+    plan: Plan, groups: list[tuple[int, ...]], vpp: int
+) -> tuple[list[list[int]], list[str], list[bool]]:
     """TP degrees of the run's model chunks, in model order, from the plan's ``pipeline``. With
     the plan's vpp kept, run chunk v * pp + j holds the plan's chunks v * P + s of the plan
     stages s merged into run stage j (consecutive in model order, so the layers stay in order);
     with vpp 1 a run stage holds its plan stages' chunks, in model order. Each chunk keeps one
     layer per run of equal degrees (two when it has several layers at one degree), at most
-    ``MAX_LAYERS_PER_STAGE / vpp``; the second list notes every chunk cut by that cap.
+    ``MAX_LAYERS_PER_STAGE / vpp``; a run also ends where the layer kind (dense or MoE)
+    changes. Also returned: a note for every chunk cut by that cap, and whether each of the
+    run's layers (in model order) is MoE.
 
     >>> from cost_models.catalogue import MODELS
     >>> from cost_models.layout import ParallelLayout
@@ -193,22 +206,31 @@ def _chunk_degrees(plan: Plan, groups: list[tuple[int, ...]], vpp: int) -> tuple
     >>> _chunk_degrees(p, [(0,), (1,)], 2)[0], _chunk_degrees(p, [(0, 1)], 1)[0]
     ([[4, 2, 2], [4, 4], [1, 1], [1, 1, 4]], [[4, 2, 4, 1, 4]])
     """
-    P, V, chunks = plan.layout.pp, plan.layout.vpp, plan.pipeline
+    P, V, chunks, model = plan.layout.pp, plan.layout.vpp, plan.pipeline, plan.model
     held = [[chunks[v * P + s] for s in g] for v in range(vpp) for g in groups] if vpp > 1 else []
     held = held or [[chunks[v * P + s] for v in range(V) for s in range(P) if s in g] for g in groups]
-    out, cut = [], []
+    out, cut, moe = [], [], []
     for i, parts in enumerate(held):
-        merged = [t for c in parts for t in c.tp]
+        # (TP degree, MoE layer) of every block, embedding and LM head dense
+        merged = [
+            (t, c.embedding <= b < len(c.tp) - c.loss and model.is_moe_layer(c.layers[b - c.embedding]))
+            for c in parts
+            for b, t in enumerate(c.tp)
+        ]
         first, last = i == 0, i == len(held) - 1
         body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
         runs = _runs(body)[: max(1, MAX_LAYERS_PER_STAGE // vpp)]
         if len(runs) < len(_runs(body)):
             j = i % len(groups)
-            cut.append(cut_runs_note(j, groups[j], _runs(body), runs, i // len(groups) if vpp > 1 else None))
+            degrees = [t for t, _ in _runs(body)]
+            cut.append(
+                cut_runs_note(j, groups[j], degrees, degrees[: len(runs)], i // len(groups) if vpp > 1 else None)
+            )
         if len(runs) == 1 and len(body) > 1:
             runs *= 2
-        out.append(([merged[0]] if first else []) + runs + ([merged[-1]] if last else []))
-    return out, cut
+        out.append([merged[0][0]] * first + [t for t, _ in runs] + [merged[-1][0]] * last)
+        moe += [is_moe for _, is_moe in runs]
+    return out, cut, moe
 
 
 def _split(n: int, parts: int) -> list[list[int]]:
@@ -251,7 +273,62 @@ def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: in
     return k, reps, c
 
 
-def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp=1, nproc=None, zero=None) -> list[str]:
+def _ep(lay, picks: list, cp: int, replan) -> tuple[int, list]:
+    """The run's ep (the largest divisor of the plan's that the run's pipelines, replicas x cp,
+    can hold whole groups of) and the replicas kept for it (a multiple of ep / gcd(ep, cp)).
+    Replicas of different widths (NTP) run without EP (``spec._check_moe`` says why)."""
+    if lay.ep == 1 or len({tuple(p[1]) for p in picks}) > 1:
+        return 1, picks
+    for d in sorted((d for d in range(1, lay.ep + 1) if lay.ep % d == 0), reverse=True):
+        keep = max((k for k in range(1, len(picks) + 1) if k * cp % d == 0), default=0)
+        if keep:
+            return d, picks[:keep]
+    return 1, picks
+
+
+def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) -> dict:
+    """TinyConfig's MoE fields: at most MAX_EXPERTS experts, a whole number per EP rank, top-k
+    kept (at most the experts), widths with the plan's remainders modulo every degree."""
+    if not model.num_experts or not moe_layers:
+        return {}
+    cut = max(ep, MAX_EXPERTS - MAX_EXPERTS % ep)  # ep divides the plan's experts, so cut <= them
+    experts = model.num_experts if model.num_experts <= MAX_EXPERTS else cut
+    shared = model.moe_shared_ffn_hidden_size
+    return {
+        "experts": experts,
+        "top_k": min(model.moe_top_k, experts),
+        "expert_ffn": _same_remainder(model.moe_ffn_hidden_size, modulus, max(16, 2 * w)),
+        "moe_layers": moe_layers,
+        "shared_ffn": _same_remainder(shared, modulus, max(16, 2 * w)) if shared else 0,
+    }
+
+
+def _moe_notes(model, lay, cfg, picks, cp: int, ep: int) -> tuple[list[str], list[str]]:
+    """(what the shrink did to the experts, what of them is not executed)."""
+    if not model.num_experts:
+        return [], []
+    kept = (
+        f"experts {model.num_experts} -> {cfg.experts} (top-{cfg.top_k}"
+        + (" kept" if cfg.top_k == model.moe_top_k else f", the plan's top-{model.moe_top_k} cut to the experts")
+        + ", dropless), "
+        f"expert width {model.moe_ffn_hidden_size} -> {cfg.expert_ffn}"
+        + (f", shared expert {model.moe_shared_ffn_hidden_size} -> {cfg.shared_ffn}" if cfg.shared_ffn else "")
+        + f", MoE layers {', '.join(map(str, cfg.moe_layers)) or 'none'} of the run's {cfg.layers}"
+        + (f", ep {lay.ep} kept" if ep == lay.ep > 1 else f", ep {lay.ep} -> {ep}" if lay.ep > 1 else "")
+    )
+    skipped = []
+    if ep < lay.ep:
+        if len({tuple(p[1]) for p in picks}) > 1:
+            why = "replicas of different TP widths (NTP) do not hold the same expert slices"
+        else:
+            why = f"an ep of k needs k pipelines (replicas x cp), the run has {len(picks) * cp}; more processes keep it"
+        skipped.append(f"ep {lay.ep} (run at ep {ep}: {why})")
+    return [kept], skipped
+
+
+def _notes(
+    plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp=1, nproc=None, ep=1, zero=None
+) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
         f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per "
@@ -278,7 +355,9 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp
             f"context parallelism cp {lay.cp}"
             + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more processes keep it)")
         )
-    skipped = []
+    moe_kept, moe_skipped = _moe_notes(model, lay, cfg, picks, cp, ep)
+    notes += moe_kept
+    skipped = list(moe_skipped)
     if lay.vpp > vpp:
         skipped += [f"vpp {lay.vpp} (only one pipeline stage fits and interleaving needs two; plain 1F1B)"]
     if lay.sequence_parallel and lay.is_per_layer:
@@ -292,11 +371,6 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp
             f"ZeRO-{lay.zero}'s per-micro-batch parameter gathers between replicas of different TP degrees or "
             f"micro-batches (run as ZeRO-{zero}: the same sharded optimizer state and gradients)"
         ]
-    skipped += (
-        [f"experts{f' and ep {lay.ep}' if lay.ep > 1 else ''} (MoE layers run as dense SwiGLU)"]
-        if model.num_experts
-        else []
-    )
     skipped += ["tied input and output embeddings (run as two matrices)"] if model.tie_embeddings else []
     skipped += [f"dropout {model.dropout:g} (off: the check is deterministic)"] if model.dropout else []
     if skipped:

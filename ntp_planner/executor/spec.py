@@ -39,6 +39,12 @@ class TinyConfig:
     bias: bool = False  # biases on the linear layers (Megatron's add_bias_linear)
     positions: Literal["rope", "learned"] = "rope"  # rotary, or learned absolute position embeddings
     max_positions: int = 64  # rows of the learned position table (the longest sequence it takes)
+    experts: int = 0  # routed experts per MoE layer; 0 = dense model (``moe``)
+    top_k: int = 0  # experts each token is routed to
+    expert_ffn: int = 0  # SwiGLU hidden width of one expert
+    moe_layers: tuple[int, ...] = ()  # indices of the layers whose MLP is a mixture of experts
+    shared_ffn: int = 0  # SwiGLU width of the shared expert every token also visits; 0 = none
+    aux_coeff: float = 0.01  # weight of the sequence-wise load-balancing loss (``moe.sequence_aux``)
 
     @property
     def head_dim(self) -> int:
@@ -49,6 +55,9 @@ class TinyConfig:
         """The ModelSpec family whose blocks these are (by the MLP: Llama's SwiGLU, GPT's GELU,
         Nemotron's squared ReLU)."""
         return {"swiglu": "llama", "gelu": "gpt", "relu2": "nemotron"}[self.mlp]
+
+    def is_moe(self, layer: int) -> bool:
+        return layer in self.moe_layers
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,7 @@ class RunSpec:
     dtype: str = "float32"  # torch dtype name of parameters and activations
     notes: tuple[str, ...] = field(default=())  # how the run differs from the plan it stands for
     vpp: int = 1  # virtual chunks per stage: > 1 runs Megatron's interleaved 1F1B (``interleave``)
+    ep: int = 1  # expert-parallel degree: consecutive pipelines (cp fastest, as Megatron) split the experts
     zero: int = 0  # ZeRO level over each parameter's data-parallel group (``optimizer``): 0 replicated, 1 optimizer
     # state sharded (Megatron's distributed optimizer), 2 also gradients, 3 also parameters (FSDP)
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again for backward
@@ -184,6 +194,7 @@ def check(spec: RunSpec) -> None:
         raise ValueError("every replica must hold the same blocks on the same stages")
     _check_cp(spec)
     _check_chunks(spec)
+    _check_moe(spec)
     _check_zero(spec)
     if spec.recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute must be 'none', 'selective' or 'full'; got {spec.recompute!r}")
@@ -219,6 +230,38 @@ def check(spec: RunSpec) -> None:
                     )
                 if b.degree > min(cfg.heads, cfg.ffn, cfg.vocab):
                     raise ValueError(f"{b.name} degree {b.degree} exceeds the model's {cfg.heads} heads")
+                widths = (cfg.expert_ffn, *([cfg.shared_ffn] if cfg.shared_ffn else ()))
+                if b.kind == "layer" and cfg.is_moe(b.layer) and b.degree > min(widths):
+                    raise ValueError(f"{b.name} degree {b.degree} exceeds the expert widths {widths}")
+
+
+def _check_moe(spec: RunSpec) -> None:
+    cfg = spec.cfg
+    if cfg.moe_layers and (cfg.mlp != "swiglu" or cfg.bias):
+        raise ValueError(
+            "MoE layers run SwiGLU experts without biases; this config has a "
+            f"{cfg.mlp} MLP" + (" with biases" if cfg.bias else "")
+        )
+    if cfg.moe_layers and not (0 < cfg.top_k <= cfg.experts and cfg.expert_ffn >= 1):
+        raise ValueError(
+            f"MoE layers need 1 <= top_k({cfg.top_k}) <= experts({cfg.experts}) and expert_ffn({cfg.expert_ffn}) >= 1"
+        )
+    if any(not 0 <= i < cfg.layers for i in cfg.moe_layers):
+        raise ValueError(f"moe_layers {cfg.moe_layers} must be layer indices 0..{cfg.layers - 1}")
+    if spec.ep == 1:
+        return
+    pipelines = len(spec.replicas)
+    if not cfg.moe_layers or cfg.experts % spec.ep or pipelines % spec.ep:
+        raise ValueError(
+            f"ep({spec.ep}) needs MoE layers, experts({cfg.experts}) % ep = 0 and pipelines({pipelines}) "
+            f"= replicas x cp % ep = 0"
+        )
+    shape = lambda r: ([(st.width, [b.degree for b in st.blocks]) for st in r.stages], r.micro_batches)  # noqa: E731
+    if any(shape(r) != shape(spec.replicas[0]) for r in spec.replicas):
+        raise ValueError(
+            "expert parallelism beside replicas of different TP widths or batches (NTP) is not supported: "
+            "the all-to-all peers would hold different TP slices of their experts"
+        )
 
 
 def model_chunks(replica: ReplicaSpec) -> list[tuple[Block, ...]]:
@@ -315,7 +358,41 @@ def process_groups(spec: RunSpec) -> list[tuple[int, ...]]:
         for i in range(0, len(spec.replicas), spec.cp):
             for s, st in enumerate(spec.replicas[i].stages):
                 out.update(dict.fromkeys(spec.cp_group(i, s, local) for local in range(st.width)))
+    if spec.ep > 1:
+        for rep in spec.replicas:
+            for st in rep.stages:
+                for rank in st.ranks:
+                    out[ep_group(spec, rank)] = None
+                    out.update(dict.fromkeys(expert_dp_group(spec, rank, b.degree) for b in st.blocks))
     return list(out)
+
+
+def ep_group(spec: RunSpec, rank: int) -> tuple[int, ...]:
+    """The expert-parallel group of process ``rank``: the ranks at its position of its stage in
+    the ``ep`` consecutive pipelines of its group (pipelines are replica-major, cp rank fastest:
+    Megatron's "tp-cp-ep-dp-pp" takes ep consecutive ranks of the flattened cp x dp ranks), in
+    rank order: the i-th owns the i-th block of experts (``moe.local_experts``).
+
+    >>> st = lambda ranks: StageSpec(ranks, (Block("embed", -1, 2), Block("layer", 0, 2), Block("head", -1, 2)))
+    >>> cfg = TinyConfig(layers=1, experts=4, top_k=2, expert_ffn=8, moe_layers=(0,))
+    >>> spec = RunSpec(cfg, tuple(ReplicaSpec((st((2 * i, 2 * i + 1)),), 1) for i in range(4)), 2, 4, ep=2)
+    >>> ep_group(spec, 5), expert_dp_group(spec, 5, 2)
+    ((5, 7), (1, 5))
+    """
+    pipeline, s = spec.locate(rank)
+    local = spec.replicas[pipeline].stages[s].ranks.index(rank)
+    first = pipeline - pipeline % spec.ep
+    return tuple(sorted(spec.replicas[q].stages[s].ranks[local] for q in range(first, first + spec.ep)))
+
+
+def expert_dp_group(spec: RunSpec, rank: int, degree: int) -> tuple[int, ...]:
+    """Ranks that hold the same slice of the same experts as ``rank`` for a layer at ``degree``:
+    its TP rank in every copy of its stage, in every pipeline at its place in an EP group."""
+    pipeline, s = spec.locate(rank)
+    stage = spec.replicas[pipeline].stages[s]
+    _, j = stage.position(rank, degree)
+    peers = range(pipeline % spec.ep, len(spec.replicas), spec.ep)
+    return tuple(r for q in peers for r in spec.replicas[q].stages[s].copy_dp_groups(degree)[j])
 
 
 def dp_groups(spec: RunSpec, stage: int, block: int) -> tuple[tuple[int, ...], ...]:

@@ -28,9 +28,10 @@ from ntp_planner.executor.comm import (
     ScatterSeq,
 )
 from ntp_planner.executor.model import Reference, add_bias, block_params, normed
+from ntp_planner.executor.moe import EXPERT_KEYS, ExpertPlace, local_experts, rank_moe
 from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
-from ntp_planner.executor.spec import Block, RunSpec, StageSpec
+from ntp_planner.executor.spec import Block, RunSpec, StageSpec, ep_group
 from ntp_planner.executor.tp_slices import rank_attention, rank_mlp, rank_slice
 
 
@@ -70,15 +71,22 @@ class StageModel:
                 spec.replicas[replica].cp_rank,
             )
             self.context = (start, lambda t: AllGatherSeq.apply(t, *args, "cp"))
+        self.experts, self.aux_values, self._aux_scale = None, [], 0.0  # MoE layers (``moe``)
+        if self.cfg.moe_layers:
+            group = ep_group(spec, rank) if spec.ep > 1 else (rank,)
+            cp_ranks = spec.cp_group(replica, s, local) if spec.cp > 1 else (rank,)
+            self.experts = ExpertPlace(self.cfg, comm, group, group.index(rank), cp_ranks, spec.seq_len)
         full = dict(ref.named_parameters())
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
             copy, j = stage.position(rank, b.degree)
             per = spec.micro_batch * b.degree // stage.width
             params = {}
-            for key in block_params(self.cfg, b.kind):
+            for key in block_params(self.cfg, b.kind, b.layer):
                 name = f"{b.name}.{key}" if b.kind == "layer" else key
                 t = rank_slice(full[name], self.cfg, key, b.degree, j).detach()
+                if key in EXPERT_KEYS:  # this EP rank's experts
+                    t = t[local_experts(self.cfg, spec.ep, self.experts.ep_rank)].clone()
                 params[key] = t.to(device).requires_grad_(True)
             shards = layer_shards(self.cfg.heads, self.cfg.kv_heads, self.cfg.ffn, b.degree)
             self.blocks.append(
@@ -118,6 +126,7 @@ class StageModel:
         the token ids on the first stage. With ``chunk``, only that virtual chunk's blocks run
         (interleaving): the stream enters and leaves the chunk replicated on the whole stage."""
         blocks = self.blocks if chunk is None else self.chunk(chunk)
+        self._aux_scale = loss_scale  # MoE layers scale their load-balancing loss like the loss
         if self.sp:
             return self._forward_sp(x, targets, loss_scale, blocks)
         width, comm, ranks = self.stage.width, self.comm, self.stage.ranks
@@ -200,7 +209,7 @@ class StageModel:
         h = AllGatherSeq.apply(normed(x, p, "norm1"), *args, "tp")
         x = x + self._row_parallel(self._attention(bs, h), p, "o_bias", reduce)
         h = AllGatherSeq.apply(normed(x, p, "norm2"), *args, "tp")
-        return x + self._row_parallel(rank_mlp(h, p, self.cfg), p, "down_bias", reduce)
+        return x + self._row_parallel(self._mlp(bs, h, h, 1 / len(bs.tp_ranks)), p, "down_bias", reduce)
 
     def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows looked up (zeros for the others' tokens)."""
@@ -225,8 +234,22 @@ class StageModel:
         reduce = lambda t: ReduceFromTP.apply(t, comm, g)  # noqa: E731
         h = CopyToTP.apply(normed(x, p, "norm1"), comm, g)
         x = x + self._row_parallel(self._attention(bs, h), p, "o_bias", reduce)
-        h = CopyToTP.apply(normed(x, p, "norm2"), comm, g)
-        return x + self._row_parallel(rank_mlp(h, p, self.cfg), p, "down_bias", reduce)
+        route_in = normed(x, p, "norm2")
+        h = CopyToTP.apply(route_in, comm, g)
+        return x + self._row_parallel(self._mlp(bs, h, route_in, 1.0), p, "down_bias", reduce)
+
+    def _mlp(self, bs: BlockState, h: torch.Tensor, route_in: torch.Tensor, router_scale: float) -> torch.Tensor:
+        """This rank's partial MLP output: dense, or a mixture of experts (``moe.rank_moe``; the
+        load-balancing loss of each copy is reported by its TP rank 0)."""
+        if not self.cfg.is_moe(bs.block.layer):
+            return rank_mlp(h, bs.params, self.cfg)
+        sink = self.aux_values if bs.tp_rank == 0 else None
+        return rank_moe(h, route_in, bs.params, self.experts, bs.tp_ranks, router_scale, self._aux_scale, sink)
+
+    def take_aux(self) -> float:
+        """This rank's share of the load-balancing losses since the last call (scaled like the loss)."""
+        total, self.aux_values[:] = sum(self.aux_values), []
+        return total
 
     def _loss(self, bs: BlockState, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of the vocabulary-parallel LM head on the normed stream ``h``."""

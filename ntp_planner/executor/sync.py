@@ -11,6 +11,9 @@ whole batch (samples weight themselves), so every sync is a sum.
   rank sends only the rows another rank holds in the new layout, ``reshard``), core rank j < n
   all-reduces its slice 1:1 with core rank j of every other replica, the replica reshards the
   sum back to its own layout and copy 0 broadcasts it to the other copies.
+- Routed experts under expert parallelism (``moe``): TP rank j sums over its expert-data-parallel
+  group, TP rank j of every copy in every pipeline holding the same experts
+  (``spec.expert_dp_group``); the other EP ranks hold other experts.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from __future__ import annotations
 import torch
 
 from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.moe import EXPERT_KEYS
 from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.reshard import reshard_plan
-from ntp_planner.executor.spec import RunSpec, dp_groups
+from ntp_planner.executor.spec import RunSpec, dp_groups, expert_dp_group
 from ntp_planner.executor.stage import StageModel
 from ntp_planner.executor.tp_slices import cuts_kv_heads, param_index
 
@@ -59,7 +63,8 @@ def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, sha
             comm.all_reduce(p.grad, bs.tp_ranks)
         if len(set(degrees)) == 1:
             grad = _with_cut_kv_summed(cfg, key, bs, p.grad, comm, shapes[name])
-            p.grad = comm.all_reduce(grad.contiguous(), groups[j])
+            group = expert_dp_group(spec, comm.rank, t) if spec.ep > 1 and key in EXPERT_KEYS else groups[j]
+            p.grad = comm.all_reduce(grad.contiguous(), group)
             continue
         p.grad = _ntp_sync(model, spec, key, bs, p.grad, degrees, groups, comm, shapes[name])
     if planted("doubled-grad-copy1"):

@@ -36,7 +36,7 @@ from ntp_planner.executor.model import (
     normed,
     swiglu,
 )
-from ntp_planner.executor.ownership import LayerShards, layer_shards, vocab_shards
+from ntp_planner.executor.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 
 
 def head_rows(heads: tuple[int, ...], head_dim: int) -> list[int]:
@@ -68,6 +68,14 @@ CUTS = {
     "gate_bias": (0, "ffn"),
     "up_bias": (0, "ffn"),
     "down_bias": None,
+    # MoE layers (``moe``): experts cut along their width at the layer's degree, like the dense MLP
+    "router": None,
+    "expert_gate": (1, "expert_ffn"),
+    "expert_up": (1, "expert_ffn"),
+    "expert_down": (2, "expert_ffn"),
+    "shared_gate": (0, "shared_ffn"),
+    "shared_up": (0, "shared_ffn"),
+    "shared_down": (1, "shared_ffn"),
 }
 BLOCK_PARAMS = {  # Llama-style blocks (the default TinyConfig); ``block_params`` for any config
     "embed": ("embed",),
@@ -95,25 +103,13 @@ def param_index(cfg: TinyConfig, key: str, degree: int, tp_rank: int) -> tuple[i
     if what == "vocab":
         a, b = vocab_shards(cfg.vocab, degree)[tp_rank]
         return dim, list(range(a, b))
+    if what in ("expert_ffn", "shared_ffn"):
+        return dim, list(range(*contiguous(getattr(cfg, what), degree)[tp_rank]))
     sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
     if what == "ffn":
         return dim, list(range(*sh.ffn[tp_rank]))
     heads = sh.heads[tp_rank] if what == "heads" else sh.kv_heads[tp_rank]
     return dim, head_rows(heads, cfg.head_dim)
-
-
-def counted_once(cfg: TinyConfig, key: str, degree: int, tp_rank: int, device=None) -> torch.Tensor | float:
-    """Weight that makes each element count once when every TP rank's slice is summed into the
-    full tensor: replicated parameters by TP rank 0 only, a KV head cut by an uneven split by its
-    first owner (a column over the slice's rows)."""
-    if CUTS[key] is None:
-        return float(tp_rank == 0)
-    if not cuts_kv_heads(key):
-        return 1.0
-    sh = layer_shards(cfg.heads, cfg.kv_heads, cfg.ffn, degree)
-    first = [float(sh.kv_owners(kv)[0] == tp_rank) for kv in sh.kv_heads[tp_rank]]
-    rows = torch.tensor(first, device=device).repeat_interleave(cfg.head_dim)
-    return rows if key.endswith("_bias") else rows[:, None]
 
 
 def rank_slice(full: torch.Tensor, cfg: TinyConfig, key: str, degree: int, rank: int) -> torch.Tensor:

@@ -5,7 +5,11 @@ block, with the stage's collectives replaced by ``LocalComm`` (same shapes, no w
 timed is the executor's code (``tp_slices.rank_attention`` / ``rank_mlp``, the vocabulary-parallel
 lookup, the LM head with its full-vocabulary cross-entropy) on TP rank 0, which holds the largest
 shard when a degree splits the heads unevenly. The weights are made at the shard's shape directly
-(``tp_slices.param_index`` gives it), so a 70B layer never allocates the whole model.
+(``tp_slices.param_index`` gives it), so a 70B layer never allocates the whole model. An MoE layer
+runs ``moe.rank_moe`` with every expert on the rank (ep 1: no all-to-all, which ``collectives``
+times; the expert rows a rank computes, tokens x top-k, are the same under any ep with balanced
+routing). A shape names no shared expert (``BlockShape`` has no width for it): a model's shared
+expert is not in the measured time.
 
 Backward is autograd's backward of the block's output with a random upstream gradient (the
 loss itself for the LM head), timed on its own after an untimed forward.
@@ -19,10 +23,12 @@ import torch
 
 from cost_models.profile import BlockShape, BlockTime
 from ntp_planner.executor.comm import AllGatherSeq
+from ntp_planner.executor.model import block_params
+from ntp_planner.executor.moe import ExpertPlace
 from ntp_planner.executor.ownership import contiguous, layer_shards
 from ntp_planner.executor.spec import Block, TinyConfig, make_spec
 from ntp_planner.executor.stage import BlockState, StageModel
-from ntp_planner.executor.tp_slices import BLOCK_PARAMS, param_index
+from ntp_planner.executor.tp_slices import param_index
 from ntp_planner.profiler.local_comm import LocalComm
 from ntp_planner.profiler.timing import median_time, threads
 from topologies.errors import InputError
@@ -30,8 +36,8 @@ from topologies.errors import InputError
 BlockRequest = tuple[BlockShape, int]  # (shape, micro-batch)
 
 # profile kind -> executor kind; kinds missing here are not run (the reason is in SKIPPED)
-EXECUTOR_KIND = {"embedding": "embed", "layer": "layer", "head": "head"}
-SKIPPED = {"moe_layer": "MoE layers were not measured: the executor has no MoE layer yet"}
+EXECUTOR_KIND = {"embedding": "embed", "layer": "layer", "moe_layer": "layer", "head": "head"}
+SKIPPED: dict[str, str] = {}
 
 
 def tiny_config(shape: BlockShape) -> TinyConfig:
@@ -46,9 +52,15 @@ def tiny_config(shape: BlockShape) -> TinyConfig:
         raise InputError(f"heads ({shape.heads}) must be a multiple of kv_heads ({shape.kv_heads})")
     if shape.tp > min(shape.heads, shape.ffn, shape.vocab):
         raise InputError(f"TP degree {shape.tp} exceeds the model's {shape.heads} heads")
-    return TinyConfig(
-        vocab=shape.vocab, hidden=shape.hidden, layers=1, heads=shape.heads, kv_heads=shape.kv_heads, ffn=shape.ffn
+    moe = (
+        {"experts": shape.experts, "top_k": shape.top_k, "expert_ffn": shape.ffn, "moe_layers": (0,)}
+        if shape.kind == "moe_layer"
+        else {}
     )
+    return TinyConfig(
+        vocab=shape.vocab, hidden=shape.hidden, layers=1, heads=shape.heads, kv_heads=shape.kv_heads, ffn=shape.ffn,
+        **moe,
+    )  # fmt: skip
 
 
 def _full_shapes(cfg: TinyConfig) -> dict[str, tuple[int, ...]]:
@@ -56,7 +68,8 @@ def _full_shapes(cfg: TinyConfig) -> dict[str, tuple[int, ...]]:
     return {
         "embed": (cfg.vocab, h), "head": (cfg.vocab, h), "norm": (h,), "norm1": (h,), "norm2": (h,),
         "q": (q, h), "k": (kv, h), "v": (kv, h), "o": (h, q), "gate": (cfg.ffn, h), "up": (cfg.ffn, h),
-        "down": (h, cfg.ffn),
+        "down": (h, cfg.ffn), "router": (cfg.experts, h), "expert_gate": (cfg.experts, cfg.expert_ffn, h),
+        "expert_up": (cfg.experts, cfg.expert_ffn, h), "expert_down": (cfg.experts, h, cfg.expert_ffn),
     }  # fmt: skip
 
 
@@ -64,7 +77,7 @@ def shard_params(cfg: TinyConfig, kind: str, tp: int, device, dtype, gen: torch.
     """TP rank 0's parameters of one block at degree ``tp``, random (norm weights one), as leaves."""
     full = _full_shapes(cfg)
     out = {}
-    for key in BLOCK_PARAMS[kind]:
+    for key in block_params(cfg, kind, 0 if kind == "layer" else -1):
         shape = list(full[key])
         idx = param_index(cfg, key, tp, 0)
         if idx is not None:
@@ -88,6 +101,9 @@ def block_stage(shape: BlockShape, micro_batch: int, device, dtype, gen: torch.G
     model = StageModel.__new__(StageModel)
     model.spec, model.stage, model.comm, model.cfg = spec, stage, LocalComm(), cfg
     model.sp, model.context, model.sp_args = False, None, None
+    model.experts, model.aux_values, model._aux_scale = None, [], 1.0
+    if cfg.moe_layers:
+        model.experts = ExpertPlace(cfg, model.comm, (0,), 0, (0,), shape.seq_len * cp)
     if cp > 1:  # the last chunk's queries against every chunk's keys, gathered by LocalComm
         bounds = contiguous(shape.seq_len * cp, cp)
         group = tuple(range(cp))
@@ -122,8 +138,8 @@ def measure_blocks(
     tick: Callable[[str], None] | None = None,
 ) -> list[BlockTime]:
     """Median forward and backward seconds of each (shape, micro-batch) as the executor runs it
-    on TP rank 0 of degree ``shape.tp``, communication excluded. Kinds in ``SKIPPED`` (MoE) are
-    left out. ``threads_per_rank``: torch's intra-op threads while measuring (None: as they are;
+    on TP rank 0 of degree ``shape.tp``, communication excluded. Kinds in ``SKIPPED`` (none now)
+    are left out. ``threads_per_rank``: torch's intra-op threads while measuring (None: as they are;
     the executor's ranks run with 1). ``tick(label)`` is called after each request."""
     device = torch.device(device)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype

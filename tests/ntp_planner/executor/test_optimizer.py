@@ -143,3 +143,11 @@ def test_zero3_needs_one_degree_and_equal_micro_batches():
         make_spec(CFG, [[4, 4, 4, 4]], [([4], 2), ([3], 2)], 2, 8, zero=3)
     with pytest.raises(ValueError, match=r"equal micro-batches; got \[2, 3\]"):
         make_spec(CFG, [[2, 2, 2, 2]], [([2], 3), ([2], 2)], 2, 8, zero=3)
+
+
+@pytest.mark.timeout(180)
+def test_zero3_with_expert_parallelism_shards_experts_over_their_own_group():
+    # 4 replicas, ep 2: routed experts are gathered and reduce-scattered over the pipelines holding
+    # the same experts (replicas 0 and 2, 1 and 3), dense parameters over all four
+    moe = TinyConfig(layers=2, experts=4, top_k=2, expert_ffn=12, moe_layers=(0, 1), shared_ffn=8)
+    exact(launch(make_spec(moe, [[1, 1, 1, 1]], [([1], 2)] * 4, 2, 8, dtype="float64", ep=2, zero=3), timeout_s=120))

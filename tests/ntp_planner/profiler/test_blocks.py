@@ -61,15 +61,23 @@ def test_degree_3_shard_holds_rank_0s_slice_and_its_partial_output():
     assert tuple(vocab.blocks[0].params["head"].shape) == (22, 32)  # 64 rows: 22, 21, 21
 
 
-def test_measures_every_kind_but_moe_fast_and_forward_and_backward_positive():
+def test_degree_1_moe_layer_equals_the_reference_layer():
+    s = shape("moe_layer", experts=4, top_k=2, ffn=12)
+    ref = Reference(tiny_config(s), seed=3)
+    model = block_stage(s, 2, CPU, torch.float32, torch.Generator().manual_seed(0))
+    _load_reference(model, ref, 1)
+    x = torch.randn(2, 8, 32)
+    torch.testing.assert_close(model.forward(x, None, 1.0), ref.layer_forward(ref.layers[0], x))
+    assert tuple(model.blocks[0].params["expert_gate"].shape) == (4, 12, 32)  # every expert, ep 1
+
+
+def test_measures_every_kind_fast_and_forward_and_backward_positive():
     requests = [(shape(k, tp), b) for k in ("embedding", "layer", "head", "moe_layer") for tp in (1, 2) for b in (1, 4)]
     requests = [
         (s.model_copy(update={"experts": 4, "top_k": 2}) if s.kind == "moe_layer" else s, b) for s, b in requests
     ]
     got = measure_blocks(requests, "cpu", "float32", reps=3, threads_per_rank=1)
-    assert [(b.shape.kind, b.shape.tp, b.micro_batch) for b in got] == [
-        (s.kind, s.tp, b) for s, b in requests if s.kind != "moe_layer"
-    ]
+    assert [(b.shape.kind, b.shape.tp, b.micro_batch) for b in got] == [(s.kind, s.tp, b) for s, b in requests]
     assert all(b.fwd_s > 0 and b.bwd_s > 0 and b.samples == 3 for b in got)
     assert sum(b.fwd_s + b.bwd_s for b in got) < 1.0  # tiny shapes: ntp validate measures them in-process
 
