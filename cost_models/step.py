@@ -205,6 +205,10 @@ def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
             if sharded:
                 reduce_s += env.coll("reduce_scatter", nparams * training.grad_bytes, links)
                 gather_s += env.coll("all_gather", nparams * weight_bytes, links)
+                if env.executor:  # one reduce-scatter and one all-gather per parameter tensor (executor.optimizer)
+                    calls = n * EXECUTOR_TENSORS.get(block if block in (EMBED, HEAD) else "layer")
+                    reduce_s += (calls - 1) * env.coll("reduce_scatter", 0.0, links)
+                    gather_s += (calls - 1) * env.coll("all_gather", 0.0, links)
             elif env.executor:  # one all-reduce per parameter tensor, n blocks of them
                 calls = n * EXECUTOR_TENSORS.get(block if block in (EMBED, HEAD) else "layer")
                 reduce_s += env.coll("all_reduce", nparams * training.grad_bytes, links)

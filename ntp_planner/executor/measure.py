@@ -8,7 +8,9 @@ Compute is the rest: step time minus all of these.
 Memory, by tensor accounting (exact on CPU): the bytes of the parameters a rank holds, of their
 ``.grad``, of AdamW's ``exp_avg`` and ``exp_avg_sq`` (its per-tensor ``step`` counters, 4 bytes
 each, are not counted: the cost model has none, and on GPU they live on the host), and the
-activations saved for backward that are alive at once (``ActivationMeter``). On CUDA, also
+activations saved for backward that are alive at once (``ActivationMeter``). Under ZeRO or bf16
+the sharded optimizer counts what it holds (``optimizer.ShardedOptimizer.held_bytes``); under
+ZeRO-3 the gathered parameters saved for backward count as activations. On CUDA, also
 ``torch.cuda.max_memory_allocated`` over the steady steps.
 
 At the end of the run every rank puts its numbers in its row of one float64 matrix that one
@@ -145,10 +147,15 @@ def _nbytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def rank_memory(params: list[torch.Tensor], opt: torch.optim.Optimizer, meter: ActivationMeter, device) -> list[float]:
-    """This rank's bytes in ``MEMORY`` order (cuda_max_allocated -1 off CUDA), after a step."""
-    moments = [s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq") if k in s]
+def rank_memory(params: list[torch.Tensor], opt, meter: ActivationMeter, device, sharded=None) -> list[float]:
+    """This rank's bytes in ``MEMORY`` order (cuda_max_allocated -1 off CUDA), after a step.
+    ``sharded`` (an ``optimizer.ShardedOptimizer``) counts what it holds: 1/n of the optimizer
+    state under ZeRO-1, of the gradients too under ZeRO-2, of the weights too under ZeRO-3, fp32
+    master weights (optimizer) and gradient buffers (grads) under mixed precision."""
     cuda = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1
+    if sharded is not None:
+        return [*sharded.held_bytes(), meter.peak_bytes, cuda]
+    moments = [s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq") if k in s]
     return [_nbytes(params), _nbytes(p.grad for p in params), _nbytes(moments), meter.peak_bytes, cuda]
 
 

@@ -143,6 +143,8 @@ def _layout(spec: RunSpec, widths: tuple[int, ...], micro_batches: int, dp: int,
         chunk_layers=counts if spec.pp > 1 else None,
         layer_tp=degrees if len(set(degrees)) > 1 else None,
         ep=spec.ep if healthy else 1,
+        zero=spec.zero,
+        reshard_after_forward=spec.reshard_after_forward,
     )
 
 
@@ -167,7 +169,7 @@ def run_envs(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterS
             seq_len=spec.seq_len,
             global_batch=lay.global_batch,
             grad_reduce_in_fp32=True,
-            distributed_optimizer=False,
+            distributed_optimizer=spec.zero >= 1,
             fused_cross_entropy=False,
         )
         local = host_cluster(cluster, lay.world_size)
@@ -211,7 +213,7 @@ def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: Clust
         step_time_s=sum(split.values()),
         time_split_s=split,
         stage_busy_s=busy,
-        memory_bytes=_memory(healthy_env, stages, profile),
+        memory_bytes=_memory(healthy_env, stages, profile, spec),
         compute_s=compute,
         comm_s=comm,
         overhead_s=breakdown["overhead"],
@@ -230,29 +232,32 @@ def _by_scaling(b: dict[str, float]) -> tuple[float, float]:
     return compute + b["optimizer"] + share * bubble, comm + b["dp_comm_exposed"] + (1 - share) * bubble
 
 
-def _memory(env, stages, profile: Profile) -> list[dict[str, float]]:
-    """Per stage, the cost model's memory in the executor's element size: weights and gradients
-    one element per parameter (the vocabulary unpadded: the executor does not pad it), AdamW's two
-    moments two (no separate master copy: the weights are the profile's dtype), and the cost
-    model's activation bytes rescaled from 16-bit elements."""
+def _memory(env, stages, profile: Profile, spec: RunSpec) -> list[dict[str, float]]:
+    """Per stage, the cost model's memory in the executor's element sizes: per parameter (the
+    vocabulary unpadded: the executor does not pad it) a weight of the profile's dtype, a
+    gradient of the same (fp32 under bf16 mixed precision: Megatron's main_grad), AdamW's two
+    moments (plus the fp32 master weight under mixed precision; in float32/float64 the weights
+    are their own masters); under ZeRO-N the states are divided by each block's data-parallel
+    group (in-stage copies x dp x cp) as ``cost_models.memory.state_bytes`` does: the optimizer
+    from ZeRO-1, gradients from ZeRO-2, weights at ZeRO-3. The cost model's activation bytes are
+    rescaled from 16-bit elements. The executor pads every tensor's flattened slice to a
+    multiple of the group, so its fullest rank may hold up to one element more per tensor."""
     from cost_models.blocks import DTYPE_BYTES, EMBED, HEAD
     from cost_models.flops import padded_vocab
 
-    elem, m = DTYPE_BYTES[profile.dtype], env.model
+    elem, m, zero = DTYPE_BYTES[profile.dtype], env.model, spec.zero
+    grad, opt = (4, 12) if spec.dtype == "bfloat16" else (elem, 2 * elem)
     out = []
-    for i, (st, parts) in enumerate(zip(stages, stage_memory(env, stages), strict=True)):
-        pad = sum(
-            n * (padded_vocab(m, t) - m.vocab_size) * m.hidden_size / t
-            for block, t, n in stage_runs(m, env.layout, i)
-            if block in (EMBED, HEAD)
-        )
-        params = st.params - pad
-        out.append(
-            {
-                "weights": params * elem,
-                "grads": params * elem,
-                "optimizer": 2 * params * elem,
-                "activations": parts["activations"] * elem / 2,
-            }
-        )
+    for i, parts in enumerate(stage_memory(env, stages)):
+        held = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0}
+        for block, t, n in stage_runs(m, env.layout, i):
+            f = env.block_facts(block, t)
+            params = n * (f.dense + f.expert)
+            if block in (EMBED, HEAD):
+                params -= n * (padded_vocab(m, t) - m.vocab_size) * m.hidden_size / t
+            d = env.degree(t).dp_ranks
+            held["weights"] += params * elem / (d if zero >= 3 else 1)
+            held["grads"] += params * grad / (d if zero >= 2 else 1)
+            held["optimizer"] += params * opt / (d if zero >= 1 else 1)
+        out.append({**held, "activations": parts["activations"] * elem / 2})
     return out

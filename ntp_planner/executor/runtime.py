@@ -1,6 +1,7 @@
 """One rank's training loop, and the single-process reference it is compared with.
 
-Each step: 1F1B over the replica's micro-batches, gradient sync (``sync``), AdamW, timed and
+Each step: 1F1B over the replica's micro-batches, gradient sync (``sync``), AdamW (or, under ZeRO
+or bf16, ``optimizer``'s reduce-scatter, sharded AdamW and all-gather), timed and
 its memory counted by ``measure`` (the instrumentation only watches: the math is unchanged). The loss of a
 micro-batch is summed over its tokens and scaled by 1 / (tokens in the whole step), so summed
 gradients are the gradient of the batch mean and replicas of different local batches weigh by
@@ -22,12 +23,18 @@ from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.holders import holdings
 from ntp_planner.executor.measure import ActivationMeter, StepClock, gather_rows, rank_memory
 from ntp_planner.executor.model import Reference
+from ntp_planner.executor.optimizer import (
+    ADAMW,
+    MASTER_DTYPE,
+    ShardedOptimizer,
+    default_dtype,
+    mixed_reference,
+    uses_engine,
+)
 from ntp_planner.executor.schedule import one_f_one_b
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.stage import StageModel
 from ntp_planner.executor.sync import sync_gradients
-
-ADAMW = {"weight_decay": 0.01}
 
 
 def loss_scale(spec: RunSpec, replica: int) -> float:
@@ -55,7 +62,7 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     and memory (``measure``) to ``out_file``. ``progress[3 * rank]`` holds the step this rank has entered
     (then ``Comm`` its collectives)."""
     torch.set_num_threads(1)
-    torch.set_default_dtype(getattr(torch, spec.dtype))
+    torch.set_default_dtype(default_dtype(spec))
     device = torch.device("cpu")
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", rank))  # torchrun sets it per host
@@ -70,8 +77,9 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     shapes = {k: v.shape for k, v in ref.named_parameters()}
     model = StageModel(spec, spec.replicas[replica].stages[s], rank, ref, comm, device)
     tokens, targets = (t.to(device) for t in synthetic_batch(spec))
+    engine = ShardedOptimizer(spec, model, ref, comm) if uses_engine(spec) else None
     weights = [t for *_, t in model.named_parameters()]
-    opt = torch.optim.AdamW(weights, lr=spec.lr, **ADAMW)
+    opt = engine or torch.optim.AdamW(weights, lr=spec.lr, **ADAMW)
     scale = loss_scale(spec, replica)
     clock, meter = StepClock(comm), ActivationMeter([*weights, tokens, targets])
     losses = []
@@ -90,18 +98,27 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
             share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens, targets), scale)
             share += model.take_aux()  # MoE layers' load-balancing loss, part of the loss
         with comm.category("dp"):
-            sync_gradients(model, spec, s, comm, shapes)
+            engine.reduce() if engine else sync_gradients(model, spec, s, comm, shapes)
         if step == 0:
             with clock.excluded():
-                first_grads = [p.grad.detach().cpu().clone() for p in weights]
+                if engine:  # the synced gradient, rebuilt from the shards
+                    synced = engine.synced_grads()
+                    first_grads = [synced(name).detach().cpu().clone() for name, *_ in model.named_parameters()]
+                else:
+                    first_grads = [p.grad.detach().cpu().clone() for p in weights]
         with clock.optimizer():
             opt.step()
+        if engine:
+            with comm.category("dp"):
+                engine.gather()
         if device.type == "cuda":
             torch.cuda.synchronize()
         clock.stop()
         losses.append(comm.world_reduce(torch.tensor([share], device=device)).item())
+    if engine:
+        engine.materialize()
     held = comm.gather_objects(holdings(model, spec, rank, first_grads))
-    row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device)
+    row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device, engine)
     stats = gather_rows(comm, row, rank, spec.world_size, device)
     if rank == 0:
         holders = [h for rank_held in held for h in rank_held]
@@ -113,9 +130,9 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
 def reference_run(spec: RunSpec) -> dict:
     """The same training in one process on the whole batch (mean over its tokens)."""
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, spec.dtype))
+    torch.set_default_dtype(default_dtype(spec))
     try:
-        return _reference(spec)
+        return mixed_reference(spec) if spec.dtype in MASTER_DTYPE else _reference(spec)
     finally:
         torch.set_default_dtype(previous)
 

@@ -147,7 +147,10 @@ def shrink(
         max_positions=seq_len,
         **_experts(model, modulus, w, ep, tuple(moe_layers)),
     )
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc, ep) + cut
+    # ZeRO-3 gathers every micro-batch over the replicas: they must hold each block alike, as often
+    uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
+    zero = 2 if lay.zero == 3 and not uniform else lay.zero
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc, ep, zero) + cut
     spec = make_spec(
         cfg,
         chunk_degrees,
@@ -163,6 +166,8 @@ def shrink(
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
         ep=ep,
+        zero=zero,
+        reshard_after_forward=lay.reshard_after_forward if zero == 3 else True,
     )
     ranks, grid = [], lay.rank_grid
     gpus = plan.placement if replan is None else replan.rank_to_gpu
@@ -321,7 +326,9 @@ def _moe_notes(model, lay, cfg, picks, cp: int, ep: int) -> tuple[list[str], lis
     return [kept], skipped
 
 
-def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp=1, nproc=None, ep=1) -> list[str]:
+def _notes(
+    plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp=1, nproc=None, ep=1, zero=None
+) -> list[str]:
     lay, model = plan.layout, plan.model
     notes = [
         f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per "
@@ -359,7 +366,11 @@ def _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp
             "sequences of its share of the micro-batch, so the executor splits sequences only where every block "
             "runs at the stage width)"
         ]
-    skipped += [f"ZeRO-{lay.zero} sharding of the model state (replicated AdamW, the same math)"] if lay.zero else []
+    if zero is not None and zero != lay.zero:
+        skipped += [
+            f"ZeRO-{lay.zero}'s per-micro-batch parameter gathers between replicas of different TP degrees or "
+            f"micro-batches (run as ZeRO-{zero}: the same sharded optimizer state and gradients)"
+        ]
     skipped += ["tied input and output embeddings (run as two matrices)"] if model.tie_embeddings else []
     skipped += [f"dropout {model.dropout:g} (off: the check is deterministic)"] if model.dropout else []
     if skipped:

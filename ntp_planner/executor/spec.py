@@ -136,6 +136,9 @@ class RunSpec:
     notes: tuple[str, ...] = field(default=())  # how the run differs from the plan it stands for
     vpp: int = 1  # virtual chunks per stage: > 1 runs Megatron's interleaved 1F1B (``interleave``)
     ep: int = 1  # expert-parallel degree: consecutive pipelines (cp fastest, as Megatron) split the experts
+    zero: int = 0  # ZeRO level over each parameter's data-parallel group (``optimizer``): 0 replicated, 1 optimizer
+    # state sharded (Megatron's distributed optimizer), 2 also gradients, 3 also parameters (FSDP)
+    reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again for backward
 
     def __post_init__(self):
         check(self)
@@ -192,6 +195,7 @@ def check(spec: RunSpec) -> None:
     _check_cp(spec)
     _check_chunks(spec)
     _check_moe(spec)
+    _check_zero(spec)
     if spec.recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute must be 'none', 'selective' or 'full'; got {spec.recompute!r}")
     if cfg.positions == "learned" and spec.seq_len > cfg.max_positions:
@@ -312,6 +316,28 @@ def _check_cp(spec: RunSpec) -> None:
                 f"sequence parallelism gives each of {widest} ranks a piece of a {shortest}-token chunk; "
                 "lengthen the sequence"
             )
+
+
+DTYPES = ("float32", "float64", "bfloat16")  # bfloat16: fp32 master weights and gradients (``optimizer``)
+
+
+def _check_zero(spec: RunSpec) -> None:
+    if spec.dtype not in DTYPES:
+        raise ValueError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
+    if spec.zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero {spec.zero} is not a ZeRO level (0, 1, 2 or 3)")
+    if not spec.reshard_after_forward and spec.zero < 3:
+        raise ValueError(f"keeping gathered parameters after forward needs zero 3 (this run is zero {spec.zero})")
+    if spec.zero < 3:
+        return
+    degrees = {tuple(b.degree for st in rep.stages for b in st.blocks) for rep in spec.replicas}
+    micro = sorted({rep.micro_batches for rep in spec.replicas})
+    if len(degrees) > 1:
+        raise ValueError("ZeRO-3 needs every replica to run each block at one TP degree (no NTP); use zero 2 or less")
+    if len(micro) > 1:
+        raise ValueError(
+            f"ZeRO-3 gathers parameters for every micro-batch, so replicas need equal micro-batches; got {micro}"
+        )
 
 
 def process_groups(spec: RunSpec) -> list[tuple[int, ...]]:

@@ -49,6 +49,8 @@ class BlockState:
 class StageModel:
     """This rank's blocks of its stage, sliced from the reference model."""
 
+    around = None  # ZeRO-2/3 (``fsdp.BlockShards``): gathers a block's parameters, reduce-scatters gradients
+
     def __init__(self, spec: RunSpec, stage: StageSpec, rank: int, ref: Reference, comm: Comm, device):
         self.spec, self.stage, self.comm, self.cfg = spec, stage, comm, spec.cfg
         # sequence parallelism where every block runs at the stage width (Megatron's case);
@@ -144,14 +146,15 @@ class StageModel:
                         else EnterCopies.apply(x, comm, ranks, bs.rows, bs.tp_rank == 0)
                     )
                     current = bs
+            self._enter(bs)
             if bs.block.kind == "embed":
-                x = self._embed(bs, x)
+                x = self._leave(bs, self._embed(bs, x))
             elif bs.block.kind == "layer":
-                x = self._run(self._layer, bs, x)
+                x = self._leave(bs, self._run(self._layer, bs, x))
             else:
                 rows = bs.rows if current is not None else slice(None)
                 h = CopyToTP.apply(normed(x, bs.params, "norm"), self.comm, bs.tp_ranks)
-                return self._loss(bs, h, targets[rows]) * loss_scale
+                return self._leave(bs, self._loss(bs, h, targets[rows]) * loss_scale)
         if current is not None:
             x = ExitCopies.apply(x, comm, ranks, current.rows, total, current.tp_rank == 0)
         return x
@@ -161,18 +164,27 @@ class StageModel:
         before column-parallel layers, reduce-scatter after row-parallel ones."""
         args = self.sp_args
         for i, bs in enumerate(blocks):
+            self._enter(bs)
             if bs.block.kind == "embed":
                 x = ReduceScatterSeq.apply(self._embed_partial(bs, x), *args)
-                x = self._positions(bs, x, args[2][args[3]][0])  # this rank's piece of the sequence
+                x = self._leave(bs, self._positions(bs, x, args[2][args[3]][0]))  # this rank's piece of the sequence
                 continue
             if i == 0:
                 x = ScatterSeq.apply(x, *args)
             if bs.block.kind == "layer":
-                x = self._run(self._layer_sp, bs, x)
+                x = self._leave(bs, self._run(self._layer_sp, bs, x))
             else:
                 h = AllGatherSeq.apply(normed(x, bs.params, "norm"), *args, "tp")
-                return self._loss(bs, h, targets) * loss_scale
+                return self._leave(bs, self._loss(bs, h, targets) * loss_scale)
         return GatherSeq.apply(x, *args)
+
+    def _enter(self, bs: BlockState) -> None:
+        if self.around is not None:
+            self.around.enter(bs)
+
+    def _leave(self, bs: BlockState, y: torch.Tensor) -> torch.Tensor:
+        """The block's output (ZeRO-3: its parameters freed, to be gathered again for backward)."""
+        return y if self.around is None else self.around.leave(bs, y)
 
     def _run(self, layer, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
         """One layer, its activations recomputed in backward under full recompute."""

@@ -161,3 +161,40 @@ def test_plan_and_explain_from_a_profile_never_import_torch(files):
     notes, imported = out.stdout.strip().splitlines()[-2:]
     assert imported == "False"
     assert "not profiled: analytical compute" in notes  # the hand-made profile has no llama3-8b blocks
+
+
+@pytest.mark.parametrize(
+    ("zero", "dtype", "held"),
+    [
+        # TP2 x DP2 of the test model: 9,376 parameters per rank (test_optimizer's TP2_PARAMS), each
+        # state divided by the 2 replicas from its ZeRO level on: the bytes the runs measure there
+        (0, "float64", (75008, 75008, 150016)),
+        (1, "float64", (75008, 75008, 75008)),
+        (2, "float64", (75008, 37504, 75008)),
+        (3, "float64", (37504, 37504, 75008)),
+        (1, "bfloat16", (2 * 9376, 4 * 9376, 12 * 9376 // 2)),  # Megatron's 2 + 4 + 12 / d
+    ],
+)
+def test_predicted_model_state_follows_the_zero_level(zero, dtype, held):
+    from ntp_planner.executor.predict import predict_run
+    from ntp_planner.executor.spec import TinyConfig, make_spec
+    from ntp_planner.profiler.cluster import local_cluster
+
+    profile = cpu_profile().model_copy(update={"dtype": dtype})
+    spec = make_spec(TinyConfig(), [[2, 2, 2, 2]], [([2], 2), ([2], 2)], 2, 8, dtype=dtype, zero=zero)
+    (stage,) = predict_run(spec, "llama3-8b", profile, local_cluster(profile)).memory_bytes
+    assert (stage["weights"], stage["grads"], stage["optimizer"]) == held
+
+
+def test_predicted_sharded_sync_is_a_reduce_scatter_and_an_all_gather_per_tensor():
+    from ntp_planner.executor.predict import predict_run
+    from ntp_planner.executor.spec import TinyConfig, make_spec
+    from ntp_planner.profiler.cluster import local_cluster
+
+    # TP2 x DP2, ZeRO-1: a rank holds 21 parameter tensors (embedding; 9 per layer; final norm and
+    # LM head), each reduce-scattered and all-gathered once per step: 42 calls of 0.2 ms, plus
+    # 9,376 x 4 bytes each way at 1 GB/s (less than one more call)
+    profile = cpu_profile()
+    spec = make_spec(TinyConfig(), [[2, 2, 2, 2]], [([2], 2), ([2], 2)], 2, 8, zero=1)
+    dp_sync = predict_run(spec, "llama3-8b", profile, local_cluster(profile)).time_split_s["dp_sync"]
+    assert 42 * 2e-4 < dp_sync < 43 * 2e-4

@@ -180,3 +180,22 @@ def test_a_gpt_or_nemotron_plan_keeps_its_blocks_and_selective_recompute(name, s
     assert (shrunk.family, shrunk.gated_mlp, shrunk.norm, shrunk.position, shrunk.bias) == (
         plan.model.family, False, "layernorm", style["positions"], style["bias"]
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_the_plans_zero_level_is_kept(zero):
+    lay = ParallelLayout(tp=8, dp=4, global_batch=64, zero=zero, reshard_after_forward=zero != 3)
+    plan = plan_from_layout(
+        MODELS["llama3-8b"],
+        TrainingSpec(seq_len=2048, global_batch=64),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=32),
+        lay,
+    )
+    s = shrink(plan, nproc=16)
+    assert (s.spec.zero, s.spec.reshard_after_forward) == (zero, zero != 3)
+    assert not [n for n in s.spec.notes if "ZeRO" in n]  # nothing about it left unexecuted
+    if zero == 3:  # a re-plan's degraded replica runs at another degree: its gathers cannot pair up
+        replanned = shrink(plan, nproc=16, replan=Replanner(plan).replan(frozenset({3}), "ntp"))
+        assert replanned.spec.zero == 2
+        notes = replanned.spec.notes
+        assert any("ZeRO-3's per-micro-batch parameter gathers" in n and "run as ZeRO-2" in n for n in notes)
