@@ -22,6 +22,8 @@ positions, enough for a 16-id vocabulary; cut at degree 3 it has boundaries at 6
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ntp_planner.executor.ownership import vocab_shards
@@ -39,8 +41,19 @@ def covers_vocabulary(spec: RunSpec) -> bool:
 
 
 def covering_seq_len(spec: RunSpec) -> int:
-    """The shortest sequence with which the batch covers the vocabulary (the same sequences)."""
-    return -(-spec.cfg.vocab // spec.total_sequences) + 1
+    """The shortest sequence with which the batch covers the vocabulary (the same sequences),
+    rounded up to a length the cost model also accepts for the run (``validate --profile``
+    predicts it): a multiple of 2 cp under context parallelism, and of cp x the widest stage
+    under sequence parallelism.
+
+    >>> from ntp_planner.executor.spec import TinyConfig, make_spec
+    >>> covering_seq_len(make_spec(TinyConfig(vocab=64), [[2, 2, 2, 2]], [([2], 2)], 1, 8, sequence_parallel=True))
+    34
+    """
+    need = -(-spec.cfg.vocab // spec.total_sequences) + 1
+    widest = max(st.width for rep in spec.replicas for st in rep.stages)
+    unit = math.lcm(2 * spec.cp if spec.cp > 1 else 1, spec.cp * widest if spec.sequence_parallel else 1)
+    return -(-need // unit) * unit
 
 
 def boundary_ids(spec: RunSpec) -> list[int]:

@@ -75,11 +75,14 @@ def test_validate_reports_predicted_and_measured_step_time_and_records_them(file
     assert data["step_time_error"] == pytest.approx((predicted - measured) / measured, rel=1e-12)
     split = data["time_split_s"]
     # TP by hand: the shrunk run is one TP2 replica (sequence parallel), 2 layers, 2 micro-batches of one
-    # 8-token sequence, hidden 32 heads x 4 = 128, vocabulary 64, float32. Per micro-batch, every call costs
-    # 0.2 ms + bytes / 1 GB/s: each layer 4 all-gathers and 4 reduce-scatters of the 4 KiB activation, the
-    # embedding one of each, the head one of each and an all-gather of the 2 KiB logits.
-    call = 2e-4 + 4 * 8 * 128 / 1e9
-    assert split["tp_comm"]["predicted"] == pytest.approx(2 * ((2 * 8 + 2 + 2) * call + 2e-4 + 4 * 8 * 64 / 1e9))
+    # sequence (34 tokens: the batch holds each of the 64 vocabulary ids, on a length TP2 divides), hidden
+    # 32 heads x 4 = 128, vocabulary 64, float32. Per micro-batch, every call costs 0.2 ms + bytes / 1 GB/s:
+    # each layer 4 all-gathers and 4 reduce-scatters of the activation, the embedding one of each, the head
+    # one of each and an all-gather of the logits.
+    seq = data["seq_len"]
+    assert seq == 34
+    call = 2e-4 + 4 * seq * 128 / 1e9
+    assert split["tp_comm"]["predicted"] == pytest.approx(2 * ((2 * 8 + 2 + 2) * call + 2e-4 + 4 * seq * 64 / 1e9))
     assert split["tp_comm"]["predicted"] > 0 and split["tp_comm"]["measured"] > 0  # TP2: both sides communicate
     assert data["steps"] == 8  # --profile times 8 steps unless told otherwise
     # the shrunk model's blocks were measured on the spot: no block is analytical
