@@ -27,7 +27,8 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -m "not slow"
 
-# the slowest multi-process cases (a rank killed, hung or raising; torchrun): CI runs them after `make test`
+# the slowest multi-process cases (a rank killed, hung or raising; torchrun; cases another fast test
+# already covers in part): CI runs them after `make test`
 test-slow: venv
 	$(BIN)/python -m pytest -m slow
 

@@ -87,6 +87,7 @@ def test_gpt_blocks_with_sequence_parallelism_at_uneven_tp3():
     exact(run(GPT, [[3, 3, 3, 3]], [([3], 1)], 1, 8, sequence_parallel=True, width=3))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_gpt_blocks_with_cp2_and_sequence_parallelism():
     # 9 tokens: cp chunks 5/4 hold positions 0-4 and 5-8, each cut 3/2 and 2/2 over TP2

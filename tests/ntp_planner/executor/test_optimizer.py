@@ -145,6 +145,7 @@ def test_zero3_needs_one_degree_and_equal_micro_batches():
         make_spec(CFG, [[2, 2, 2, 2]], [([2], 3), ([2], 2)], 2, 8, zero=3)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_zero3_with_expert_parallelism_shards_experts_over_their_own_group():
     # 4 replicas, ep 2: routed experts are gathered and reduce-scattered over the pipelines holding

@@ -27,6 +27,7 @@ def test_a_uniform_tp2_dp2():
     check(launch(make_spec(CFG, [[2, 2, 2, 2]], [([2], 2), ([2], 2)], 2, 8), timeout_s=60))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_b_per_layer_degrees_1_2_4_in_a_stage_of_4():
     # embedding at 4, layers at 1 (4 copies), 2 (2 copies), 4, LM head at 2: the stream changes
@@ -35,6 +36,7 @@ def test_b_per_layer_degrees_1_2_4_in_a_stage_of_4():
     check(launch(spec, timeout_s=60))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_c_ntp_tp4_and_tp3_equal_batches():
     # TP3 splits 8 heads 3/3/2 and cuts both KV groups: uneven heads, FFN columns and vocabulary
@@ -46,6 +48,7 @@ def test_d_ntp_local_batches_4_and_3_weighted_by_samples():
     check(launch(make_spec(CFG, [[4, 4, 4, 4]], [([4], 4), ([3], 3)], 1, 8), timeout_s=60))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ntp_beside_a_per_layer_replica_with_copies():
     # healthy replica: layer 0 at degree 2 in a stage of 4 (two copies); degraded replica: all at 3.
@@ -63,6 +66,7 @@ def test_unweighted_average_with_unequal_batches_is_detected():
     assert result.max_rel_error_params > 100 * TOL
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_e_pp2_tp2_1f1b_with_recompute():
     # 4 micro-batches: stage 0 runs one warm-up forward, then 1F1B, then drains
@@ -70,6 +74,7 @@ def test_e_pp2_tp2_1f1b_with_recompute():
     check(launch(spec, timeout_s=60))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sequence_parallel_uneven_chunks_over_two_stages():
     # TP3 cuts the 8-token sequence 3/3/2: reduce-scatter / all-gather of padded chunks; norm
@@ -78,6 +83,7 @@ def test_sequence_parallel_uneven_chunks_over_two_stages():
     check(launch(spec, timeout_s=60))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_context_parallel_cp2_pp2_tp2_with_uneven_chunks():
     # 9 tokens: cp chunks 5/4, each cut 3/2 and 2/2 by sequence parallelism; attention gathers
@@ -86,6 +92,7 @@ def test_context_parallel_cp2_pp2_tp2_with_uneven_chunks():
     check(launch(spec, timeout_s=60))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_context_parallel_beside_ntp():
     # two replicas of 2 cp slices each, one at TP2 and one at TP1: the NTP sync runs over all

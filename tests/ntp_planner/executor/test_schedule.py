@@ -35,6 +35,7 @@ def test_interleaved_pp2_vpp2_per_layer_degrees_is_exact_in_float64():
     assert len(result.losses) == 2 and result.losses[1] < result.losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_interleaved_pp2_vpp2_per_layer_degrees_in_float32():
     assert errors(run("float32")) <= 1e-5
