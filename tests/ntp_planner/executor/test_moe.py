@@ -124,7 +124,7 @@ def test_ep2_with_sequence_parallel_copies_pipeline_recompute_and_ntp_without_ep
     check(launch(sp, timeout_s=250))
     copies = make_spec(MOE, [[2, 1, 2, 2]], [([2], 2), ([2], 2)], 2, 8, dtype="float64", ep=2)
     check(launch(copies, timeout_s=250))
-    pp = make_spec(MOE, [[1, 1], [1, 1]], [([1, 1], 3), ([1, 1], 3)], 1, 8, dtype="float64", ep=2, recompute=True)
+    pp = make_spec(MOE, [[1, 1], [1, 1]], [([1, 1], 3), ([1, 1], 3)], 1, 8, dtype="float64", ep=2, recompute="full")
     check(launch(pp, timeout_s=250))
     # NTP beside MoE (ep 1): TP2 beside TP1, experts resharded 6/6 -> 12 columns for the 1:1 sum
     ntp = make_spec(MOE, [[2, 2, 2, 2]], [([2], 2), ([1], 2)], 2, 8, dtype="float64")

@@ -190,3 +190,27 @@ def test_uneven_pipeline_split_relieves_the_lm_head_stage():
     counts = better.layout.stage_layers(32)
     assert sum(counts) == 32 and counts[-1] < max(counts)  # the 128K-vocabulary head's stage takes fewer layers
     assert better.cost.step_time_s < cost.step_time_s
+
+
+def test_interleaved_degrees_land_on_the_layers_each_stage_chunk_holds():
+    """Under vpp 2 at pp 2, stage 0 holds chunks 0 and 2 and stage 1 chunks 1 and 3: a stage's
+    solved degrees go to those layers (not to a contiguous range), and the Plan's ``pipeline``
+    states the same chunks with the same degrees."""
+    from types import SimpleNamespace
+
+    from ntp_planner.plan import chunk_placements
+    from ntp_planner.solver.per_layer import assemble
+
+    model = MODELS["llama3-8b"].model_copy(update={"num_layers": 8})
+    lay = ParallelLayout(tp=4, pp=2, vpp=2, global_batch=8)
+    # chunks of 3, 2, 2, 1 layers; stage 0 runs embedding + layers 0-2 and 5-6; stage 1 layers 3-4, 7 + head
+    stage0 = SimpleNamespace(degrees=(4, 2, 2, 2, 1, 1))
+    stage1 = SimpleNamespace(degrees=(4, 4, 2, 4))
+    part = SimpleNamespace(counts=(3, 2, 2, 1), solutions=(stage0, stage1))
+    out = assemble(SimpleNamespace(model=model, layout=lay), part)
+    assert out.chunk_layers == (3, 2, 2, 1)
+    assert out.layer_tp == (4, 2, 2, 2, 4, 4, 1, 1, 2, 4)  # embedding, layers 0..7, LM head
+    chunks = chunk_placements(out, model.num_layers)
+    assert [(c.stage, c.layers, c.tp) for c in chunks] == [
+        (0, [0, 1, 2], [4, 2, 2, 2]), (1, [3, 4], [4, 4]), (0, [5, 6], [1, 1]), (1, [7], [2, 4]),
+    ]  # fmt: skip
