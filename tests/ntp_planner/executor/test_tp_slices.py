@@ -17,11 +17,13 @@ def batch(seed=1):
     return tokens, torch.roll(tokens, -1, dims=1)
 
 
-@pytest.mark.parametrize("degrees", [[1, 1], [2, 2], [4, 4], [8, 8], [3, 3], [5, 7], [4, 3], [2, 8]])
-def test_sharded_loss_and_gradients_equal_the_reference(degrees):
+def sharded_equals_reference(cfg: TinyConfig, degrees: list[int]) -> None:
+    """Every rank's partials summed in one process give the reference's loss and, placed back,
+    its gradients (float64); every parameter learns but the key bias without rotary positions
+    (a shift the softmax ignores)."""
     torch.set_default_dtype(torch.float64)
     try:
-        ref = Reference(CFG, seed=0)
+        ref = Reference(cfg, seed=0)
         tokens, targets = batch()
         sharded = shard_model(ref, degrees)
         loss = simulated_tp_loss(sharded, tokens, targets)
@@ -30,10 +32,18 @@ def test_sharded_loss_and_gradients_equal_the_reference(degrees):
         loss.backward()
         expected.backward()
         grads = gathered_grads(sharded)
+        assert set(grads) == {name for name, _ in ref.named_parameters()}
         for name, param in ref.named_parameters():
+            dead = name.rsplit(".", 1)[-1] in zero_gradient_params(cfg)
+            assert (param.grad.abs().max() < 1e-12) == dead, name
             torch.testing.assert_close(grads[name], param.grad, rtol=1e-10, atol=1e-12, msg=name)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("degrees", [[1, 1], [2, 2], [4, 4], [8, 8], [3, 3], [5, 7], [4, 3], [2, 8]])
+def test_sharded_loss_and_gradients_equal_the_reference(degrees):
+    sharded_equals_reference(CFG, degrees)
 
 
 def test_uneven_gqa_replicates_cut_kv_heads():
@@ -56,22 +66,4 @@ NEMOTRON = TinyConfig(vocab=64, hidden=32, layers=2, heads=8, kv_heads=2, ffn=48
 @pytest.mark.parametrize("degrees", [[2, 2], [3, 3], [4, 3]])
 def test_gpt_and_nemotron_blocks_sharded_equal_the_reference(cfg, degrees):
     # TP3 cuts both KV groups: the cut K/V biases are replicated on their owners and summed
-    torch.set_default_dtype(torch.float64)
-    try:
-        ref = Reference(cfg, seed=0)
-        tokens, targets = batch()
-        sharded = shard_model(ref, degrees)
-        loss = simulated_tp_loss(sharded, tokens, targets)
-        expected = ref.loss(tokens, targets)
-        assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
-        loss.backward()
-        expected.backward()
-        grads = gathered_grads(sharded)
-        assert set(grads) == {name for name, _ in ref.named_parameters()}
-        for name, param in ref.named_parameters():
-            # every parameter learns but the key bias without rotary positions (a shift the softmax ignores)
-            dead = name.rsplit(".", 1)[-1] in zero_gradient_params(cfg)
-            assert (param.grad.abs().max() < 1e-12) == dead, name
-            torch.testing.assert_close(grads[name], param.grad, rtol=1e-10, atol=1e-12, msg=name)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    sharded_equals_reference(cfg, degrees)
