@@ -21,7 +21,7 @@ GPT_ROTARY = TinyConfig(norm="layer", mlp="gelu", bias=True)
 TOL = 1e-9  # float64
 
 
-def exact(result):
+def assert_exact(result):
     assert result.max_rel_error_loss <= TOL
     assert result.max_rel_error_grads <= TOL
     assert result.max_rel_error_params <= TOL
@@ -36,7 +36,7 @@ def run(cfg, *args, **kw):
 @pytest.fixture(scope="module")
 def tp2_runs():
     """GPT blocks at TP2, without and with selective recompute (2 micro-batches of 2)."""
-    return {rc: exact(run(GPT, [[2, 2, 2, 2]], [([2], 2)], 2, 8, recompute=rc)) for rc in ("none", "selective")}
+    return {rc: assert_exact(run(GPT, [[2, 2, 2, 2]], [([2], 2)], 2, 8, recompute=rc)) for rc in ("none", "selective")}
 
 
 @pytest.mark.timeout(240)
@@ -77,27 +77,27 @@ def test_gpt_blocks_ntp_tp3_beside_tp2_with_cut_kv_heads_and_their_biases():
     # TP3 deals 8 heads 3/3/2 over 2 KV heads: both KV heads (and their K/V biases) live on two
     # ranks and sum their gradients there; the NTP sync reshards every cut bias between TP3 and
     # TP2 and sums the replicated ones (row-parallel biases, LayerNorms) 1:1
-    exact(run(GPT_ROTARY, [[3, 3, 3, 3]], [([3], 2), ([2], 2)], 2, 8))
+    assert_exact(run(GPT_ROTARY, [[3, 3, 3, 3]], [([3], 2), ([2], 2)], 2, 8))
 
 
 @pytest.mark.timeout(240)
 def test_gpt_blocks_with_sequence_parallelism_at_uneven_tp3():
     # 8 tokens cut 3/3/2: each rank adds the learned positions of its piece; the row-parallel
     # biases, LayerNorm weights and biases and the position table sum their gradients over TP
-    exact(run(GPT, [[3, 3, 3, 3]], [([3], 1)], 1, 8, sequence_parallel=True, width=3))
+    assert_exact(run(GPT, [[3, 3, 3, 3]], [([3], 1)], 1, 8, sequence_parallel=True, width=3))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_gpt_blocks_with_cp2_and_sequence_parallelism():
     # 9 tokens: cp chunks 5/4 hold positions 0-4 and 5-8, each cut 3/2 and 2/2 over TP2
-    exact(run(GPT, [[2, 2, 2, 2]], [([2], 2)], 2, 9, cp=2, sequence_parallel=True))
+    assert_exact(run(GPT, [[2, 2, 2, 2]], [([2], 2)], 2, 9, cp=2, sequence_parallel=True))
 
 
 @pytest.mark.timeout(240)
 def test_nemotron_blocks_at_tp2_with_full_recompute():
     nemotron = TinyConfig(norm="layer", mlp="relu2")  # squared ReLU, LayerNorm, rotary, no biases
-    exact(run(nemotron, [[2, 2, 2, 2]], [([2], 2)], 2, 8, recompute="full"))
+    assert_exact(run(nemotron, [[2, 2, 2, 2]], [([2], 2)], 2, 8, recompute="full"))
 
 
 @pytest.mark.timeout(240)

@@ -18,7 +18,7 @@ EXACT = 1e-9  # float64
 BF16 = {"loss": 2e-2, "grads": 6e-2, "params": 3e-3}
 
 
-def exact(result, tol=EXACT):
+def assert_exact(result, tol=EXACT):
     assert result.max_rel_error_loss <= tol
     assert result.max_rel_error_grads <= tol
     assert result.max_rel_error_params <= tol
@@ -38,7 +38,7 @@ TP2_PARAMS = 2 * 3648 + 1024 + 1056
 def test_zero1_tp2_dp2_is_exact_and_halves_the_optimizer_state():
     spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 2), ([2], 2)], 2, 8, dtype="float64", zero=1)
     result = launch(spec, timeout_s=120)
-    exact(result)
+    assert_exact(result)
     # every tensor's slice has an even number of elements: each of the 2 replicas' TP rank j
     # updates half of it; AdamW's two float64 moments of 4,688 elements; weights and the full
     # gradient buffer stay whole
@@ -54,7 +54,7 @@ def test_zero2_dp3_shards_of_uneven_tensors_by_hand():
     # 342, 342, 340; k and v 256 -> 86, 86, 84; gate, up, down 1,536 -> 512 each
     spec = make_spec(CFG, [[1, 1, 1, 1]], [([1], 2)] * 3, 1, 8, dtype="float64", zero=2)
     result = launch(spec, timeout_s=120)
-    exact(result)
+    assert_exact(result)
     first = 683 + 683 + 11 + 2 * (342 + 86 + 86 + 342 + 3 * 512 + 11 + 11)  # 6,205
     last = 682 + 682 + 10 + 2 * (340 + 84 + 84 + 340 + 3 * 512 + 10 + 10)  # 6,182
     assert 2 * first + last == 18592  # every parameter once
@@ -69,7 +69,7 @@ def test_distributed_optimizer_beside_ntp_tp2_and_tp1_is_exact():
     # over the core pair (n = 1: TP rank 0 of each replica, after the TP2 replica reshards to 1)
     spec = make_spec(CFG, [[2, 1, 2, 2]], [([2], 2), ([1], 2)], 2, 8, width=2, dtype="float64", zero=1)
     result = launch(spec, timeout_s=120)
-    exact(result)
+    assert_exact(result)
     healthy_rank1 = result.memory_bytes[1]["optimizer"]
     # TP rank 1 of the TP2 replica is no core rank: it holds only its third of layer 0's moments
     # (layer 0 at degree 1: 7,232 parameters over 3 copies; the first two ranks hold q 342,
@@ -81,7 +81,8 @@ def test_distributed_optimizer_beside_ntp_tp2_and_tp1_is_exact():
 @pytest.mark.timeout(240)
 def test_distributed_optimizer_beside_ntp_tp4_and_tp3_is_exact():
     # TP3 cuts 8 heads 3/3/2 and both KV groups: the cores are TP3 slices, sharded over the pairs
-    exact(launch(make_spec(CFG, [[4, 4, 4, 4]], [([4], 2), ([3], 2)], 2, 8, dtype="float64", zero=1), timeout_s=200))
+    spec = make_spec(CFG, [[4, 4, 4, 4]], [([4], 2), ([3], 2)], 2, 8, dtype="float64", zero=1)
+    assert_exact(launch(spec, timeout_s=200))
 
 
 @pytest.mark.timeout(180)
@@ -91,7 +92,7 @@ def test_zero3_pp2_dp2_1f1b_with_recompute_is_exact_and_holds_parameter_shards()
     # gradient is reduce-scattered
     spec = make_spec(CFG, [[1, 1], [1, 1]], [([1, 1], 4), ([1, 1], 4)], 1, 8, dtype="float64", zero=3, recompute="full")
     result = launch(spec, timeout_s=120)
-    exact(result)
+    assert_exact(result)
     # stage 0: embedding 2,048 + layer 0 (7,232) = 9,280 parameters, halves over the two replicas
     # (every tensor even); stage 1: layer 1 + final norm + LM head = 9,312
     for rank, n in ((0, 9280), (2, 9312)):  # ranks 0, 1: stage 0 of each replica; 2, 3: stage 1
@@ -102,7 +103,7 @@ def test_zero3_pp2_dp2_1f1b_with_recompute_is_exact_and_holds_parameter_shards()
 @pytest.mark.timeout(180)
 def test_zero3_kept_after_forward_with_copies_is_exact():
     spec = make_spec(CFG, [[2, 1, 2, 2]], [([2], 2), ([2], 2)], 2, 8, dtype="float64", zero=3)
-    exact(launch(spec.__class__(**{**spec.__dict__, "reshard_after_forward": False}), timeout_s=120))
+    assert_exact(launch(spec.__class__(**{**spec.__dict__, "reshard_after_forward": False}), timeout_s=120))
 
 
 @pytest.mark.timeout(180)
@@ -151,4 +152,5 @@ def test_zero3_with_expert_parallelism_shards_experts_over_their_own_group():
     # 4 replicas, ep 2: routed experts are gathered and reduce-scattered over the pipelines holding
     # the same experts (replicas 0 and 2, 1 and 3), dense parameters over all four
     moe = TinyConfig(layers=2, experts=4, top_k=2, expert_ffn=12, moe_layers=(0, 1), shared_ffn=8)
-    exact(launch(make_spec(moe, [[1, 1, 1, 1]], [([1], 2)] * 4, 2, 8, dtype="float64", ep=2, zero=3), timeout_s=120))
+    spec = make_spec(moe, [[1, 1, 1, 1]], [([1], 2)] * 4, 2, 8, dtype="float64", ep=2, zero=3)
+    assert_exact(launch(spec, timeout_s=120))

@@ -17,7 +17,7 @@ def batch(seed=1):
     return tokens, torch.roll(tokens, -1, dims=1)
 
 
-def sharded_equals_reference(cfg: TinyConfig, degrees: list[int]) -> None:
+def assert_sharded_equals_reference(cfg: TinyConfig, degrees: list[int]) -> None:
     """Every rank's partials summed in one process give the reference's loss and, placed back,
     its gradients (float64); every parameter learns but the key bias without rotary positions
     (a shift the softmax ignores)."""
@@ -43,7 +43,7 @@ def sharded_equals_reference(cfg: TinyConfig, degrees: list[int]) -> None:
 
 @pytest.mark.parametrize("degrees", [[1, 1], [2, 2], [4, 4], [8, 8], [3, 3], [5, 7], [4, 3], [2, 8]])
 def test_sharded_loss_and_gradients_equal_the_reference(degrees):
-    sharded_equals_reference(CFG, degrees)
+    assert_sharded_equals_reference(CFG, degrees)
 
 
 def test_uneven_gqa_replicates_cut_kv_heads():
@@ -66,4 +66,4 @@ NEMOTRON = TinyConfig(vocab=64, hidden=32, layers=2, heads=8, kv_heads=2, ffn=48
 @pytest.mark.parametrize("degrees", [[2, 2], [3, 3], [4, 3]])
 def test_gpt_and_nemotron_blocks_sharded_equal_the_reference(cfg, degrees):
     # TP3 cuts both KV groups: the cut K/V biases are replicated on their owners and summed
-    sharded_equals_reference(cfg, degrees)
+    assert_sharded_equals_reference(cfg, degrees)
