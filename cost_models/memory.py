@@ -202,13 +202,18 @@ def in_flight_micro_batches(stage: int, pp: int, num_micro_batches: int, vpp: in
     1F1B: stage r holds pp - r micro-batches. Interleaved 1F1B (Megatron-Core ``schedules.py``):
     rank r runs 2 (pp - r - 1) + (vpp - 1) pp warm-up chunk forwards and holds one more, each
     chunk 1/vpp of the stage, which for the first stage is pp (1 + (pp - 1) / (pp vpp))
-    (Korthikanti et al. eq. 5).
+    (Korthikanti et al. eq. 5). With as many micro-batches as stages, every rank runs all its
+    chunk forwards before any backward (``all_warmup_microbatches``) and holds all of them.
 
     >>> in_flight_micro_batches(0, 8, 64, 8), in_flight_micro_batches(7, 8, 64, 8)
     (8.875, 7.125)
+    >>> in_flight_micro_batches(3, 4, 4, 2)  # not (0 + 4 + 1) / 2 = 2.5
+    4.0
     """
     if vpp == 1:
         return float(min(pp - stage, num_micro_batches))
+    if num_micro_batches == pp:
+        return float(num_micro_batches)
     chunk_forwards = 2 * (pp - stage - 1) + (vpp - 1) * pp + 1
     return min(chunk_forwards / vpp, float(num_micro_batches))
 

@@ -6,9 +6,10 @@ stage runs micro-batches in groups of ``pp`` per chunk (Megatron-Core's default
 ``microbatch_group_size_per_vp_stage``): forwards of the group's micro-batches through virtual
 chunk 0, then chunk 1, ..., then the next group. Backwards follow the same table with the chunks
 reversed. Stage s of P first runs ``2 (P - s - 1) + (vpp - 1) P`` warm-up forwards (capped at
-its m vpp passes), then alternates one forward and one backward, then drains the backwards
-(``schedules.py``: ``get_pp_rank_microbatches``, ``get_schedule_table``). With ``vpp`` 1 this is
-plain 1F1B (P - s - 1 warm-up forwards).
+its m vpp passes; all of them when m = P, as Megatron's ``all_warmup_microbatches``), then
+alternates one forward and one backward, then drains the backwards (``schedules.py``:
+``get_pp_rank_microbatches``, ``get_schedule_table``). With ``vpp`` 1 this is plain 1F1B
+(P - s - 1 warm-up forwards).
 
 Worked example, pp 2, vpp 2, m 4 (table: mb/chunk 0/0 1/0 0/1 1/1 2/0 3/0 2/1 3/1). Stage 0
 warms up with 2 + 2 = 4 forwards, stage 1 with 2:
@@ -42,11 +43,17 @@ def table(m: int, vpp: int, group: int) -> list[tuple[int, int]]:
 
 
 def warmup(pp: int, vpp: int, m: int, stage: int) -> int:
-    """Forwards before the first backward on ``stage``.
+    """Forwards before the first backward on ``stage``. Interleaved with as many micro-batches
+    as stages, Megatron runs every forward, then every backward (``all_warmup_microbatches`` in
+    ``get_pp_rank_microbatches``).
 
     >>> [warmup(4, 2, 8, s) for s in range(4)], [warmup(4, 1, 8, s) for s in range(4)]
     ([10, 8, 6, 4], [3, 2, 1, 0])
+    >>> [warmup(4, 2, 4, s) for s in range(4)]
+    [8, 8, 8, 8]
     """
+    if vpp > 1 and m == pp:
+        return m * vpp
     n = pp - stage - 1 if vpp == 1 else 2 * (pp - stage - 1) + (vpp - 1) * pp
     return min(n, m * vpp)
 

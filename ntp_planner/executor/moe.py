@@ -115,13 +115,6 @@ def local_experts(cfg: TinyConfig, ep: int, ep_rank: int) -> slice:
     return slice(ep_rank * per, (ep_rank + 1) * per)
 
 
-def place_experts(part: torch.Tensor, shape, owned: slice) -> torch.Tensor:
-    """``part`` (the owned experts' rows) in a zero tensor of the layer's ``shape``."""
-    full = part.new_zeros(shape)
-    full[owned] = part
-    return full
-
-
 # ---- autograd pieces -------------------------------------------------------------------------
 class AllToAll(torch.autograd.Function):
     """Rows of ``x`` in blocks of ``send`` sizes to the ranks of the EP group (in order); the

@@ -61,6 +61,13 @@ def block_style(model: ModelSpec) -> dict:
     return {"norm": norm, "mlp": mlp, "bias": model.bias, "positions": model.position}
 
 
+def wanted_replicas(lay) -> int:
+    """Replicas the shrink of a plan (no re-plan) starts from: two for the data-parallel sync,
+    or as many as an expert-parallel group spans (ep pipelines, cp of them per replica: ``_ep``);
+    never more than the plan's dp."""
+    return min(max(2, -(-lay.ep // lay.cp)), lay.dp)
+
+
 def _runs(degrees: list[int]) -> list[int]:
     """One entry per run of equal degrees."""
     return [d for i, d in enumerate(degrees) if i == 0 or degrees[i - 1] != d]
@@ -94,7 +101,7 @@ def shrink(
     micro = lay.num_micro_batches
     if replan is None:
         active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
-        picks = active[: min(max(2, lay.ep), lay.dp)]  # an ep of k needs k pipelines
+        picks = active[: wanted_replicas(lay)]
     else:
         active = [
             (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
@@ -344,7 +351,7 @@ def _notes(
         + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
         + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
         f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
-        + replicas_why(lay.dp, len(picks), replan, nproc),
+        + replicas_why(lay.dp, len(picks), replan, nproc, wanted_replicas(lay), ep),
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
         f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
         + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))

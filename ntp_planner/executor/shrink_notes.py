@@ -43,11 +43,18 @@ def stages_why(run_pp: int, plan_pp: int, nproc: int | None) -> str:
     return f": more stages need more than {nproc} processes" if nproc else ": to fit the processes"
 
 
-def replicas_why(plan_dp: int, kept: int, replan: ReplanResult | None, nproc: int | None) -> str:
-    """Why the run has the replicas it has.
+def replicas_why(
+    plan_dp: int, kept: int, replan: ReplanResult | None, nproc: int | None, wanted: int = 2, ep: int = 1
+) -> str:
+    """Why the run has the replicas it has: of a plan (no re-plan), the shrink wants ``wanted``
+    (``shrink.wanted_replicas``: two, or the plan's ep) and runs ``kept`` at the run's ``ep``.
 
     >>> replicas_why(128, 2, None, 16), replicas_why(2, 1, None, 4)
     (': two run the data-parallel sync, more add nothing new', ': two need more than 4 processes')
+    >>> replicas_why(8, 4, None, 16, wanted=4, ep=4)
+    ': 4 hold an expert-parallel group of ep 4 (and run the data-parallel sync), more add nothing new'
+    >>> replicas_why(8, 2, None, 6, wanted=4, ep=2)
+    ': 4 (an expert-parallel group) need more than 6 processes; the 2 kept run ep 2'
     """
     if replan is not None:
         kinds = len(_kinds(replan))
@@ -61,8 +68,15 @@ def replicas_why(plan_dp: int, kept: int, replan: ReplanResult | None, nproc: in
                 else ""
             )
         return f": one of each of the re-plan's {kinds} kinds (stage widths, micro-batches)"
-    if kept < min(2, plan_dp):
-        return f": two need more than {nproc} processes"
+    wanted = min(wanted, plan_dp)
+    if kept < wanted:
+        need = "two" if wanted == 2 else f"{wanted} (an expert-parallel group)"
+        groups = f"; the {kept} kept run ep {ep}" if ep > 1 else ""
+        return f": {need} need more than {nproc} processes{groups}"
+    if kept > 2:
+        return f": {kept} hold an expert-parallel group of ep {ep} (and run the data-parallel sync)" + (
+            ", more add nothing new" if plan_dp > kept else ""
+        )
     return ": two run the data-parallel sync, more add nothing new" if plan_dp > 2 else ""
 
 

@@ -186,6 +186,8 @@ class RunSpec:
 def check(spec: RunSpec) -> None:
     """Raise ValueError, showing the arithmetic, if ``spec`` cannot run."""
     cfg = spec.cfg
+    _check_config(cfg)
+    _check_counts(spec)
     ranks = sorted(r for rep in spec.replicas for st in rep.stages for r in st.ranks)
     if ranks != list(range(len(ranks))):
         raise ValueError(f"process ranks must be 0..{len(ranks) - 1}, each once; got {ranks}")
@@ -229,10 +231,52 @@ def check(spec: RunSpec) -> None:
                         f"{copies} copies of {b.name} (width {st.width} / degree {b.degree})"
                     )
                 if b.degree > min(cfg.heads, cfg.ffn, cfg.vocab):
-                    raise ValueError(f"{b.name} degree {b.degree} exceeds the model's {cfg.heads} heads")
+                    raise ValueError(
+                        f"{b.name} degree {b.degree} exceeds the model's heads({cfg.heads}), ffn({cfg.ffn}) or "
+                        f"vocab({cfg.vocab}): every TP rank needs at least one of each"
+                    )
                 widths = (cfg.expert_ffn, *([cfg.shared_ffn] if cfg.shared_ffn else ()))
                 if b.kind == "layer" and cfg.is_moe(b.layer) and b.degree > min(widths):
                     raise ValueError(f"{b.name} degree {b.degree} exceeds the expert widths {widths}")
+
+
+_CHOICES = {"norm": ("rms", "layer"), "mlp": ("swiglu", "gelu", "relu2"), "positions": ("rope", "learned")}
+
+
+def _check_config(cfg: TinyConfig) -> None:
+    """The decoder's shape: whole heads over the width, whole query groups per KV head, and
+    block styles the model knows (an unknown norm or positions would run as RMSNorm / rotary)."""
+    for name, choices in _CHOICES.items():
+        if getattr(cfg, name) not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(cfg, name)!r}")
+    if min(cfg.hidden, cfg.heads, cfg.kv_heads, cfg.vocab, cfg.ffn) < 1 or cfg.layers < 0:
+        raise ValueError(
+            f"hidden({cfg.hidden}), heads({cfg.heads}), kv_heads({cfg.kv_heads}), vocab({cfg.vocab}) and "
+            f"ffn({cfg.ffn}) must be at least 1 and layers({cfg.layers}) at least 0"
+        )
+    if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
+        raise ValueError(
+            f"hidden({cfg.hidden}) % heads({cfg.heads}) = {cfg.hidden % cfg.heads} and heads({cfg.heads}) % "
+            f"kv_heads({cfg.kv_heads}) = {cfg.heads % cfg.kv_heads} must both be 0"
+        )
+    if cfg.positions == "rope" and cfg.head_dim % 2:
+        raise ValueError(f"rotary positions rotate pairs of channels; head_dim {cfg.head_dim} is odd")
+
+
+def _check_counts(spec: RunSpec) -> None:
+    """At least one pipeline of non-empty stages, positive degrees, sequences and steps."""
+    if not spec.replicas or any(not rep.stages for rep in spec.replicas):
+        raise ValueError(f"a run needs at least one replica of at least one stage; got {len(spec.replicas)} replicas")
+    for i, rep in enumerate(spec.replicas):
+        for s, st in enumerate(rep.stages):
+            bad = [b.name for b in st.blocks if b.degree < 1]
+            if not st.ranks or bad:
+                raise ValueError(
+                    f"replica {i} stage {s} has {st.width} ranks and blocks at degree < 1: {bad}; it needs a rank "
+                    "and every degree at least 1"
+                )
+    if spec.micro_batch < 1 or spec.steps < 1:
+        raise ValueError(f"micro_batch({spec.micro_batch}) and steps({spec.steps}) must be at least 1")
 
 
 def _check_moe(spec: RunSpec) -> None:

@@ -211,6 +211,9 @@ def test_llama_layer_activations_in_fp8_at_tp8_with_sp():
         (0, 4, 32, 2, 5.5),  # (6 + 4 + 1) / 2
         (3, 4, 32, 2, 2.5),  # (0 + 4 + 1) / 2
         (0, 8, 8, 8, 8.0),  # 8.875 capped at the 8 micro-batches of the step
+        # m = pp interleaved: Megatron's all_warmup_microbatches, every stage holds all m (was 2.5 and 7.125)
+        (3, 4, 4, 2, 4.0),
+        (7, 8, 8, 8, 8.0),
     ],
 )
 def test_in_flight_micro_batches(stage, pp, m, vpp, expected):

@@ -24,7 +24,16 @@ def test_vpp1_is_plain_1f1b_and_warmup_is_capped():
     # stage 0 of 3: pp - 1 = 2 warm-up forwards, one forward-backward pair, two backwards to drain
     assert show(order(3, 1, 3, 0)) == "F0.0 F1.0 F2.0 B0.0 B1.0 B2.0"
     assert show(order(3, 1, 3, 2)) == "F0.0 B0.0 F1.0 B1.0 F2.0 B2.0"
-    assert [warmup(4, 3, 4, s) for s in range(4)] == [12, 12, 10, 8]  # 2 (4 - s - 1) + 2 x 4, capped at 12
+    assert [warmup(4, 3, 8, s) for s in range(4)] == [14, 12, 10, 8]  # 2 (4 - s - 1) + 2 x 4
+    assert [warmup(4, 3, 5, s) for s in range(4)] == [14, 12, 10, 8]  # m 5: only m = pp warms up throughout
+
+
+def test_interleaved_with_m_equal_to_pp_runs_every_forward_then_every_backward():
+    # Megatron-Core: num_microbatches == pipeline_parallel_size sets all_warmup_microbatches; the
+    # last stage used to start 1F1B after 2 forwards (F0.0 F1.0 F0.1 B0.1 ...)
+    assert [warmup(4, 3, 4, s) for s in range(4)] == [12, 12, 12, 12]
+    assert show(order(2, 2, 2, 1)) == "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0"
+    assert show(order(2, 2, 2, 0)) == "F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0"
     assert table(4, 2, 2) == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (3, 0), (2, 1), (3, 1)]
 
 

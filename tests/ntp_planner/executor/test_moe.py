@@ -170,6 +170,21 @@ def test_shrink_of_a_mixtral_plan_keeps_experts_top2_and_ep():
     assert (model.num_experts, model.moe_top_k, model.num_moe_layers) == (8, 2, 2)
 
 
+def test_the_replicas_note_says_they_are_kept_for_ep_and_counts_cp_pipelines():
+    plan = _plan("mixtral-8x7b", 32, tp=2, dp=16, ep=4)
+    (note,) = [n for n in shrink(plan, nproc=8).spec.notes if n.startswith("replicas")]
+    # four replicas run for ep 4; the note used to say "two run the data-parallel sync"
+    assert note.endswith(
+        ": 4 hold an expert-parallel group of ep 4 (and run the data-parallel sync), more add nothing new"
+    )
+    (note,) = [n for n in shrink(plan, nproc=6).spec.notes if n.startswith("replicas")]
+    assert note.endswith(": 4 (an expert-parallel group) need more than 6 processes; the 2 kept run ep 2")
+    # under cp 2, two replicas (four pipelines) hold an ep of 4: the shrink no longer asks for four
+    cp = shrink(_plan("mixtral-8x7b", 32, tp=2, dp=8, cp=2, ep=4), nproc=8).spec
+    assert (len(cp.replicas), cp.cp, cp.ep) == (4, 2, 4)
+    assert any(n.endswith(": two run the data-parallel sync, more add nothing new") for n in cp.notes)
+
+
 def test_shrink_of_deepseek_moe_keeps_its_dense_first_layer_and_shared_expert():
     spec = shrink(_plan("deepseek-moe-16b", 16, tp=2, dp=8, ep=2), nproc=4).spec
     cfg = spec.cfg

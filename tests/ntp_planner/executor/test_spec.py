@@ -2,7 +2,16 @@
 
 import pytest
 
-from ntp_planner.executor.spec import Block, RunSpec, TinyConfig, dp_groups, make_spec, process_groups
+from ntp_planner.executor.spec import (
+    Block,
+    ReplicaSpec,
+    RunSpec,
+    StageSpec,
+    TinyConfig,
+    dp_groups,
+    make_spec,
+    process_groups,
+)
 
 
 def test_groups_of_a_per_layer_stage_and_two_uniform_replicas():
@@ -92,3 +101,44 @@ def test_recompute_granularity_and_learned_positions_are_checked():
 
 def test_the_family_of_a_config_follows_its_mlp():
     assert [TinyConfig(mlp=m).family for m in ("swiglu", "gelu", "relu2")] == ["llama", "gpt", "nemotron"]
+
+
+def _spec(**changes):
+    """A valid two-stage run with ``changes`` to the RunSpec or, under ``cfg``, to its TinyConfig."""
+    from dataclasses import replace
+
+    spec = make_spec(TinyConfig(layers=2), [[2, 2], [2, 2]], [([2, 2], 1)], 2, 8)
+    cfg = replace(spec.cfg, **changes.pop("cfg", {}))
+    return replace(spec, cfg=cfg, **changes)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(replicas=()), "at least one replica of at least one stage; got 0"),
+        (dict(micro_batch=0), r"micro_batch\(0\) and steps\(3\) must be at least 1"),
+        (dict(steps=0), r"micro_batch\(2\) and steps\(0\) must be at least 1"),
+        (dict(cfg=dict(heads=3)), r"hidden\(32\) % heads\(3\) = 2"),
+        (dict(cfg=dict(kv_heads=3)), r"heads\(8\) % kv_heads\(3\) = 2"),
+        (dict(cfg=dict(kv_heads=0)), r"kv_heads\(0\).* must be at least 1"),
+        (dict(cfg=dict(hidden=24)), "head_dim 3 is odd"),
+        (dict(cfg=dict(norm="batch")), "norm must be one of rms, layer; got 'batch'"),
+        (dict(cfg=dict(mlp="silu")), "mlp must be one of swiglu, gelu, relu2"),
+        (dict(cfg=dict(positions="alibi")), "positions must be one of rope, learned"),
+        (dict(cfg=dict(vocab=1)), r"degree 2 exceeds the model's heads\(8\), ffn\(48\) or vocab\(1\)"),
+    ],
+)
+def test_malformed_runs_are_one_line_value_errors(changes, message):
+    # each of these used to pass ``check`` and then raise IndexError / ZeroDivisionError / KeyError
+    # in the run, run silently as another model (an unknown norm as RMSNorm), or blame the heads
+    with pytest.raises(ValueError, match=message):
+        _spec(**changes)
+
+
+def test_a_stage_without_ranks_or_a_block_at_degree_zero_is_refused():
+    cfg = TinyConfig(layers=1)
+    blocks = (Block("embed", -1, 1), Block("layer", 0, 0), Block("head", -1, 1))
+    with pytest.raises(ValueError, match=r"replica 0 stage 0 has 1 ranks and blocks at degree < 1: \['layers.0'\]"):
+        RunSpec(cfg, (ReplicaSpec((StageSpec((0,), blocks),), 1),), 1, 4)
+    with pytest.raises(ValueError, match="at least one replica of at least one stage"):
+        RunSpec(cfg, (ReplicaSpec((), 1),), 1, 4)
