@@ -66,17 +66,6 @@ def _runs(degrees: list[int]) -> list[int]:
     return [d for i, d in enumerate(degrees) if i == 0 or degrees[i - 1] != d]
 
 
-def check_replan(plan: Plan, replan: ReplanResult) -> None:
-    lay = plan.layout
-    if len(replan.rank_to_gpu) != lay.world_size or len(replan.replicas) != lay.dp:
-        raise ValueError(
-            f"the re-plan has {len(replan.replicas)} replicas and {len(replan.rank_to_gpu)} ranks but the plan has "
-            f"dp {lay.dp} and {lay.world_size} ranks; re-plan this plan with `ntp replan PLAN -o R.json`"
-        )
-    if any(len(r.stage_tp) != lay.pp for r in replan.replicas):
-        raise ValueError(f"the re-plan's replicas do not have the plan's {lay.pp} pipeline stages; re-plan this plan")
-
-
 def shrink(
     plan: Plan,
     nproc: int,
@@ -90,7 +79,7 @@ def shrink(
     lay, model = plan.layout, plan.model
     w = lay.tp
     if replan is not None:
-        check_replan(plan, replan)
+        replan.check_against(plan)
     micro = lay.num_micro_batches
     if replan is None:
         active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
