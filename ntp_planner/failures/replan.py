@@ -134,7 +134,8 @@ class ReplanResult(BaseModel):
         rank, every replica's stages at most the plan's TP (all of it when healthy), a batch of
         whole micro-batches no larger than the plan's, and ranks on distinct GPUs of the cluster."""
         lay, fix = plan.layout, "re-plan this plan with `ntp replan PLAN -o R.json` instead of editing the re-plan"
-        local, gpus = lay.num_micro_batches * lay.micro_batch, plan.cluster.num_gpus
+        local, cluster = lay.num_micro_batches * lay.micro_batch, plan.cluster.build()
+        gpus = cluster.spare_gpus(cluster.num_domains - 1).stop  # the job's ids, then its domains' idle ones
         if len(self.rank_to_gpu) != lay.world_size or len(self.replicas) != lay.dp:
             raise InputError(
                 f"the re-plan has {len(self.replicas)} replicas and {len(self.rank_to_gpu)} ranks but the plan has "
@@ -158,7 +159,10 @@ class ReplanResult(BaseModel):
                 )
         placed = [g for g in self.rank_to_gpu if g is not None]
         if any(g >= gpus for g in placed) or len(set(placed)) < len(placed):
-            raise InputError(f"rank_to_gpu must name distinct GPUs of the plan's 0..{gpus - 1} (or null); {fix}")
+            raise InputError(
+                f"rank_to_gpu must name distinct GPUs of the plan's cluster, ids 0..{gpus - 1} (its idle in-domain "
+                f"spares included), or null; {fix}"
+            )
 
 
 class ReplanThroughput(BaseModel):

@@ -425,7 +425,7 @@ def test_hand_edited_replans(replan_files, no_launch, tmp_path_factory, data, co
         (("replicas", 1, "local_batch"), 0, "replica 1 is degraded but runs stage_tp [3, 3] with local_batch 0"),
         # `export` said "min() arg is an empty sequence"
         (("replicas", 1, "stage_tp"), [], "replica 1 runs stage_tp [] but the plan has 2 stages"),
-        (("rank_to_gpu", 0), 99, "rank_to_gpu must name distinct GPUs of the plan's 0..15"),
+        (("rank_to_gpu", 0), 99, "rank_to_gpu must name distinct GPUs of the plan's cluster, ids 0..15"),
         (("replicas", 1, "power", 0), float("nan"), "replicas.1.power.0: Input should be a finite number"),
     ],
 )
@@ -474,3 +474,14 @@ def test_validate_numbers_the_ranks_cannot_take_are_refused(replan_files, no_lau
     plan, _ = replan_files
     code, _, err = run(["validate", plan, "--nproc", 4, option, value])
     assert code == 2 and message in err, err
+
+
+def test_a_re_plan_onto_idle_in_domain_gpus_is_accepted(tmp_path):
+    # 64 of each 72-GPU domain used: GPU 0's ranks move to idle GPU 128 of its domain (ids past the job's)
+    plan, replan = tmp_path / "plan.json", tmp_path / "replan.json"
+    args = ["-m", "llama3-8b", "-c", "gb200-nvl72", "-n", 128, "--gpus-per-domain", 64, "--tp", 8, "--pp", 2]
+    assert run(["estimate", *args, "--seq-len", 4096, "--global-batch", 64, "-o", plan])[0] == 0
+    assert run(["replan", plan, "--failed", 0, "-o", replan])[0] == 0
+    assert 128 in json.loads(replan.read_text())["rank_to_gpu"]
+    code, _, err = run(["export", plan, "--replan", replan, "-o", tmp_path / "out"])
+    assert code == 0, err
