@@ -485,3 +485,13 @@ def test_a_re_plan_onto_idle_in_domain_gpus_is_accepted(tmp_path):
     assert 128 in json.loads(replan.read_text())["rank_to_gpu"]
     code, _, err = run(["export", plan, "--replan", replan, "-o", tmp_path / "out"])
     assert code == 0, err
+
+
+@pytest.mark.parametrize("kind", ["pipe", "binary"])
+def test_a_runs_file_that_cannot_be_appended_to_is_refused_before_the_run(replan_files, tmp_path, kind):
+    # before, it was read after the run (whose minutes were lost); the profile is not even read
+    plan, _ = replan_files
+    runs = tmp_path / "runs.jsonl"
+    os.mkfifo(runs) if kind == "pipe" else runs.write_bytes(b"\xff\xfe")
+    code, _, err = run(["validate", plan, "--nproc", 4, "--profile", tmp_path / "none.json", "--record", runs])
+    assert code == 2 and f"runs file {runs}" in err, err
