@@ -280,6 +280,13 @@ def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) 
     kept (at most the experts), widths with the plan's remainders modulo every degree."""
     if not model.num_experts or not moe_layers:
         return {}
+    style = block_style(model)
+    if style["mlp"] != "swiglu" or style["bias"]:
+        raise InputError(
+            f"the plan's model {model.name} has MoE layers with a {style['mlp']} MLP"
+            + (" and linear biases" if style["bias"] else "")
+            + "; ntp validate runs experts as SwiGLU without biases (Mixtral's, DeepSeek's), so it cannot run this plan"
+        )
     cut = max(ep, MAX_EXPERTS - MAX_EXPERTS % ep)  # ep divides the plan's experts, so cut <= them
     experts = model.num_experts if model.num_experts <= MAX_EXPERTS else cut
     shared = model.moe_shared_ffn_hidden_size

@@ -495,3 +495,46 @@ def test_a_runs_file_that_cannot_be_appended_to_is_refused_before_the_run(replan
     os.mkfifo(runs) if kind == "pipe" else runs.write_bytes(b"\xff\xfe")
     code, _, err = run(["validate", plan, "--nproc", 4, "--profile", tmp_path / "none.json", "--record", runs])
     assert code == 2 and f"runs file {runs}" in err, err
+
+
+@pytest.fixture(scope="module")
+def moe_plan_file(tmp_path_factory) -> Path:
+    """Mixtral on 64 GPUs: tp 2, pp 4, ep 8, ZeRO-1."""
+    path = tmp_path_factory.mktemp("moe") / "plan.json"
+    args = ["-m", "mixtral-8x7b", "-c", "dgx-h100", "-n", 64, "--tp", 2, "--pp", 4, "--ep", 8]
+    assert run(["estimate", *args, "--seq-len", 4096, "--global-batch", 64, "-o", path])[0] == 0
+    return path
+
+
+EXECUTOR_FIELDS = [
+    ("layout", k) for k in ["vpp", "ep", "zero", "reshard_after_forward", "recompute", "chunk_layers", "cp",
+                            "sequence_parallel", "micro_batch", "layer_tp"]
+] + [
+    ("model", k) for k in ["num_experts", "moe_top_k", "moe_ffn_hidden_size", "moe_layer_freq", "family",
+                           "moe_first_dense_layers", "moe_shared_ffn_hidden_size", "tie_embeddings", "dropout",
+                           "gated_mlp", "bias", "norm", "position", "num_heads", "num_kv_heads", "vocab_size"]
+] + [("pipeline", 0, "tp"), ("pipeline", 1, "layers"), ("pipeline",)]  # fmt: skip
+
+
+@FUZZ
+@given(data=st.data(), nproc=st.integers(1, 4))
+def test_hand_edited_plans_for_validate(moe_plan_file, no_launch, tmp_path_factory, data, nproc):
+    doc = json.loads(moe_plan_file.read_text())
+    path = data.draw(st.sampled_from(EXECUTOR_FIELDS), label="field")
+    _set(doc, path, data.draw(st.one_of(_json_value(), st.sampled_from(["gpt", "nemotron", "full"])), label="value"))
+    folder = tmp_path_factory.mktemp("edited")
+    (folder / "plan.json").write_text(_dump(doc))
+    check(["validate", folder / "plan.json", "--nproc", nproc, "--steps", 1], folder)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "what"), [("gated_mlp", False, "a gelu MLP"), ("bias", True, "a swiglu MLP and linear biases")]
+)
+def test_a_moe_plan_the_executor_cannot_build_says_why(moe_plan_file, no_launch, tmp_path, field, value, what):
+    # before: "MoE layers run SwiGLU experts without biases; this config has a gelu MLP", the executor's words
+    doc = json.loads(moe_plan_file.read_text())
+    doc["model"][field] = value
+    (tmp_path / "plan.json").write_text(_dump(doc))
+    code, _, err = run(["validate", tmp_path / "plan.json", "--nproc", 4])
+    assert code == 2 and f"the plan's model mixtral-8x7b has MoE layers with {what}" in err, err
+    assert "ntp validate runs experts as SwiGLU without biases" in err
