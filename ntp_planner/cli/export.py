@@ -30,9 +30,15 @@ NprocOpt = Annotated[
     typer.Option("--nproc", min=1, help="Processes to run (default: 16 with gloo, one per GPU with nccl)."),
 ]
 BackendOpt = Annotated[Backend, typer.Option("--backend", help="gloo (CPU) or nccl (CUDA GPUs).")]
+MAX_STEPS = 1000  # a check needs a few steps, timing about 10; a thousand tiny steps take minutes
 StepsOpt = Annotated[
     int | None,
-    typer.Option("--steps", min=1, help="AdamW steps to train and compare (default 3; 8 with --profile, for timing)."),
+    typer.Option(
+        "--steps",
+        min=1,
+        max=MAX_STEPS,
+        help="AdamW steps to train and compare (default 3; 8 with --profile, for timing).",
+    ),
 ]
 ValidateProfileOpt = Annotated[
     Path | None,
@@ -56,9 +62,14 @@ RecordOpt = Annotated[
     Path | None,
     typer.Option("--record", help="With --profile: append the run (measured and predicted) to this JSON-lines file."),
 ]
+MAX_TIMEOUT_S = 86_400.0  # a day; the ranks' collective timeout is a finite timedelta of twice this
 TimeoutOpt = Annotated[
     float,
-    typer.Option("--timeout", help="Seconds without progress before the run counts as hung (start-up gets 60 s more)."),
+    typer.Option(
+        "--timeout",
+        max=MAX_TIMEOUT_S,
+        help="Seconds without progress before the run counts as hung (start-up gets 60 s more).",
+    ),
 ]
 # Largest relative error that passes, per dtype of the run. float64: roundoff 1.1e-16, a clean run
 # errs near 1e-15 and a bug by 1e-8 or more, so 1e-9 is tight with room for longer runs; float32:
@@ -82,7 +93,10 @@ ToleranceOpt = Annotated[
     float | None,
     typer.Option("--tolerance", help="Largest relative error that passes, in (0, 1) (default: set by --dtype)."),
 ]
-WeightSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the weights and the synthetic batch.")]
+# torch seeds are 64-bit: the batch generator takes seed + 1, so the largest signed 64-bit value is kept free
+WeightSeedOpt = Annotated[
+    int, typer.Option("--seed", min=0, max=2**63 - 2, help="Seed of the weights and the synthetic batch.")
+]
 FaultOpt = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="RANK:die|hang|raise:STEP")]
 
 TORCH_MISSING = (
@@ -169,8 +183,11 @@ def validate(
         raise InputError("--record stores predicted against measured step times; give --profile too")
     if record is not None:
         from ntp_planner.plan import check_writable
+        from topologies.files import read_text
 
         check_writable(record, "runs file", "runs.jsonl")  # before the run, not after
+        if record.exists():
+            read_text(record, "runs file")  # a folder, a device or an oversized file: said before the run too
     torch = _import_torch()
     from ntp_planner.plan import Plan
     from ntp_planner.report import validate_json, validate_view
@@ -328,18 +345,24 @@ def _load_replan(path: Path, plan, verb: str):
     from pydantic import ValidationError
 
     from ntp_planner.failures.replan import ReplanResult
+    from ntp_planner.plan import MAX_PLAN_BYTES
+    from topologies.cluster_catalogue import first_error
+    from topologies.files import read_mapping
 
+    data = read_mapping(path, "re-plan", max_bytes=MAX_PLAN_BYTES, kind="JSON")
     try:
-        result = ReplanResult.model_validate_json(Path(path).read_text())
-    except OSError as exc:
-        raise InputError(f"cannot read re-plan {path}: {exc.strerror}") from None
-    except ValidationError:
-        raise InputError(f"{path} is not a re-plan written by `ntp replan -o`") from None
+        result = ReplanResult.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(
+            f"{path} is not a re-plan written by `ntp replan -o`: {first_error(exc)}; re-plan the plan with "
+            "`ntp replan PLAN -o R.json` instead of editing the file"
+        ) from None
     if len(result.rank_to_gpu) != plan.layout.world_size:
         raise InputError(
             f"re-plan {path} has {len(result.rank_to_gpu)} ranks but the plan "
             f"has {plan.layout.world_size}; {verb} the plan it was made from"
         )
+    result.check_against(plan)
     return result
 
 

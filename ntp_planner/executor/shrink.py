@@ -73,17 +73,6 @@ def _runs(degrees: list[int]) -> list[int]:
     return [d for i, d in enumerate(degrees) if i == 0 or degrees[i - 1] != d]
 
 
-def check_replan(plan: Plan, replan: ReplanResult) -> None:
-    lay = plan.layout
-    if len(replan.rank_to_gpu) != lay.world_size or len(replan.replicas) != lay.dp:
-        raise ValueError(
-            f"the re-plan has {len(replan.replicas)} replicas and {len(replan.rank_to_gpu)} ranks but the plan has "
-            f"dp {lay.dp} and {lay.world_size} ranks; re-plan this plan with `ntp replan PLAN -o R.json`"
-        )
-    if any(len(r.stage_tp) != lay.pp for r in replan.replicas):
-        raise ValueError(f"the re-plan's replicas do not have the plan's {lay.pp} pipeline stages; re-plan this plan")
-
-
 def shrink(
     plan: Plan,
     nproc: int,
@@ -97,7 +86,7 @@ def shrink(
     lay, model = plan.layout, plan.model
     w = lay.tp
     if replan is not None:
-        check_replan(plan, replan)
+        replan.check_against(plan)
     micro = lay.num_micro_batches
     if replan is None:
         active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
@@ -298,6 +287,13 @@ def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) 
     kept (at most the experts), widths with the plan's remainders modulo every degree."""
     if not model.num_experts or not moe_layers:
         return {}
+    style = block_style(model)
+    if style["mlp"] != "swiglu" or style["bias"]:
+        raise InputError(
+            f"the plan's model {model.name} has MoE layers with a {style['mlp']} MLP"
+            + (" and linear biases" if style["bias"] else "")
+            + "; ntp validate runs experts as SwiGLU without biases (Mixtral's, DeepSeek's), so it cannot run this plan"
+        )
     cut = max(ep, MAX_EXPERTS - MAX_EXPERTS % ep)  # ep divides the plan's experts, so cut <= them
     experts = model.num_experts if model.num_experts <= MAX_EXPERTS else cut
     shared = model.moe_shared_ffn_hidden_size

@@ -38,15 +38,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_models.degraded import degraded_step_time, power_for_speed, speed_at_power, work_ratio
 from ntp_planner.failures import degrade
 from ntp_planner.failures.sampling import in_domain_cover
 from ntp_planner.plan import Plan
+from topologies.bounds import show
 from topologies.errors import InputError
 
 Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
@@ -56,18 +57,30 @@ BATCH_MODES: tuple[str, ...] = get_args(BatchMode)
 
 
 class ReplicaState(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    replica: int
+    replica: int = Field(ge=0, description="Index of the replica in the plan (0..dp - 1).")
     status: Literal["healthy", "degraded", "dropped"]
-    stage_tp: list[int] = Field(description="TP degree each pipeline stage runs at.")
-    local_batch: int = Field(description="Sequences this replica processes per step.")
-    power: list[float] = Field(description="Power multiplier of each stage's GPUs.")
-    gpus_used: int
-    gpus_idle: int = Field(description="Healthy GPUs of this replica's groups left idle.")
+    stage_tp: list[Annotated[int, Field(ge=0)]] = Field(description="TP degree each pipeline stage runs at.")
+    local_batch: int = Field(ge=0, description="Sequences this replica processes per step.")
+    power: list[Annotated[float, Field(ge=0)]] = Field(description="Power multiplier of each stage's GPUs.")
+    gpus_used: int = Field(ge=0)
+    gpus_idle: int = Field(ge=0, description="Healthy GPUs of this replica's groups left idle.")
     reason: str | None = Field(
-        default=None, description="Why a degraded replica runs as it does, or why a dropped one is dropped."
+        default=None,
+        max_length=10_000,
+        description="Why a degraded replica runs as it does, or why a dropped one is dropped.",
     )
+
+    @model_validator(mode="after")
+    def _runs_something(self) -> ReplicaState:
+        """A replica that runs holds at least one GPU per stage and one sequence."""
+        if self.status != "dropped" and (0 in self.stage_tp or self.local_batch < 1):
+            raise InputError(
+                f"replica {self.replica} is {self.status} but runs stage_tp {self.stage_tp} with local_batch "
+                f"{self.local_batch}; a replica that runs needs every stage at TP 1 or more and a batch of 1 or more"
+            )
+        return self
 
 
 class Reshard(BaseModel):
@@ -103,8 +116,53 @@ class ReplanResult(BaseModel):
     healthy_step_time_s: float
     replicas: list[ReplicaState]
     reshard: Reshard | None
-    rank_to_gpu: list[int | None] = Field(description="GPU of every rank of the plan; None = inactive slot.")
+    rank_to_gpu: list[Annotated[int, Field(ge=0)] | None] = Field(
+        description="GPU of every rank of the plan; None = inactive slot."
+    )
     idle_gpus: list[int] = Field(description="Healthy GPUs not used, free to lend to other work.")
+
+    @model_validator(mode="after")
+    def _replicas_in_order(self) -> ReplanResult:
+        numbers = [x.replica for x in self.replicas]
+        if numbers != list(range(len(numbers))):
+            given = ", ".join(show(n) for n in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
+            raise InputError(f"replicas are numbered {given}; they must be numbered 0, 1, 2, ... in order")
+        return self
+
+    def check_against(self, plan: Plan) -> None:
+        """Raise InputError unless this re-plan can come from ``plan``: one entry per replica and
+        rank, every replica's stages at most the plan's TP (all of it when healthy), a batch of
+        whole micro-batches no larger than the plan's, and ranks on distinct GPUs of the cluster."""
+        lay, fix = plan.layout, "re-plan this plan with `ntp replan PLAN -o R.json` instead of editing the re-plan"
+        local, cluster = lay.num_micro_batches * lay.micro_batch, plan.cluster.build()
+        gpus = cluster.spare_gpus(cluster.num_domains - 1).stop  # the job's ids, then its domains' idle ones
+        if len(self.rank_to_gpu) != lay.world_size or len(self.replicas) != lay.dp:
+            raise InputError(
+                f"the re-plan has {len(self.replicas)} replicas and {len(self.rank_to_gpu)} ranks but the plan has "
+                f"dp {lay.dp} and {lay.world_size} ranks; {fix}"
+            )
+        for x in self.replicas:
+            if len(x.stage_tp) != lay.pp or (x.status != "dropped" and max(x.stage_tp) > lay.tp):
+                raise InputError(
+                    f"replica {x.replica} runs stage_tp {x.stage_tp} but the plan has {lay.pp} stages of TP "
+                    f"{lay.tp} (a re-plan runs each at most at {lay.tp}); {fix}"
+                )
+            if x.status == "healthy" and (x.stage_tp != [lay.tp] * lay.pp or x.local_batch != local):
+                raise InputError(
+                    f"replica {x.replica} is healthy but runs stage_tp {x.stage_tp} with local_batch "
+                    f"{x.local_batch}; healthy replicas run the plan's TP {lay.tp} and {local} sequences; {fix}"
+                )
+            if x.status == "degraded" and (x.local_batch % lay.micro_batch or x.local_batch > local):
+                raise InputError(
+                    f"replica {x.replica} runs local_batch {show(x.local_batch)}; it must be a multiple of the "
+                    f"micro-batch {lay.micro_batch} and at most the plan's {local} sequences; {fix}"
+                )
+        placed = [g for g in self.rank_to_gpu if g is not None]
+        if any(g >= gpus for g in placed) or len(set(placed)) < len(placed):
+            raise InputError(
+                f"rank_to_gpu must name distinct GPUs of the plan's cluster, ids 0..{gpus - 1} (its idle in-domain "
+                f"spares included), or null; {fix}"
+            )
 
 
 class ReplanThroughput(BaseModel):

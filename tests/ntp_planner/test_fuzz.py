@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import signal
 import sys
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -347,3 +348,193 @@ def test_hand_edited_runs_files(profile_files, tmp_path_factory, data):
     edited = folder / "runs.jsonl"
     edited.write_text("\n".join([_dump(doc), *lines[1:]]) + "\n")
     check(["calibrate", edited, "--profile", source, "-o", folder / "out.json"], folder)
+
+
+# ---- ntp validate: its options and re-plan files, refused before any process starts ----------
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """``ntp validate`` up to the launch: the shrunk run is built and checked, then, instead of
+    starting processes, the arguments the ranks would take are tried the way the ranks take
+    them (the collective timeout, the seeds) and the command ends as a torchrun rank other than
+    0 does (exit 0, nothing printed)."""
+    from datetime import timedelta
+
+    import ntp_planner.cli.export as export_cli
+    from ntp_planner.executor.launch import STARTUP_S
+
+    torch = pytest.importorskip("torch")
+
+    def ranks_would_take(shrunk, backend, timeout, *rest):
+        timedelta(seconds=2 * timeout + STARTUP_S)  # run_rank's process-group timeout
+        torch.Generator().manual_seed(shrunk.spec.seed)  # the weights (Reference) and the batch (seed + 1)
+        torch.Generator().manual_seed(shrunk.spec.seed + 1)
+        assert all(r.micro_batches <= 64 for r in shrunk.spec.replicas), "a run far longer than the plan's"
+
+    monkeypatch.setattr(export_cli, "_run", ranks_would_take)
+
+
+@pytest.fixture(scope="module")
+def replan_files(tmp_path_factory) -> tuple[Path, Path]:
+    """A TP-4 plan (2 stages, 2 replicas, 32 micro-batches of 1) and its NTP re-plan after GPU 3
+    failed: replica 1 degraded to TP 3 with 24 sequences."""
+    folder = tmp_path_factory.mktemp("replan")
+    plan, replan = folder / "plan.json", folder / "replan.json"
+    code, _, err = run(["estimate", *SMALL, "-n", 16, "--tp", 4, "--pp", 2, "--seq-len", 4096, "--global-batch", 64,
+                        "-o", plan])  # fmt: skip
+    assert code == 0, err
+    code, _, err = run(["replan", plan, "--failed", 3, "-o", replan])
+    assert code == 0, err
+    return plan, replan
+
+
+@FUZZ
+@given(data=st.data(), command=st.sampled_from(["validate", "export"]))
+def test_hand_edited_replans(replan_files, no_launch, tmp_path_factory, data, command):
+    plan, source = replan_files
+    doc = json.loads(source.read_text())
+    leaves = [p for p, _ in _paths(doc) if p] + [("replicas", 1, "stage_tp"), ("rank_to_gpu",)]
+    path = data.draw(st.sampled_from(leaves), label="field")
+    value = data.draw(st.one_of(_json_value(), st.lists(st.integers(-1, 9), max_size=3)), label="value")
+    _set(doc, path, value)
+    folder = tmp_path_factory.mktemp("edited")
+    edited = folder / "replan.json"
+    edited.write_text(_dump(doc))
+    args = {
+        "validate": ["validate", plan, "--replan", edited, "--nproc", 7, "--steps", 1],
+        "export": ["export", plan, "--replan", edited, "-o", folder / "out"],
+    }[command]
+    check(args, folder)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        # an IndexError (exit 1) before: the run looked the replica up in the plan's grid
+        (("replicas", 1, "replica"), 5, "replicas are numbered 0, 5; they must be numbered 0, 1, 2, ... in order"),
+        # a ZeroDivisionError (exit 1): a stage of a running replica on no GPU
+        (("replicas", 1, "stage_tp"), [0, 3], "replica 1 is degraded but runs stage_tp [0, 3]"),
+        # an IndexError (exit 1): more TP ranks than the plan's TP group has
+        (("replicas", 1, "stage_tp"), [5, 5], "replica 1 runs stage_tp [5, 5] but the plan has 2 stages of TP 4"),
+        # ran 62,500,000 micro-batches: the run never ended
+        (("replicas", 1, "local_batch"), 10**9, "replica 1 runs local_batch 1e+09; it must be a multiple"),
+        # ran as if degraded: a healthy replica runs the plan's TP
+        (("replicas", 1, "status"), "healthy", "replica 1 is healthy but runs stage_tp [3, 3]"),
+        # ran a degraded replica with no sequence as one of a micro-batch
+        (("replicas", 1, "local_batch"), 0, "replica 1 is degraded but runs stage_tp [3, 3] with local_batch 0"),
+        # `export` said "min() arg is an empty sequence"
+        (("replicas", 1, "stage_tp"), [], "replica 1 runs stage_tp [] but the plan has 2 stages"),
+        (("rank_to_gpu", 0), 99, "rank_to_gpu must name distinct GPUs of the plan's cluster, ids 0..15"),
+        (("replicas", 1, "power", 0), float("nan"), "replicas.1.power.0: Input should be a finite number"),
+    ],
+)
+@pytest.mark.parametrize("command", ["validate", "export"])
+def test_a_re_plan_that_cannot_come_from_the_plan_is_refused(
+    replan_files, no_launch, tmp_path, where, value, message, command
+):
+    plan, source = replan_files
+    doc = json.loads(source.read_text())
+    _set(doc, where, value)
+    edited = tmp_path / "replan.json"
+    edited.write_text(_dump(doc))
+    args = ["validate", plan, "--nproc", 7] if command == "validate" else ["export", plan, "-o", tmp_path / "out"]
+    code, _, err = run([*args, "--replan", edited])
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_re_plan_that_is_not_a_file_is_refused_before_it_is_read(replan_files, tmp_path):
+    plan, _ = replan_files
+    pipe = tmp_path / "replan.json"
+    os.mkfifo(pipe)  # before, read as a file: a pipe with no writer blocked for ever, /dev/zero filled memory
+    code, _, err = run(["validate", plan, "--replan", pipe, "--nproc", 7])
+    assert code == 2 and "it is not a regular file" in err
+
+
+@FUZZ
+@given(option=st.sampled_from(["--nproc", "--steps", "--timeout", "--tolerance", "--seed", "--seq-len"]), value=numbers)
+def test_validate_numbers(replan_files, no_launch, option, value):
+    plan, _ = replan_files
+    check(["validate", plan, "--nproc", 4, "--steps", 1, option, value])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        # each started the processes, which failed (exit 1) or never ended
+        ("--seed", 2**64, "'--seed': Input should be less than or equal to 9223372036854775806"),
+        ("--seed", -1, "'--seed': Input should be greater than or equal to 0"),
+        ("--timeout", "inf", "'--timeout': Input should be less than or equal to 86400"),
+        ("--timeout", "1e300", "'--timeout': Input should be less than or equal to 86400"),
+        ("--steps", 10**9, "'--steps': Input should be less than or equal to 1000"),
+    ],
+)
+def test_validate_numbers_the_ranks_cannot_take_are_refused(replan_files, no_launch, option, value, message):
+    plan, _ = replan_files
+    code, _, err = run(["validate", plan, "--nproc", 4, option, value])
+    assert code == 2 and message in err, err
+
+
+def test_a_re_plan_onto_idle_in_domain_gpus_is_accepted(tmp_path):
+    # 64 of each 72-GPU domain used: GPU 0's ranks move to idle GPU 128 of its domain (ids past the job's)
+    plan, replan = tmp_path / "plan.json", tmp_path / "replan.json"
+    args = ["-m", "llama3-8b", "-c", "gb200-nvl72", "-n", 128, "--gpus-per-domain", 64, "--tp", 8, "--pp", 2]
+    assert run(["estimate", *args, "--seq-len", 4096, "--global-batch", 64, "-o", plan])[0] == 0
+    assert run(["replan", plan, "--failed", 0, "-o", replan])[0] == 0
+    assert 128 in json.loads(replan.read_text())["rank_to_gpu"]
+    code, _, err = run(["export", plan, "--replan", replan, "-o", tmp_path / "out"])
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("kind", ["pipe", "binary"])
+def test_a_runs_file_that_cannot_be_appended_to_is_refused_before_the_run(replan_files, tmp_path, kind):
+    # before, it was read after the run (whose minutes were lost); the profile is not even read
+    plan, _ = replan_files
+    runs = tmp_path / "runs.jsonl"
+    os.mkfifo(runs) if kind == "pipe" else runs.write_bytes(b"\xff\xfe")
+    code, _, err = run(["validate", plan, "--nproc", 4, "--profile", tmp_path / "none.json", "--record", runs])
+    assert code == 2 and f"runs file {runs}" in err, err
+
+
+@pytest.fixture(scope="module")
+def moe_plan_file(tmp_path_factory) -> Path:
+    """Mixtral on 64 GPUs: tp 2, pp 4, ep 8, ZeRO-1."""
+    path = tmp_path_factory.mktemp("moe") / "plan.json"
+    args = ["-m", "mixtral-8x7b", "-c", "dgx-h100", "-n", 64, "--tp", 2, "--pp", 4, "--ep", 8]
+    assert run(["estimate", *args, "--seq-len", 4096, "--global-batch", 64, "-o", path])[0] == 0
+    return path
+
+
+EXECUTOR_FIELDS = [
+    ("layout", k) for k in ["vpp", "ep", "zero", "reshard_after_forward", "recompute", "chunk_layers", "cp",
+                            "sequence_parallel", "micro_batch", "layer_tp"]
+] + [
+    ("model", k) for k in ["num_experts", "moe_top_k", "moe_ffn_hidden_size", "moe_layer_freq", "family",
+                           "moe_first_dense_layers", "moe_shared_ffn_hidden_size", "tie_embeddings", "dropout",
+                           "gated_mlp", "bias", "norm", "position", "num_heads", "num_kv_heads", "vocab_size"]
+] + [("pipeline", 0, "tp"), ("pipeline", 1, "layers"), ("pipeline",)]  # fmt: skip
+
+
+@FUZZ
+@given(data=st.data(), nproc=st.integers(1, 4))
+def test_hand_edited_plans_for_validate(moe_plan_file, no_launch, tmp_path_factory, data, nproc):
+    doc = json.loads(moe_plan_file.read_text())
+    path = data.draw(st.sampled_from(EXECUTOR_FIELDS), label="field")
+    _set(doc, path, data.draw(st.one_of(_json_value(), st.sampled_from(["gpt", "nemotron", "full"])), label="value"))
+    folder = tmp_path_factory.mktemp("edited")
+    (folder / "plan.json").write_text(_dump(doc))
+    check(["validate", folder / "plan.json", "--nproc", nproc, "--steps", 1], folder)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "what"), [("gated_mlp", False, "a gelu MLP"), ("bias", True, "a swiglu MLP and linear biases")]
+)
+def test_a_moe_plan_the_executor_cannot_build_says_why(moe_plan_file, no_launch, tmp_path, field, value, what):
+    # before: "MoE layers run SwiGLU experts without biases; this config has a gelu MLP", the executor's words
+    doc = json.loads(moe_plan_file.read_text())
+    doc["model"][field] = value
+    (tmp_path / "plan.json").write_text(_dump(doc))
+    code, _, err = run(["validate", tmp_path / "plan.json", "--nproc", 4])
+    assert code == 2 and f"the plan's model mixtral-8x7b has MoE layers with {what}" in err, err
+    assert "ntp validate runs experts as SwiGLU without biases" in err
