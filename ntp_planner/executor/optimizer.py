@@ -32,7 +32,7 @@ NTP the core is in the n layout, so its shard is a tensor of its own.
 Mixed precision (``dtype="bfloat16"``): parameters and activations in bf16; every micro-batch's
 bf16 gradient is added into an fp32 buffer (Megatron's main_grad) and reduced in fp32; AdamW runs
 on fp32 master weights (sharded by the ZeRO level; ZeRO-0 keeps them whole on every core rank)
-and the result is cast back to bf16. ``mixed_reference`` does the same in one process.
+and the result is cast back to bf16. ``runtime.reference_run`` does the same in one process.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ntp_planner.executor.batch import synthetic_batch
 from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.model import Reference
 from ntp_planner.executor.moe import EXPERT_KEYS
@@ -347,29 +346,3 @@ def per_micro_batch(spec: RunSpec) -> bool:
 def uses_engine(spec: RunSpec) -> bool:
     """Whether the run's optimizer is ``ShardedOptimizer`` (ZeRO >= 1 or mixed precision)."""
     return spec.zero >= 1 or spec.dtype in MASTER_DTYPE
-
-
-def mixed_reference(spec: RunSpec) -> dict:
-    """The reference in mixed precision, in one process: the model's bf16 copy of fp32 master
-    weights runs the whole batch, its bf16 gradients become fp32, AdamW updates the masters and
-    the copy is cast from them again. Parameters reported are the bf16 copy's (as fp32)."""
-    master = Reference(spec.cfg, seed=spec.seed)
-    low = getattr(torch, spec.dtype)
-    model = Reference(spec.cfg, seed=spec.seed).to(low)
-    opt = torch.optim.AdamW(list(master.parameters()), lr=spec.lr, **ADAMW)
-    tokens, targets = synthetic_batch(spec)
-    losses, grads = [], {}
-    for step in range(spec.steps):
-        model.zero_grad()
-        loss = model.loss(tokens, targets)
-        loss.backward()
-        for (k, m), p in zip(master.named_parameters(), model.parameters(), strict=True):
-            m.grad = p.grad.float()
-            if step == 0:
-                grads[k] = m.grad.clone()
-        opt.step()
-        with torch.no_grad():
-            for m, p in zip(master.parameters(), model.parameters(), strict=True):
-                p.copy_(m)
-        losses.append(loss.item())
-    return {"losses": losses, "grads": grads, "params": {k: v.detach().float() for k, v in model.named_parameters()}}

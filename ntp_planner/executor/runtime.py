@@ -28,7 +28,6 @@ from ntp_planner.executor.optimizer import (
     MASTER_DTYPE,
     ShardedOptimizer,
     default_dtype,
-    mixed_reference,
     uses_engine,
 )
 from ntp_planner.executor.schedule import one_f_one_b
@@ -128,26 +127,40 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
 
 
 def reference_run(spec: RunSpec) -> dict:
-    """The same training in one process on the whole batch (mean over its tokens)."""
+    """The same training in one process on the whole batch (mean over its tokens). In mixed
+    precision (bf16) the model is a bf16 copy of fp32 master weights: its gradients become fp32,
+    AdamW updates the masters and the copy is cast from them again; parameters are reported as
+    the copy's, in fp32."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(default_dtype(spec))
     try:
-        return mixed_reference(spec) if spec.dtype in MASTER_DTYPE else _reference(spec)
+        return _reference(spec)
     finally:
         torch.set_default_dtype(previous)
 
 
 def _reference(spec: RunSpec) -> dict:
-    ref = Reference(spec.cfg, seed=spec.seed)
-    opt = torch.optim.AdamW(list(ref.parameters()), lr=spec.lr, **ADAMW)
+    mixed = spec.dtype in MASTER_DTYPE
+    master = Reference(spec.cfg, seed=spec.seed)
+    model = Reference(spec.cfg, seed=spec.seed).to(getattr(torch, spec.dtype)) if mixed else master
+    opt = torch.optim.AdamW(list(master.parameters()), lr=spec.lr, **ADAMW)
     tokens, targets = synthetic_batch(spec)
     losses, grads = [], {}
     for step in range(spec.steps):
-        opt.zero_grad()
-        loss = ref.loss(tokens, targets)
+        model.zero_grad()
+        loss = model.loss(tokens, targets)
         loss.backward()
+        if mixed:
+            for m, p in zip(master.parameters(), model.parameters(), strict=True):
+                m.grad = p.grad.float()
         if step == 0:
-            grads = {k: v.grad.clone() for k, v in ref.named_parameters()}
+            grads = {k: v.grad.clone() for k, v in master.named_parameters()}
         opt.step()
+        if mixed:
+            with torch.no_grad():
+                for m, p in zip(master.parameters(), model.parameters(), strict=True):
+                    p.copy_(m)
         losses.append(loss.item())
-    return {"losses": losses, "grads": grads, "params": {k: v.detach().clone() for k, v in ref.named_parameters()}}
+    dtype = torch.get_default_dtype()  # the masters' (fp32 in mixed precision)
+    params = {k: v.detach().to(dtype, copy=True) for k, v in model.named_parameters()}
+    return {"losses": losses, "grads": grads, "params": params}
