@@ -8,6 +8,15 @@ from typing import Annotated, Literal
 
 import typer
 
+from ntp_planner.cli.live import (
+    CheckpointDirOpt,
+    CheckpointEveryOpt,
+    FailOpt,
+    LivePolicyOpt,
+    LiveSparesOpt,
+    RepairOpt,
+    parse_events,
+)
 from ntp_planner.cli.options import Backend, Format, JsonOpt, PlanArg
 from ntp_planner.cli.output import show, show_json, with_step_progress
 from topologies.errors import InputError
@@ -157,6 +166,12 @@ def validate(
     fault: FaultOpt = None,
     json_out: JsonOpt = False,
     dtype: ValidateDtypeOpt = "float32",
+    fail: FailOpt = None,
+    repair: RepairOpt = None,
+    policy: LivePolicyOpt = "ntp",
+    spares: LiveSparesOpt = 0,
+    checkpoint_every: CheckpointEveryOpt = 0,
+    checkpoint_dir: CheckpointDirOpt = None,
 ) -> None:
     """Run a plan for real on a shrunk model with torch.distributed and compare it with one process.
 
@@ -167,18 +182,25 @@ def validate(
     report sets predicted against measured step time, per stage and per part, and memory.
     Every rank's copy of every parameter and first-step gradient is compared, the shard cuts are
     checked against the planner's shares, and the batches cover every vocabulary id.
-    Needs PyTorch: pip install 'ntp-planner[torch]'.
+    With --fail, processes fail for real during the run and it recovers live: the survivors agree
+    on who failed, re-plan under --policy (NTP shrinks the replica's TP degree), rebuild their
+    process groups, fetch the rows they now own from their peers and redo the interrupted step;
+    --repair brings a process back. The report adds the recovery timeline, and the reference is
+    fed the samples the run committed. Needs PyTorch: pip install 'ntp-planner[torch]'.
 
     \b
     Example: ntp validate plan.json --replan replan.json --steps 3
              ntp validate plan.json --dtype float64
              ntp validate plan.json --profile profile.json --record runs.jsonl
+             ntp validate plan.json --steps 8 --fail 1@3 --repair 1@6 --policy ntp
     """
     if not timeout > 0:
         raise InputError(f"--timeout {timeout:g} must be positive")
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
         raise InputError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")
+    from ntp_planner.executor.faults import HOWS
+
     if record is not None and profile is None:
         raise InputError("--record stores predicted against measured step times; give --profile too")
     if record is not None:
@@ -188,12 +210,25 @@ def validate(
         check_writable(record, "runs file", "runs.jsonl")  # before the run, not after
         if record.exists():
             read_text(record, "runs file")  # a folder, a device or an oversized file: said before the run too
+    fails = parse_events(fail, "--fail", HOWS)
+    repairs = parse_events(repair, "--repair", None)
+    live = bool(fails or repairs)
+    if live and (replan_file or profile or fault or backend != "gloo"):
+        raise InputError(
+            "--fail and --repair run live recovery from the plan's healthy layout, on gloo, without --replan, "
+            "--profile, --inject-fault or --backend nccl; drop those"
+        )
+    if not live and (policy != "ntp" or spares or checkpoint_every or checkpoint_dir is not None):
+        raise InputError("--policy, --spares and --checkpoint-* shape a live recovery; add --fail RANK@STEP")
     torch = _import_torch()
     from ntp_planner.plan import Plan
     from ntp_planner.report import validate_json, validate_view
 
-    steps = steps or (8 if profile else 3)
+    steps = steps or (8 if profile or live else 3)
     p = Plan.load(plan_file)
+    if live:
+        return _validate_live(p, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out,
+                              (fails, repairs, policy, spares, checkpoint_every, checkpoint_dir))  # fmt: skip
     replan_result = None if replan_file is None else _load_replan(replan_file, p, "validate")
     injected = _parse_fault(fault)
     n, torchrun = _world_size(torch, backend, nproc)
@@ -224,6 +259,34 @@ def validate(
         _record(record, plan_file, p, measured_profile, comparison)
     if not data["passed"]:
         raise typer.Exit(1)
+
+
+def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out, how) -> None:
+    """`ntp validate --fail/--repair`: the live run, its timeline and the comparison."""
+    from ntp_planner.cli.live import check_live, live_json, run_live, timeline_view
+    from ntp_planner.report import validate_json, validate_view
+
+    fails, repairs, policy, spares, every, folder = how
+    if under_torchrun_env():
+        raise InputError("--fail runs every process on this host under one launcher; run it without torchrun")
+    n = nproc if nproc is not None else 16
+    shrunk, cuts = _shrunk_run(plan, n, None, steps, seed, seq_len, dtype, json_out)
+    check_live(fails, repairs, policy, spares, steps, shrunk.spec.world_size, every, folder)
+    result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
+    data = validate_json(shrunk, result, tolerance, "gloo", cuts) | live_json(result, run, tolerance)
+    if json_out:
+        show_json(data)
+    else:
+        show(validate_view(plan, shrunk, result, tolerance, "gloo", cuts))
+        show(timeline_view(run))
+    if not data["passed"]:
+        raise typer.Exit(1)
+
+
+def under_torchrun_env() -> bool:
+    from ntp_planner.executor.launch import under_torchrun
+
+    return under_torchrun()
 
 
 def _replan_coverage(replan, shrunk, nproc: int) -> dict:

@@ -37,6 +37,8 @@ KINDS = ("tp", "cp", "pp", "dp", "ep")  # the categories communication time is s
 
 
 class Comm:
+    fault = None  # called with the category on entering each collective (``live``'s fault injection)
+
     def __init__(self, spec: RunSpec, rank: int, progress=None):
         self.rank, self.progress, self.entered = rank, progress, 0
         self.spent_s = dict.fromkeys(KINDS, 0.0)  # seconds inside calls of each category, so far
@@ -62,6 +64,8 @@ class Comm:
         a rank blocked inside a collective has entered one more than it has left. The wall time
         inside is added to ``spent_s[kind]`` (``kind`` or the enclosing category; none: untimed)."""
         kind = kind or self._kind
+        if self.fault is not None:  # live recovery's injected failure (``live``): fires before entering
+            self.fault(kind)
         self.entered += 1
         if self.progress is not None:
             self.progress[3 * self.rank + 1] = self.entered

@@ -126,34 +126,39 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     dist.destroy_process_group()
 
 
-def reference_run(spec: RunSpec) -> dict:
-    """The same training in one process on the whole batch (mean over its tokens). In mixed
+def reference_run(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad_step: int = 0) -> dict:
+    """The same training in one process on the whole batch (mean over its tokens). With
+    ``samples``, one step per (first sample, count) on exactly those samples of the pool (a live
+    run's log: ``live.sample_rows``), and the gradients reported are those of step ``grad_step``. In mixed
     precision (bf16) the model is a bf16 copy of fp32 master weights: its gradients become fp32,
     AdamW updates the masters and the copy is cast from them again; parameters are reported as
     the copy's, in fp32."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(default_dtype(spec))
     try:
-        return _reference(spec)
+        return _reference(spec, samples, grad_step)
     finally:
         torch.set_default_dtype(previous)
 
 
-def _reference(spec: RunSpec) -> dict:
+def _reference(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad_step: int = 0) -> dict:
     mixed = spec.dtype in MASTER_DTYPE
     master = Reference(spec.cfg, seed=spec.seed)
     model = Reference(spec.cfg, seed=spec.seed).to(getattr(torch, spec.dtype)) if mixed else master
     opt = torch.optim.AdamW(list(master.parameters()), lr=spec.lr, **ADAMW)
     tokens, targets = synthetic_batch(spec)
+    if samples is None:
+        samples = [(0, spec.total_sequences)] * spec.steps
     losses, grads = [], {}
-    for step in range(spec.steps):
+    for step, (first, count) in enumerate(samples):
+        rows = (torch.arange(first, first + count) % spec.total_sequences).long()
         model.zero_grad()
-        loss = model.loss(tokens, targets)
+        loss = model.loss(tokens[rows], targets[rows])
         loss.backward()
         if mixed:
             for m, p in zip(master.parameters(), model.parameters(), strict=True):
                 m.grad = p.grad.float()
-        if step == 0:
+        if step == grad_step:
             grads = {k: v.grad.clone() for k, v in master.named_parameters()}
         opt.step()
         if mixed:

@@ -1,0 +1,181 @@
+"""`ntp validate --fail/--repair`: a live run that loses processes, re-plans and keeps training.
+
+Options are parsed and checked here before any process starts; the run itself is
+``executor.recovery``; the report is the timeline (one row per event, its recovery time split
+into detect / agree / re-plan / regroup / move state / redo) and the comparison with one process
+fed the samples the run committed.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from topologies.errors import InputError
+
+LIVE_POLICIES = ("ntp", "ntp-pw", "dp-drop", "spares", "restart")
+FailOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--fail",
+        help="RANK@STEP[:HOW]: process RANK fails in step STEP (from 0) for real: kill (SIGKILL mid-step, the "
+        "default), sync (SIGKILL in the gradient sync), raise (an exception inside a collective) or hang. "
+        "Repeat for more failures; the run recovers live under --policy.",
+    ),
+]
+RepairOpt = Annotated[
+    list[str] | None,
+    typer.Option("--repair", help="RANK@STEP: failed process RANK comes back at step STEP and its replica regrows."),
+]
+LivePolicyOpt = Annotated[
+    str,
+    typer.Option(
+        "--policy",
+        help="How a live run recovers: ntp, ntp-pw, dp-drop, spares (idle --spares processes stand in) or "
+        "restart (reload the last checkpoint on the new layout).",
+    ),
+]
+LiveSparesOpt = Annotated[
+    int,
+    typer.Option("--spares", min=0, max=64, help="Idle spare processes a live run starts with (for --policy spares)."),
+]
+CheckpointEveryOpt = Annotated[
+    int, typer.Option("--checkpoint-every", min=0, max=1000, help="Write a checkpoint every K steps (0: none).")
+]
+CheckpointDirOpt = Annotated[
+    Path | None, typer.Option("--checkpoint-dir", help="Folder for checkpoints (default: a temporary one).")
+]
+
+_EVENT = re.compile(r"^(\d{1,6})@(\d{1,6})(?::([a-z]+))?$")
+
+
+def parse_events(texts: list[str] | None, what: str, hows: tuple[str, ...] | None) -> list[tuple[int, int, str]]:
+    """``['1@2:sync']`` -> ``[(1, 2, 'sync')]``; a malformed entry is one clear sentence."""
+    out = []
+    for text in texts or []:
+        m = _EVENT.match(text.strip())
+        how = m.group(3) if m else None
+        if m is None or (how is not None and (hows is None or how not in hows)):
+            form = "RANK@STEP[:HOW], HOW one of " + ", ".join(hows) if hows else "RANK@STEP"
+            raise InputError(f"{what} {text!r} is not {form}; e.g. {what} 1@2")
+        out.append((int(m.group(1)), int(m.group(2)), how or (hows[0] if hows else "")))
+    return out
+
+
+def check_live(fails, repairs, policy: str, spares: int, steps: int, world: int, every: int, folder) -> None:
+    """Refuse, in one sentence each, what the run cannot do (before any process starts)."""
+    if policy not in LIVE_POLICIES:
+        raise InputError(f"--policy {policy!r} is not one of {', '.join(LIVE_POLICIES)}")
+    total = world + spares
+    for flag, events in (("--fail", fails), ("--repair", repairs)):
+        for rank, step, _ in events:
+            if rank >= total:
+                raise InputError(
+                    f"{flag} names process {rank} but the run has {world} processes"
+                    + (f" and {spares} spares" if spares else "")
+                    + f" (0..{total - 1}); pick one the shrink above lists"
+                )
+            if step >= steps:
+                raise InputError(
+                    f"{flag} {rank}@{step}: the run has steps 0..{steps - 1}; raise --steps or pick an earlier step"
+                )
+    for rank, step, _ in repairs:
+        if not any(r == rank and s < step for r, s, _ in fails):
+            raise InputError(
+                f"--repair {rank}@{step} repairs a process that has not failed before step {step}; add --fail {rank}@STEP first"
+            )
+    if len({(r, s) for r, s, _ in fails}) < len(fails):
+        raise InputError("--fail names the same process and step twice; give each failure once")
+    if policy == "spares" and spares == 0:
+        raise InputError("--policy spares needs idle spare processes: add --spares 1 (or more)")
+    if folder is not None and every == 0:
+        raise InputError("--checkpoint-dir needs --checkpoint-every K to write checkpoints")
+
+
+def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int, folder, timeout: float, quiet: bool):
+    """Run live and return (Result, LiveRun); a run that cannot go on ends in one sentence (exit 1)."""
+    from ntp_planner.cli.output import show_json, with_step_progress
+    from ntp_planner.executor.faults import Fault, Repair
+    from ntp_planner.executor.recovery import RecoveryFailure, launch_live
+
+    faults = tuple(Fault(r, s, h) for r, s, h in fails)
+    fixes = tuple(Repair(r, s) for r, s, _ in repairs)
+    tmp = None
+    if every and folder is None:
+        tmp = tempfile.mkdtemp(prefix="ntp-checkpoints-")
+    elif folder is not None:
+        from ntp_planner.plan import check_writable
+
+        folder.mkdir(parents=True, exist_ok=True) if not folder.exists() else None
+        if not folder.is_dir():
+            raise InputError(f"--checkpoint-dir {folder} is not a folder; give a folder path")
+        check_writable(folder / "probe", "checkpoint folder", "checkpoints/")
+    where = tmp or (str(folder) if folder is not None else "")
+    try:
+
+        def work(tick):
+            return launch_live(plan, shrunk, policy, faults, fixes, spares, every, where, "gloo", timeout, tick)
+
+        return with_step_progress(work, shrunk.spec.steps, quiet)
+    except (RecoveryFailure, ValueError) as exc:
+        if quiet:
+            show_json({"passed": False, "failure": str(exc)})
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def live_json(result, run, tolerance: float) -> dict:
+    """What `ntp validate --fail ... --json` adds: the timeline, the samples log, the steps lost
+    and the recovery costs the simulator takes (``ntp simulate --recovery-from``)."""
+    from ntp_planner.executor.recovery import recovery_costs
+
+    return {
+        "timeline": run.timeline,
+        "samples": [
+            {k: r[k] for k in ("step", "generation", "loss", "consumed", "batch", "replicas")} for r in run.steps
+        ],
+        "lost_steps": [{k: r[k] for k in ("step", "generation", "loss", "consumed", "batch")} for r in run.lost],
+        "layouts": run.layouts,
+        "recovery_costs_s": recovery_costs(run.timeline),
+        "steps_committed": len(run.steps),
+    }
+
+
+def timeline_view(run):
+    """The events of a live run: when, what, the layout after, and the recovery time by part."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="Recovery timeline", box=box.SIMPLE_HEAD)
+    cols = ("step", "event", "processes", "layout after", "batch", "state from")
+    parts = ("detect", "agree", "re-plan", "regroup", "move state", "redo", "total")
+    for col in cols:
+        table.add_column(col, justify="right" if col in ("step", "batch") else "left")
+    for col in parts:
+        table.add_column(f"{col} s", justify="right")
+    for e in run.timeline:
+        times = [
+            e.get(k) for k in ("detect_s", "agree_s", "replan_s", "regroup_s", "move_state_s", "redo_s", "total_s")
+        ]
+        source = e.get("source", "")
+        if e.get("note"):
+            source += f" ({e['note']})"
+        table.add_row(
+            str(e["step"]),
+            e["event"],
+            ", ".join(map(str, e.get("procs", []))),
+            escape(e.get("layout", "")),
+            str(e.get("batch", "")),
+            escape(source),
+            *("" if t is None else f"{t:.3f}" for t in times),
+        )
+    return table

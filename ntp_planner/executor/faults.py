@@ -1,0 +1,31 @@
+"""What a live run is told to go through: failures injected for real, and repairs. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HOWS = ("kill", "sync", "raise", "hang")  # how a process fails; the first is the default
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Process ``proc`` fails in step ``step``: ``kill`` (SIGKILL at its first collective of the
+    step, mid-step), ``sync`` (SIGKILL on entering the gradient sync), ``raise`` (an exception
+    raised inside its first collective of the step: the process crashes) or ``hang`` (it stops
+    there and never returns)."""
+
+    proc: int
+    step: int
+    how: str = "kill"
+
+    def __post_init__(self):
+        if self.how not in HOWS:
+            raise ValueError(f"a fault is one of {', '.join(HOWS)}, not {self.how!r}")
+
+
+@dataclass(frozen=True)
+class Repair:
+    """Process ``proc`` comes back (a fresh process) once step ``step`` is reached."""
+
+    proc: int
+    step: int

@@ -1,0 +1,485 @@
+"""Live recovery, the launcher's side: membership, the re-plan and the timeline.
+
+Membership is store-based, with a generation number. The store is a ``TCPStore`` hosted by the
+launcher process, which also spawned the ranks, so a dying rank cannot take it down (torchft's
+lighthouse plays the same part; torchft's reconfigurable process groups are not used: they
+rebuild whole data-parallel replicas, while a replica here changes its TP degree and layout, so
+every group is rebuilt anyway). The launcher watches each process (its exit code, and the
+progress array for a hang: no process makes progress for ``timeout_s`` while one is outside any
+collective and the others wait inside one) and the processes report what they see (a collective
+that failed: ``g<n>/left/<proc>``). On a failure it:
+
+1. detect: notices the dead process or the first survivor that left;
+2. agree: aborts the generation (``g<n>/abort``) and waits until every live process of the
+   layout has left it (a process that neither leaves nor dies within the collective timeout is
+   killed): the failed set is then the processes that died;
+3. re-plan: empties the failed processes' base slots and asks ``relayout.RunReplanner`` (the
+   plan's Replanner under the run's policy) for the next layout;
+4. regroup: publishes generation n + 1; each process destroys its old groups and builds the new
+   layout's (``live``);
+5. move state: the survivors of a degraded replica fetch from their peers the rows they now own
+   (``state.plan_moves``: only rows that change owner); when no up-to-date process holds some rows
+   (or under ``--policy restart``) the state comes from the last complete checkpoint instead
+   (``rank_checkpoint``), or from the initial weights when there is none, and the steps since are
+   redone;
+6. redo: the interrupted step (never committed, ``live``'s protocol) runs again on the new layout.
+
+A repair (``Repair``) starts a fresh process for the failed one; once it is up, the generation is
+stopped at the next step boundary and the next one gives it back its slot: the replica returns to
+its full degree and the newcomer pulls its rows from its peers.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ntp_planner.executor.faults import Repair
+from ntp_planner.executor.live import Generation, LiveConfig, serve
+from ntp_planner.executor.relayout import Layout, RunReplanner
+
+PARTS = ("detect_s", "agree_s", "replan_s", "regroup_s", "move_state_s", "redo_s")
+
+
+class RecoveryFailure(RuntimeError):
+    """The run could not go on (nothing left to run, or a process failed outside a step)."""
+
+
+@dataclass
+class LiveRun:
+    """What a live run did: its committed steps (those the final state is made of), the steps
+    lost to a rollback, the timeline of events and the final holdings (``holders``)."""
+
+    steps: list[dict]  # step, generation, loss, consumed, batch, replicas ([first, end) samples of each replica)
+    lost: list[dict]  # steps committed and then rolled back (a checkpoint fallback or a restart)
+    timeline: list[dict]
+    holders: list[dict]
+    grad_step: int  # index in ``steps`` of the step whose synced gradients ``holders`` carry
+    wall_s: float
+    layouts: list[str]  # each generation's layout, described
+
+
+def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress) -> None:
+    import os
+    import traceback
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s + 60))
+        serve(proc, store, cfg, progress)
+    except BaseException as exc:  # this process is broken: say why and die; the others recover
+        last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f" ({Path(last.filename).name}:{last.lineno})" if last else ""
+        Path(err_dir, f"{proc}.txt").write_text(f"{type(exc).__name__}: {str(exc).strip()[:300]}{where}")
+        os._exit(1)
+    os._exit(0)
+
+
+class Coordinator:
+    """Runs a live run from the launcher: spawns the processes, publishes generations, reacts to
+    failures and repairs, and keeps the log and the timeline."""
+
+    def __init__(
+        self,
+        replanner: RunReplanner,
+        policy: str,
+        cfg: LiveConfig,
+        spares: int = 0,
+        repairs: tuple[Repair, ...] = (),
+        tick=None,
+    ):
+        self.replanner, self.policy, self.cfg = replanner, policy, cfg
+        self.repairs = sorted(repairs, key=lambda r: r.step)
+        self.tick = tick
+        base = replanner.base()
+        self.base_world = base.spec.world_size
+        self.total = self.base_world + spares
+        self.ctx = mp.get_context("spawn")
+        self.progress = self.ctx.Array("q", 3 * self.total, lock=False)
+        self.procs: dict[int, object] = {}
+        self.dead: set[int] = set()
+        self.slots: list[int | None] = list(range(self.base_world))
+        self.gens: list[Generation] = []
+        self.state_gen = 0  # the generation whose layout holds the committed state
+        self.records: list[dict] = []  # committed steps, in commit order
+        self.lost: list[dict] = []
+        self.timeline: list[dict] = []
+        self.pending: list[dict] = []  # timeline events waiting for their regroup / move / redo times
+        self.faults_done: set[tuple[int, int]] = set()
+        self._first_layout = base
+
+    # ---- life cycle -----------------------------------------------------------------------
+    def run(self) -> LiveRun:
+        start = time.perf_counter()
+        self.store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=self.cfg.timeout_s + 60)
+        )
+        with tempfile.TemporaryDirectory(prefix="ntp-live-") as tmp:
+            self.err_dir = Path(tmp, "errors")
+            self.err_dir.mkdir()
+            self.cfg = LiveConfig(**{**self.cfg.__dict__, "out_file": str(Path(tmp, "out.pt"))})
+            try:
+                for proc in range(self.total):
+                    self._spawn(proc)
+                self._publish(Generation(0, self._first_layout, 0, 0, "init", previous=None))
+                self._loop()
+                got = torch.load(self.cfg.out_file, weights_only=False)
+            finally:
+                self._stop_all()
+        self._read_log()
+        steps = self._effective()
+        final = self.gens[got["generation"]]
+        grad_step = next(i for i, r in enumerate(steps) if r["step"] == final.start_step)
+        return LiveRun(
+            steps=steps,
+            lost=self.lost,
+            timeline=self.timeline,
+            holders=got["holders"],
+            grad_step=grad_step,
+            wall_s=time.perf_counter() - start,
+            layouts=[g.layout.describe() for g in self.gens if g.layout is not None and g.layout.spec is not None],
+        )
+
+    def _spawn(self, proc: int) -> None:
+        args = (proc, self.store.port, self.cfg, str(self.err_dir), self.progress)
+        p = self.ctx.Process(target=_worker, args=args, daemon=True)
+        p.start()
+        self.procs[proc] = p
+        self.dead.discard(proc)
+
+    def _stop_all(self) -> None:
+        if self.gens and self.gens[-1].layout is not None:
+            self._publish(Generation(len(self.gens), None, 0, 0, "init"))
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs.values():
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+    def _publish(self, gen: Generation) -> None:
+        self.gens.append(gen)
+        self.store.set(f"layout/{gen.number}", pickle.dumps(gen))
+        self._progress_seen = [-1] * self.total
+        self._progress_changed = [time.monotonic()] * self.total
+
+    @property
+    def layout(self) -> Layout:
+        return self.gens[-1].layout
+
+    # ---- watching ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            self._read_log()
+            if self.tick is not None:
+                self.tick(len(self._effective()))
+            if self.store.check(["done"]):
+                return
+            n = len(self.gens) - 1
+            self._idle_faults()
+            for proc, p in self.procs.items():
+                if p.exitcode is not None and proc not in self.dead and not self.store.check(["done"]):
+                    self.dead.add(proc)
+                    if proc in self.layout.procs:
+                        self._reconfigure(f"process {proc} died")
+                        break
+            else:
+                if int(self.store.add(f"g{n}/left", 0)) > 0:
+                    self._reconfigure("a process lost a peer")
+                elif self._hung():
+                    self._reconfigure("a process hung")
+                else:
+                    self._repair_due()
+            time.sleep(0.02)
+
+    def _read_log(self) -> None:
+        count = int(self.store.add("log/count", 0))
+        while len(self.records) < count:
+            key = f"log/{len(self.records)}"
+            if not self.store.check([key]):
+                break  # counted but not written yet
+            rec = json.loads(self.store.get(key))
+            gen = self.gens[rec["generation"]]
+            spec = gen.layout.spec
+            rec["replicas"] = [
+                [
+                    rec["consumed"] + spec.first_sequence(r),
+                    rec["consumed"] + spec.first_sequence(r) + rep.micro_batches * spec.micro_batch,
+                ]
+                for r, rep in enumerate(spec.replicas)
+                if rep.cp_rank == 0
+            ]
+            self.records.append(rec)
+        self._finish_events()
+
+    def _effective(self) -> list[dict]:
+        return [r for r in self.records if not r.get("lost")]
+
+    def _committed(self) -> int:
+        """Steps whose updates the state holds: the next step to run."""
+        eff = self._effective()
+        return eff[-1]["step"] + 1 if eff else 0
+
+    def _hung(self) -> bool:
+        """Kill the processes that hang (outside any collective while the others wait inside one,
+        with no progress anywhere for ``timeout_s``); True if one was killed."""
+        now, procs = time.monotonic(), self.layout.procs
+        for p in procs:
+            if self.progress[3 * p + 1] != self._progress_seen[p]:
+                self._progress_seen[p], self._progress_changed[p] = self.progress[3 * p + 1], now
+        if now - max(self._progress_changed[p] for p in procs) <= self.cfg.timeout_s:
+            return False
+        outside = [p for p in procs if self.progress[3 * p + 1] == self.progress[3 * p + 2]]
+        culprits = outside if outside and len(outside) < len(procs) else []
+        for p in culprits:
+            self._kill(p)
+        return bool(culprits)
+
+    def _kill(self, proc: int) -> None:
+        self.procs[proc].kill()
+        self.procs[proc].join(5)
+        self.dead.add(proc)
+
+    def _idle_faults(self) -> None:
+        """A fault of a process outside the layout (idle) fires when its step is reached."""
+        step = self._committed()
+        for f in self.cfg.faults:
+            if f.step <= step and f.proc not in self.layout.procs and f.proc not in self.dead:
+                if (f.proc, f.step) not in self.faults_done and f.proc in self.procs:
+                    self.faults_done.add((f.proc, f.step))
+                    self.store.set(f"fail/{f.proc}", json.dumps({"t": time.time(), "how": "kill", "step": f.step}))
+                    self._kill(f.proc)
+                    self.slots = [None if s == f.proc else s for s in self.slots]
+
+    # ---- repairs ----------------------------------------------------------------------------
+    def _repair_due(self) -> None:
+        step = self._committed()
+        for rep in list(self.repairs):
+            if rep.step > step:
+                break
+            if rep.proc not in self.dead:
+                continue  # not failed (yet): nothing to repair
+            if not getattr(self, "_repairing", None):
+                self.store.delete_key(f"ready/{rep.proc}")
+                self._repair_started = time.time()
+                self._spawn(rep.proc)
+                self._repairing = rep
+            if self._repairing is rep and self.store.check([f"ready/{rep.proc}"]):
+                self.repairs.remove(rep)
+                self._repairing = None
+                self._stop_at_boundary(rep)
+            return
+
+    def _stop_at_boundary(self, rep: Repair) -> None:
+        n = len(self.gens) - 1
+        k = self._committed()
+        while k < self.cfg.steps and self.store.compare_set(f"g{n}/go/{k}", "", "stop") != b"stop":
+            k += 1
+        if k >= self.cfg.steps:
+            self.timeline.append({"step": k, "event": "repair", "procs": [rep.proc], "note": "the run ended first"})
+            return
+        self._reconfigure(f"process {rep.proc} repaired", repaired=(rep.proc,), boundary=k)
+
+    # ---- the re-plan ------------------------------------------------------------------------
+    def _reconfigure(self, cause: str, repaired: tuple[int, ...] = (), boundary: int | None = None) -> None:
+        from ntp_planner.executor import rank_checkpoint
+        from ntp_planner.executor.state import plan_moves
+
+        t_notice = time.time()
+        gen = self.gens[-1]
+        n = gen.number
+        self.store.set(f"g{n}/abort", "1")
+        pending = {p for p in gen.layout.procs if p not in self.dead}
+        deadline = time.monotonic() + self.cfg.timeout_s + 10
+        while pending:
+            for p in list(pending):
+                if self.procs[p].exitcode is not None:
+                    self.dead.add(p)
+                    pending.discard(p)
+                elif self.store.check([f"g{n}/left/{p}"]):
+                    pending.discard(p)
+            if pending and time.monotonic() > deadline:
+                for p in pending:
+                    self._kill(p)
+                pending = set()
+            time.sleep(0.005)
+        t_agree = time.time()
+        self._read_log()
+        fails = [json.loads(self.store.get(f"fail/{p}")) for p in sorted(self.dead) if self.store.check([f"fail/{p}"])]
+        failed_now = sorted(p for p in self.dead if p in gen.layout.procs or p in self.slots)
+        self.slots = [None if s in self.dead else s for s in self.slots]
+        for p in repaired:
+            if self.slots[p] is None:
+                self.slots[p] = p
+        alive = frozenset(p for p in self.procs if p not in self.dead)
+        t0 = time.perf_counter()
+        layout = self.replanner.relayout(tuple(self.slots), alive, self.policy)
+        replan_s = time.perf_counter() - t0
+        self.slots = list(layout.slots)
+        if layout.spec is None:
+            raise RecoveryFailure(f"{cause}: no replica can run any more under --policy {self.policy}")
+        # the committed state is held in gen n's layout once every rank of it has its state in place
+        ranks = range(gen.layout.spec.world_size)
+        if all(self.store.check([f"g{n}/times/{r}"]) for r in ranks):
+            self.state_gen = n
+        held = self.gens[self.state_gen]
+        interrupted = self._committed()
+        start, consumed, source, ckpt, note = interrupted, self._consumed(), "memory", None, ""
+        moves = None
+        if self.policy == "restart":
+            source = "checkpoint"
+        else:
+            moves = plan_moves(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
+            if moves.missing:
+                source = "checkpoint"
+                names = sorted({m[0] for m in moves.missing})
+                note = f"no live copy of rows of {len(names)} parameters ({names[0]}, ...): "
+        if source == "checkpoint":
+            ckpt = rank_checkpoint.latest(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
+            if ckpt is None:
+                start, consumed, source = 0, 0, "init"
+                note += "no checkpoint yet, so from the initial weights"
+            else:
+                meta = rank_checkpoint.manifest(self.cfg.checkpoint_dir, ckpt)
+                start, consumed = ckpt + 1, int(meta["consumed"])
+                note += f"from the checkpoint of step {ckpt}"
+            for r in self.records:
+                if not r.get("lost") and r["step"] >= start:
+                    r["lost"] = True
+                    self.lost.append(r)
+        previous = (self.state_gen, held.layout.spec, held.layout.procs) if source == "memory" else None
+        self._publish(Generation(n + 1, layout, start, consumed, source, ckpt, previous))
+        t_fail = min((f["t"] for f in fails if f["t"] >= (self._t_last or 0)), default=t_notice)
+        event = {
+            "step": interrupted if boundary is None else boundary,
+            "event": "repair" if repaired else ("restart" if self.policy == "restart" else "failure"),
+            "cause": cause,
+            "procs": list(repaired) or failed_now,
+            "generation": n + 1,
+            "layout": layout.describe(),
+            "batch": layout.batch,
+            "source": source,
+            "note": note,
+            "detect_s": 0.0 if repaired else max(0.0, t_notice - t_fail),
+            "agree_s": t_agree - t_notice,
+            "replan_s": replan_s,
+            "bytes_moved": 0 if moves is None else moves.bytes_moved,
+            "redo_from": start,
+            "redo_to": interrupted if boundary is None else boundary,
+        }
+        self._t_last = t_notice
+        self.timeline.append(event)
+        self.pending.append(event)
+
+    _t_last: float | None = None
+
+    def _consumed(self) -> int:
+        eff = self._effective()
+        return eff[-1]["consumed"] + eff[-1]["batch"] if eff else 0
+
+    def _finish_events(self) -> None:
+        """Fill in an event's regroup, move and redo times once its generation has redone the
+        steps the failure cost."""
+        for event in list(self.pending):
+            n = event["generation"]
+            spec = self.gens[n].layout.spec
+            keys = [f"g{n}/times/{r}" for r in range(spec.world_size)]
+            if not all(self.store.check([k]) for k in keys):
+                continue
+            times = [json.loads(self.store.get(k)) for k in keys]
+            event["regroup_s"] = max(t["regroup_s"] for t in times)
+            event["move_state_s"] = max(t["move_s"] for t in times)
+            ready = max(t["t"] for t in times)
+            target = event["redo_to"]
+            if event["redo_from"] >= target:
+                event["redo_s"] = 0.0  # a step boundary: nothing to redo
+            else:
+                done = [r for r in self.records if r["generation"] == n and r["step"] == target]
+                if not done:
+                    continue
+                event["redo_s"] = max(0.0, done[0]["t"] - ready)
+            event["total_s"] = sum(event[p] for p in PARTS)
+            self.pending.remove(event)
+
+
+def recovery_costs(timeline: list[dict]) -> dict[str, float]:
+    """The simulator's recovery costs from a run's timeline (``ntp simulate --recovery-from``):
+    detection, the reconfiguration of a re-plan kept in memory (agree + re-plan + regroup + move +
+    redo) and a restart (the same for a restart from a checkpoint); means over the events."""
+    out: dict[str, float] = {}
+
+    def mean(events, parts):
+        return sum(sum(e.get(p, 0.0) for p in parts) for e in events) / len(events)
+
+    failures = [e for e in timeline if e["event"] in ("failure", "restart") and "total_s" in e]
+    if failures:
+        out["detection_s"] = mean(failures, ("detect_s",))
+    kept = [e for e in failures if e["source"] == "memory"]
+    if kept:
+        out["reconfigure_s"] = mean(kept, PARTS[1:])
+    restarts = [e for e in failures if e["source"] != "memory"]
+    if restarts:
+        out["restart_s"] = mean(restarts, PARTS[1:])
+    return out
+
+
+def live_spec(spec):
+    """The run a live recovery trains: replicated optimizer state (ZeRO 0) and experts on every
+    pipeline (ep 1), since state is carried row by row (``state``); notes say so."""
+    notes = list(spec.notes)
+    if spec.zero:
+        notes.append(f"ZeRO-{spec.zero} runs as ZeRO-0 under live recovery: each rank carries whole optimizer rows")
+    if spec.ep > 1:
+        notes.append(f"ep {spec.ep} runs as ep 1 under live recovery: every pipeline holds every expert")
+    if spec.dtype in ("bfloat16", "float16"):
+        raise ValueError(f"live recovery runs in float32 or float64, not {spec.dtype}; use --dtype float32")
+    return replace(spec, zero=0, ep=1, notes=tuple(notes))
+
+
+def launch_live(plan, shrunk, policy: str, faults=(), repairs=(), spares: int = 0, checkpoint_every: int = 0,
+                checkpoint_dir: str = "", backend: str = "gloo", timeout_s: float = 60.0, tick=None):  # fmt: skip
+    """Run ``shrunk`` (of ``plan``) live with injected ``faults`` and ``repairs``, recovering under
+    ``policy``; compare the final state with one process fed the samples the run committed.
+    Returns (``launch.Result``, ``LiveRun``)."""
+    from ntp_planner.executor.holders import compare
+    from ntp_planner.executor.launch import Result
+    from ntp_planner.executor.model import zero_gradient_params
+    from ntp_planner.executor.runtime import reference_run
+
+    shrunk = replace(shrunk, spec=live_spec(shrunk.spec))
+    spec = shrunk.spec
+    cfg = LiveConfig(
+        base=spec,
+        steps=spec.steps,
+        backend=backend,
+        timeout_s=timeout_s,
+        faults=tuple(faults),
+        checkpoint_every=checkpoint_every,
+        checkpoint_dir=checkpoint_dir,
+    )
+    run = Coordinator(RunReplanner(plan, shrunk, spares), policy, cfg, spares, tuple(repairs), tick).run()
+    ref = reference_run(spec, [(r["consumed"], r["batch"]) for r in run.steps], run.grad_step)
+    losses = [r["loss"] for r in run.steps]
+    zero = zero_gradient_params(spec.cfg)
+    noise = frozenset(k for k in ref["grads"] if k.rsplit(".", 1)[-1] in zero)
+    pairs = zip(run.steps, run.steps[1:], strict=False)
+    gaps = [b["t"] - a["t"] for a, b in pairs if a["generation"] == b["generation"]]
+    result = Result(
+        losses=losses,
+        reference_losses=ref["losses"],
+        max_rel_error_loss=max(abs(a - b) / abs(b) for a, b in zip(losses, ref["losses"], strict=True)),
+        wall_s=run.wall_s,
+        step_time_s=sum(gaps) / len(gaps) if gaps else 0.0,
+        **compare(run.holders, ref["params"], ref["grads"], noise),
+    )
+    return result, run
