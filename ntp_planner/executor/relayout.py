@@ -77,7 +77,9 @@ class Layout:
             return f"nothing runs ({self.policy}): every replica dropped"
         running = [x for x in self.replicas if x.status != "dropped"]
         tps = " + ".join("TP" + "/".join(map(str, dict.fromkeys(x.widths))) for x in running)
-        changed = [f"replica {i} {x.status}" for i, x in enumerate(self.replicas) if x.status in ("dropped", "replaced")]
+        changed = [
+            f"replica {i} {x.status}" for i, x in enumerate(self.replicas) if x.status in ("dropped", "replaced")
+        ]
         micro = "+".join(str(x.micro_batches) for x in running)
         cp = f", CP{self.spec.cp}" if self.spec.cp > 1 else ""
         return (
@@ -181,7 +183,9 @@ class RunReplanner:
     def _reason(self, status: str, decided: str | None, slices, filled, widths) -> str | None:
         """The Replanner's reason, or which spares stand in, or why a replica the plan keeps healthy is narrower."""
         if status == "replaced":
-            stand_in = [(b, filled[b]) for r in slices for st in r.stages for b in st.ranks if (filled[b] or 0) >= self.n]
+            stand_in = [
+                (b, filled[b]) for r in slices for st in r.stages for b in st.ranks if (filled[b] or 0) >= self.n
+            ]
             return "spare processes stand in at full width: " + ", ".join(f"{p} at base rank {b}" for b, p in stand_in)
         if status == "degraded" and decided is None:  # the plan keeps it healthy (in-domain spares)
             return (
