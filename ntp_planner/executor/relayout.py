@@ -162,7 +162,7 @@ class RunReplanner:
         out = self.replanner.decide(decider, survivors)
         if out.status == "dropped":
             return ReplicaChange("dropped", (0,) * base.pp, 0, out.reason), []
-        empty = [b for r in slices for st in r.stages for b in st.ranks if filled[b] is None]
+        empty = [b for b in _positions(slices) if filled[b] is None]
         spared = bool(empty) and out.status == "healthy" and len(pool) >= len(empty)
         for b in empty if spared else ():
             filled[b] = pool.pop(0)
@@ -196,7 +196,7 @@ class RunReplanner:
 
     def _status(self, slices, filled, widths, decided: str, spared) -> str:
         full = widths == tuple(st.width for st in slices[0].stages)
-        spare = any(filled[b] is not None and filled[b] >= self.n for r in slices for st in r.stages for b in st.ranks)
+        spare = any((filled[b] or 0) >= self.n for b in _positions(slices))
         if full and (spare or spared):
             return "replaced"
         return "healthy" if full and decided == "healthy" else "degraded"
@@ -234,3 +234,8 @@ class RunReplanner:
         ep = base.ep if alike and len(pipelines) % base.ep == 0 else 1
         reshard = base.reshard_after_forward if zero == 3 else True
         return dataclasses.replace(base, replicas=tuple(pipelines), zero=zero, ep=ep, reshard_after_forward=reshard)
+
+
+def _positions(slices) -> list[int]:
+    """Base ranks of the pipelines (a replica's cp slices) of the base run, in stage order."""
+    return [b for r in slices for st in r.stages for b in st.ranks]
