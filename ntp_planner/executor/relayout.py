@@ -225,13 +225,14 @@ class RunReplanner:
     def _spec(self, pipelines: list[ReplicaSpec]) -> RunSpec:
         """The base run with these pipelines. ZeRO-3 and expert parallelism need replicas alike
         (``spec.check``): beside replicas of different widths or batches the run drops to ZeRO-2
-        (as ``shrink`` does) and ep 1, and ep also when the pipelines left are not whole groups."""
+        (as ``shrink`` does) and ep 1; replicas alike keep the largest divisor of the base's ep
+        whose groups the pipelines left fill (``shrink._ep``'s rule)."""
         base = self.shrunk.spec
         shape = {(tuple((st.width, tuple(b.degree for b in st.blocks)) for st in r.stages), r.micro_batches)
                  for r in pipelines}  # fmt: skip
         alike = len(shape) == 1
         zero = base.zero if alike or base.zero < 3 else 2
-        ep = base.ep if alike and len(pipelines) % base.ep == 0 else 1
+        ep = max(d for d in range(1, base.ep + 1) if base.ep % d == 0 and len(pipelines) % d == 0) if alike else 1
         reshard = base.reshard_after_forward if zero == 3 else True
         return dataclasses.replace(base, replicas=tuple(pipelines), zero=zero, ep=ep, reshard_after_forward=reshard)
 

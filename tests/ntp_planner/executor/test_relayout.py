@@ -4,6 +4,7 @@ ranks, widths, micro-batches and idle processes on real plans shrunk to a few pr
 import subprocess
 import sys
 from functools import cache
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,11 +15,13 @@ from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
 from ntp_planner.executor.relayout import POLICIES, RunReplanner
 from ntp_planner.executor.shrink import scaled_micro_batches, shrink
+from ntp_planner.plan import Plan
 from ntp_planner.solver.planner import plan_from_layout
 from topologies.cluster import Cluster
 from topologies.cluster_catalogue import CLUSTERS
 
 EIGHT = tuple(range(8))
+PLANS = Path(__file__).parents[1] / "plans"
 
 
 @cache
@@ -222,15 +225,44 @@ def test_bad_input_says_what_was_expected():
         rr.relayout((0, 0, 2, 3, 4, 5, 6, 7), without(), "ntp")
 
 
-@settings(max_examples=60, deadline=None)
+def test_zero3_and_expert_parallelism_give_way_only_beside_a_narrower_replica():
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    lay = ParallelLayout(tp=4, dp=2, global_batch=16, zero=3, reshard_after_forward=False)
+    plan = plan_from_layout(MODELS["llama3-8b"], TrainingSpec(seq_len=2048, global_batch=16), cluster, lay)
+    s = shrink(plan, 8)
+    rr = RunReplanner(plan, s)
+    assert (s.spec.zero, s.spec.reshard_after_forward) == (3, False)
+    ntp = rr.relayout(EIGHT, without(1), "ntp").spec  # ZeRO-3 gathers cannot pair TP3 with TP4
+    assert (ntp.zero, ntp.reshard_after_forward) == (2, True)
+    drop = rr.relayout(EIGHT, without(1), "dp-drop").spec  # one replica left: still alike
+    assert (drop.zero, drop.reshard_after_forward) == (3, False)
+    assert rr.relayout(EIGHT, without(), "ntp").spec == s.spec
+    # the MoE plan (ep 8) shrunk to 16 processes runs 4 replicas at ep 4: 3 left hold ep 1, 2 hold ep 2
+    moe = Plan.load(PLANS / "moe.json")
+    s = shrink(moe, 16)
+    rr = RunReplanner(moe, s)
+    assert s.spec.ep == 4 and s.spec.data_replicas == 4
+    assert rr.relayout(tuple(range(16)), without(1, n=16), "dp-drop").spec.ep == 1
+    assert rr.relayout(tuple(range(16)), without(1, 3, n=16), "dp-drop").spec.ep == 2
+    assert rr.relayout(tuple(range(16)), without(1, n=16), "ntp").spec.ep == 1  # widths differ
+
+
+@cache
+def saved(name: str, nproc: int):
+    plan = Plan.load(PLANS / f"{name}.json")
+    return plan, shrink(plan, nproc)
+
+
+@settings(max_examples=80, deadline=None)
 @given(
-    which=st.sampled_from(["tp4_dp2", "tp4_pp2_dp2"]),
+    which=st.sampled_from(["tp4_dp2", "tp4_pp2_dp2", "moe", "dense_pp_interleaved"]),
     dead=st.sets(st.integers(0, 17)),
     policy=st.sampled_from(POLICIES),
     spares=st.integers(0, 2),
 )
 def test_every_live_process_runs_or_idles_exactly_once(which, dead, policy, spares):
-    plan, s = {"tp4_dp2": tp4_dp2, "tp4_pp2_dp2": tp4_pp2_dp2}[which]()
+    plans = {"tp4_dp2": tp4_dp2, "tp4_pp2_dp2": tp4_pp2_dp2}
+    plan, s = plans[which]() if which in plans else saved(which, 16 if which == "moe" else 8)
     n = s.spec.world_size
     alive = frozenset(range(n + spares)) - dead
     lay = RunReplanner(plan, s, spares).relayout(tuple(range(n)), alive, policy)
