@@ -76,7 +76,7 @@ class Layout:
         if self.spec is None:
             return f"nothing runs ({self.policy}): every replica dropped"
         running = [x for x in self.replicas if x.status != "dropped"]
-        tps = " + ".join("TP" + "/".join(map(str, dict.fromkeys(x.widths))) for x in running)
+        tps = " + ".join("TP" + "/".join(map(str, x.widths[: 1 if len(set(x.widths)) == 1 else None])) for x in running)
         changed = [
             f"replica {i} {x.status}" for i, x in enumerate(self.replicas) if x.status in ("dropped", "replaced")
         ]
