@@ -68,6 +68,21 @@ def wanted_replicas(lay) -> int:
     return min(max(2, -(-lay.ep // lay.cp)), lay.dp)
 
 
+def scaled_micro_batches(ratio: float, m: int, unit: int) -> int:
+    """Micro-batches of a replica that processes ``ratio`` of the plan's local batch, when a
+    healthy replica of the run processes ``m`` (a multiple of ``unit``: pp under the interleaved
+    schedule, else 1): ``ratio * m`` rounded to whole units, at least one unit, and for a
+    degraded replica (ratio < 1) one unit fewer than ``m`` when rounding would reach it, so that
+    the run keeps the plan's fact that it processes fewer sequences (unless ``m`` is one unit).
+    ``shrink`` and ``relayout`` both scale a degraded replica's micro-batches with it.
+
+    >>> scaled_micro_batches(6 / 8, 4, 1), scaled_micro_batches(7 / 8, 4, 1), scaled_micro_batches(1 / 8, 4, 2)
+    (3, 3, 2)
+    """
+    k = max(unit, unit * round(ratio * m / unit))
+    return max(unit, m - unit) if ratio < 1 and k >= m else k
+
+
 def _runs(degrees: list[int]) -> list[int]:
     """One entry per run of equal degrees."""
     return [d for i, d in enumerate(degrees) if i == 0 or degrees[i - 1] != d]
@@ -123,10 +138,7 @@ def shrink(
     ratios = [n / micro for *_, n in picks]
     if any(r < 1 for r in ratios):
         m = max(m, 2 * unit)
-    run_micro = []
-    for r in ratios:
-        k = max(unit, unit * round(r * m / unit))
-        run_micro.append(m - unit if r < 1 and k >= m else k)
+    run_micro = [scaled_micro_batches(r, m, unit) for r in ratios]
     degrees = {t for d in chunk_degrees for t in d} | {x for ws in widths for x in ws}
     modulus = math.lcm(*degrees)
     head_dim = 4 if model.num_heads <= 32 else 2
