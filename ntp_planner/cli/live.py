@@ -87,7 +87,8 @@ def check_live(fails, repairs, policy: str, spares: int, steps: int, world: int,
     for rank, step, _ in repairs:
         if not any(r == rank and s < step for r, s, _ in fails):
             raise InputError(
-                f"--repair {rank}@{step} repairs a process that has not failed before step {step}; add --fail {rank}@STEP first"
+                f"--repair {rank}@{step} repairs a process that has not failed before step {step}; "
+                f"add --fail {rank}@STEP first"
             )
     if len({(r, s) for r, s, _ in fails}) < len(fails):
         raise InputError("--fail names the same process and step twice; give each failure once")
