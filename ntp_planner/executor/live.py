@@ -179,8 +179,9 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         t1 = time.time()
         moved = 0
         if gen.source == "memory":
-            old_spec, old_procs = gen.previous
-            moved = carry(plan_moves(old_spec, old_procs, spec, layout.procs), rank, state, model, opt)
+            _, old_spec, old_procs = gen.previous
+            moves = plan_moves(old_spec, old_procs, spec, layout.procs)
+            moved = carry(moves, rank, state, model, opt, cfg.timeout_s)
         elif gen.source == "checkpoint" and gen.checkpoint_step is not None:
             install(model, opt, rank_checkpoint.load(cfg.checkpoint_dir, gen.checkpoint_step, spec, rank))
         t2, installed = time.time(), True

@@ -350,8 +350,8 @@ class Coordinator:
                 start, consumed, source = 0, 0, "init"
                 note += "no checkpoint yet, so from the initial weights"
             else:
-                meta = rank_checkpoint.manifest(self.cfg.checkpoint_dir, ckpt)
-                start, consumed = ckpt + 1, int(meta["consumed"])
+                meta = rank_checkpoint.info(self.cfg.checkpoint_dir, ckpt)
+                start, consumed = ckpt + 1, int(meta["consumed_samples"])
                 note += f"from the checkpoint of step {ckpt}"
             for r in self.records:
                 if not r.get("lost") and r["step"] >= start:
