@@ -224,3 +224,127 @@ def test_after_the_plan_every_holding_is_its_rows_of_the_full_tensor(old_widths,
                     g = got if row is None else got.select(index[0], i)
                     w = want if row is None else want.select(index[0], i)
                     assert torch.isnan(g).all() if row in lost[name] else torch.equal(g, w), (dst, name, row)
+
+
+# ---- the transfer itself: processes on gloo, one process group per generation -----------------------
+GENERATIONS = (  # (spec, procs, AdamW steps taken after the carry)
+    (tp(2, 2), (0, 1, 2, 3), 2),  # TP2 x DP2
+    (tp(2, 1), (0, 1, 2), 1),  # process 3 died: replica 1 runs TP1 on process 2
+    (tp(2, 2), (0, 1, 3, 2), 1),  # process 3 is back (a newcomer) as rank 2, process 2 renumbered 3
+)
+LR = 1e-2
+
+
+def _grad(name: str, shape, step: int) -> torch.Tensor:
+    """The full gradient of ``name`` at ``step``: the same on every holder and in the reference."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1000 * step + sum(map(ord, name))))
+
+
+def _train(named, opt, first: int, steps: int) -> None:
+    for step in range(first, first + steps):
+        for name, index, t in named:
+            t.grad = _slice(_grad(name, FULL_SHAPES[name], step), index)
+        opt.step()
+
+
+FULL_SHAPES = {n: tuple(p.shape) for n, p in Reference(CFG).named_parameters()}
+
+
+def _carry_worker(proc: int, store: str, out: str) -> None:
+    import os
+    import traceback
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ntp_planner.executor.state import carry, snapshot
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    try:
+        base, record, state, done = dist.FileStore(store, 4), {}, {}, 0
+        previous = None
+        for gen, (spec, procs, steps) in enumerate(GENERATIONS):
+            if proc not in procs:
+                state = {}  # not a rank of this generation: whatever it held goes stale
+                previous = (spec, procs)
+                done += steps
+                continue
+            rank = procs.index(proc)
+            replica, s = spec.locate(rank)
+            model = StageModel(spec, spec.replicas[replica].stages[s], rank, Reference(CFG, seed=9), None, "cpu")
+            opt = torch.optim.AdamW([t for *_, t in model.named_parameters()], lr=LR, weight_decay=0.01)
+            if previous is not None:
+                dist.init_process_group(
+                    "gloo", store=dist.PrefixStore(f"gen{gen}/", base), rank=rank, world_size=len(procs),
+                    timeout=timedelta(seconds=30),
+                )  # fmt: skip
+                plan = plan_moves(*previous, spec, procs)
+                got = carry(plan, rank, state, model, opt, timeout_s=30)
+                record[gen] = {"carried": snapshot(model, opt), "bytes": got}
+                dist.destroy_process_group()
+            else:  # generation 0 starts from the reference (seed 0); later ones must overwrite seed 9's values
+                full = dict(Reference(CFG).named_parameters())
+                with torch.no_grad():
+                    for name, _, _, t in model.named_parameters():
+                        t.copy_(_slice(full[name], held(spec, rank)[name]))
+            index = held(spec, rank)
+            _train([(n, index[n], t) for n, _, _, t in model.named_parameters()], opt, done, steps)
+            done += steps
+            state = snapshot(model, opt)
+            record.setdefault(gen, {})["trained"] = state
+            previous = (spec, procs)
+        torch.save(record, f"{out}/{proc}.pt")
+    except BaseException:
+        with open(f"{out}/{proc}.err", "w") as f:
+            f.write(traceback.format_exc())
+        os._exit(1)
+    os._exit(0)
+
+
+def _reference_states() -> list[dict]:
+    """Full state after each generation's steps, trained in one process."""
+    ref = Reference(CFG)
+    named = [(n, None, p) for n, p in ref.named_parameters()]
+    opt = torch.optim.AdamW([p for *_, p in named], lr=LR, weight_decay=0.01)
+    out, done = [], 0
+    for _, _, steps in GENERATIONS:
+        _train(named, opt, done, steps)
+        done += steps
+        out.append({n: {"param": p.detach().clone(), **{k: opt.state[p][k].clone() for k in ("exp_avg", "exp_avg_sq")},
+                        "step": opt.state[p]["step"].clone()} for n, _, p in named})  # fmt: skip
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_carry_on_gloo_shrink_then_a_newcomer(tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_carry_worker, args=(p, str(tmp_path / "store"), str(tmp_path)), daemon=True)
+        for p in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    errors = [f.read_text() for f in sorted(tmp_path.glob("*.err"))]
+    assert not errors and all(p.exitcode == 0 for p in procs), errors or [p.exitcode for p in procs]
+    records = {p: torch.load(tmp_path / f"{p}.pt") for p in range(4)}
+    want = _reference_states()
+    for gen in (1, 2):
+        (old, old_procs, _), (spec, procs_, _) = GENERATIONS[gen - 1], GENERATIONS[gen]
+        plan = plan_moves(old, old_procs, spec, procs_)
+        for rank, proc in enumerate(procs_):
+            for when, ref_gen in (("carried", gen - 1), ("trained", gen)):
+                got = records[proc][gen][when]
+                for name, index in held(spec, rank).items():
+                    for k in ("param", "exp_avg", "exp_avg_sq"):
+                        torch.testing.assert_close(got[name][k], _slice(want[ref_gen][name][k], index))
+                    assert float(got[name]["step"]) == float(want[ref_gen][name]["step"])
+            assert records[proc][gen]["bytes"] == sum(m.bytes for m in plan.moves if m.dst == rank)
+    assert records[3][2]["bytes"] > 0  # the newcomer received everything
