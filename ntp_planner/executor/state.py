@@ -211,11 +211,11 @@ def carry(
     filled = dict.fromkeys(tensors, 0)
     for c in plan.copies:
         if c.dst == rank:
-            filled[c.name] += _put(new[c.name], _select(old_state[c.name], cut_dim(c.name), c.src_pos), c)
+            filled[c.name] += _put(new[c.name], select_rows(old_state[c.name], cut_dim(c.name), c.src_pos), c)
     ops, received = [], []
     for m in plan.moves:
         if m.src == rank:
-            ops.append(dist.P2POp(dist.isend, _pack(_select(old_state[m.name], cut_dim(m.name), m.src_pos)), m.dst))
+            ops.append(dist.P2POp(dist.isend, _pack(select_rows(old_state[m.name], cut_dim(m.name), m.src_pos)), m.dst))
         elif m.dst == rank:
             buf = torch.empty(3 * _piece_shape(tensors[m.name], m).numel() + 1, dtype=tensors[m.name].dtype)
             ops.append(dist.P2POp(dist.irecv, buf, m.src))
@@ -247,7 +247,10 @@ def install(model, opt: torch.optim.Optimizer, state: dict[str, dict[str, torch.
             }
 
 
-def _select(state: dict[str, torch.Tensor], dim: int | None, pos: tuple[int, ...] | None) -> dict[str, torch.Tensor]:
+def select_rows(
+    state: dict[str, torch.Tensor], dim: int | None, pos: tuple[int, ...] | None
+) -> dict[str, torch.Tensor]:
+    """The positions ``pos`` along ``dim`` of one parameter's state (None: all of it); the step is shared."""
     if pos is None:
         return state
     at = torch.tensor(pos, dtype=torch.long)
