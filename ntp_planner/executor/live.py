@@ -118,14 +118,14 @@ class _ProcView:
         return self.progress[i + self.offset]
 
 
-def serve(proc: int, store, cfg: LiveConfig, progress=None) -> None:
-    """Process ``proc``'s whole life: every generation until the run is over."""
+def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: int = 0) -> None:
+    """Process ``proc``'s whole life: every generation from ``first_generation`` until the run is over."""
     torch.set_num_threads(1)
     torch.set_default_dtype(getattr(torch, cfg.base.dtype))
     pool = synthetic_batch(cfg.base)
     store.set(f"ready/{proc}", str(time.time()))
     states: dict[int, dict] = {}  # generation -> this process's committed state in that generation's layout
-    n = 0
+    n = first_generation
     while True:
         gen = _await_generation(store, n)
         if gen.layout is None:
@@ -252,14 +252,15 @@ def _injector(faults, proc: int, step: int, store):
     """The hook ``Comm`` calls on entering a collective (its category as argument) in this step,
     or None when no fault of this process fires in it."""
     mine = [f for f in faults if f.proc == proc and f.step == step]
-    if not mine:
-        return None
+    if not mine or store.check([f"fired/{proc}/{step}"]):
+        return None  # each fault fires once (a step redone after a rollback does not fail again)
     how = mine[0].how
 
     def fire(kind: str | None) -> None:
         if how == "sync" and kind != "dp":
             return
         store.set(f"fail/{proc}", json.dumps({"t": time.time(), "how": how, "step": step}))
+        store.set(f"fired/{proc}/{step}", "1")
         if how in ("kill", "sync"):
             os.kill(os.getpid(), signal.SIGKILL)
         if how == "hang":

@@ -68,14 +68,14 @@ class LiveRun:
     layouts: list[str]  # each generation's layout, described
 
 
-def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress) -> None:
+def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress, first_generation: int) -> None:
     import os
     import traceback
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s + 60))
-        serve(proc, store, cfg, progress)
+        serve(proc, store, cfg, progress, first_generation)
     except BaseException as exc:  # this process is broken: say why and die; the others recover
         last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
         where = f" ({Path(last.filename).name}:{last.lineno})" if last else ""
@@ -114,8 +114,8 @@ class Coordinator:
         self.lost: list[dict] = []
         self.timeline: list[dict] = []
         self.pending: list[dict] = []  # timeline events waiting for their regroup / move / redo times
-        self.faults_done: set[tuple[int, int]] = set()
         self._first_layout = base
+        self._restarted: set[int] = set()  # repaired processes started and not yet back in a layout
 
     # ---- life cycle -----------------------------------------------------------------------
     def run(self) -> LiveRun:
@@ -150,7 +150,8 @@ class Coordinator:
         )
 
     def _spawn(self, proc: int) -> None:
-        args = (proc, self.store.port, self.cfg, str(self.err_dir), self.progress)
+        # a process started later (a repair) joins at the next generation, never an old one
+        args = (proc, self.store.port, self.cfg, str(self.err_dir), self.progress, len(self.gens))
         p = self.ctx.Process(target=_worker, args=args, daemon=True)
         p.start()
         self.procs[proc] = p
@@ -169,6 +170,8 @@ class Coordinator:
 
     def _publish(self, gen: Generation) -> None:
         self.gens.append(gen)
+        if gen.layout is not None:
+            self._arm_repair(gen)
         self.store.set(f"layout/{gen.number}", pickle.dumps(gen))
         self._progress_seen = [-1] * self.total
         self._progress_changed = [time.monotonic()] * self.total
@@ -195,11 +198,10 @@ class Coordinator:
                         break
             else:
                 if int(self.store.add(f"g{n}/left", 0)) > 0:
-                    self._reconfigure("a process lost a peer")
+                    if not self._repair_at_boundary():
+                        self._reconfigure("a process lost a peer")
                 elif self._hung():
                     self._reconfigure("a process hung")
-                else:
-                    self._repair_due()
             time.sleep(0.02)
 
     def _read_log(self) -> None:
@@ -245,6 +247,14 @@ class Coordinator:
             self._kill(p)
         return bool(culprits)
 
+    def _error_of(self, proc: int) -> str:
+        """What process ``proc`` said before it died, or how it died."""
+        path = Path(self.err_dir, f"{proc}.txt")
+        if path.exists():
+            return path.read_text()
+        code = self.procs[proc].exitcode
+        return "still running" if code is None else f"exit code {code}"
+
     def _kill(self, proc: int) -> None:
         self.procs[proc].kill()
         self.procs[proc].join(5)
@@ -255,40 +265,46 @@ class Coordinator:
         step = self._committed()
         for f in self.cfg.faults:
             if f.step <= step and f.proc not in self.layout.procs and f.proc not in self.dead:
-                if (f.proc, f.step) not in self.faults_done and f.proc in self.procs:
-                    self.faults_done.add((f.proc, f.step))
+                if not self.store.check([f"fired/{f.proc}/{f.step}"]):
+                    self.store.set(f"fired/{f.proc}/{f.step}", "1")
                     self.store.set(f"fail/{f.proc}", json.dumps({"t": time.time(), "how": "kill", "step": f.step}))
                     self._kill(f.proc)
                     self.slots = [None if s == f.proc else s for s in self.slots]
 
     # ---- repairs ----------------------------------------------------------------------------
-    def _repair_due(self) -> None:
-        step = self._committed()
-        for rep in list(self.repairs):
-            if rep.step > step:
-                break
-            if rep.proc not in self.dead:
-                continue  # not failed (yet): nothing to repair
-            if not getattr(self, "_repairing", None):
-                self.store.delete_key(f"ready/{rep.proc}")
-                self._repair_started = time.time()
-                self._spawn(rep.proc)
-                self._repairing = rep
-            if self._repairing is rep and self.store.check([f"ready/{rep.proc}"]):
-                self.repairs.remove(rep)
-                self._repairing = None
-                self._stop_at_boundary(rep)
-            return
+    # A repair happens at its step exactly: every generation that runs through that step is told
+    # to stop before it (``g<n>/go/<step>`` = "stop", armed when the generation is published), and
+    # the repaired process is started as soon as its predecessor is dead, so that it has booted
+    # by then (the job waits for it at the boundary if not).
+    def _arm_repair(self, gen: Generation) -> None:
+        for rep in self.repairs:
+            if gen.start_step <= rep.step < self.cfg.steps:
+                self.store.compare_set(f"g{gen.number}/go/{rep.step}", "", "stop")
+                return  # the earliest; the generation after it arms the next
 
-    def _stop_at_boundary(self, rep: Repair) -> None:
-        n = len(self.gens) - 1
-        k = self._committed()
-        while k < self.cfg.steps and self.store.compare_set(f"g{n}/go/{k}", "", "stop") != b"stop":
-            k += 1
-        if k >= self.cfg.steps:
-            self.timeline.append({"step": k, "event": "repair", "procs": [rep.proc], "note": "the run ended first"})
-            return
+    def _start_repairs(self) -> None:
+        for rep in self.repairs:
+            if rep.proc in self.dead and rep.proc not in self._restarted:
+                self.store.delete_key(f"ready/{rep.proc}")
+                self._restarted.add(rep.proc)
+                self._spawn(rep.proc)
+
+    def _repair_at_boundary(self) -> bool:
+        """If the layout stopped before a repair's step, carry the repair out; True if so."""
+        n, k = len(self.gens) - 1, self._committed()
+        rep = next((r for r in self.repairs if r.step == k), None)
+        if rep is None or self.store.compare_set(f"g{n}/go/{k}", "", "stop") != b"stop":
+            return False
+        self._start_repairs()
+        deadline = time.monotonic() + self.cfg.timeout_s + 60
+        while not self.store.check([f"ready/{rep.proc}"]):
+            if time.monotonic() > deadline or self.procs[rep.proc].exitcode is not None:
+                raise RecoveryFailure(f"repaired process {rep.proc} did not start: {self._error_of(rep.proc)}")
+            time.sleep(0.02)
+        self.repairs.remove(rep)
+        self._restarted.discard(rep.proc)
         self._reconfigure(f"process {rep.proc} repaired", repaired=(rep.proc,), boundary=k)
+        return True
 
     # ---- the re-plan ------------------------------------------------------------------------
     def _reconfigure(self, cause: str, repaired: tuple[int, ...] = (), boundary: int | None = None) -> None:
@@ -378,6 +394,7 @@ class Coordinator:
             "redo_to": interrupted if boundary is None else boundary,
         }
         self._t_last = t_notice
+        self._start_repairs()
         self.timeline.append(event)
         self.pending.append(event)
 
@@ -401,8 +418,8 @@ class Coordinator:
             event["move_state_s"] = max(t["move_s"] for t in times)
             ready = max(t["t"] for t in times)
             target = event["redo_to"]
-            if event["redo_from"] >= target:
-                event["redo_s"] = 0.0  # a step boundary: nothing to redo
+            if event["event"] == "repair":
+                event["redo_s"] = 0.0  # stopped at a step boundary: nothing to redo
             else:
                 done = [r for r in self.records if r["generation"] == n and r["step"] == target]
                 if not done:
