@@ -10,7 +10,7 @@ others come from one up-to-date holder, chosen to spread the load; rows no sourc
 
 Worked example, the FFN's up projection (48 rows) when process 3 of a lone TP4 replica on
 processes (0, 1, 2, 3) dies and the survivors run it at TP3 (16 rows each). Process 0 held rows
-0..11 and now holds 0..15: it copies 12 and receives rows 12..15 (positions 0..3 of process 1's
+0..11 and now holds 0..15: it copies its 12 and receives rows 12..15 (positions 0..3 of process 1's
 old slice 12..23). Process 1 keeps 16..23 and receives 24..31 from process 2, which keeps
 32..35; rows 36..47 lived only on process 3, so they are missing (with a healthy replica they
 would come from it).
