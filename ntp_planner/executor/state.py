@@ -10,7 +10,7 @@ others come from one up-to-date holder, chosen to spread the load; rows no sourc
 
 Worked example, the FFN's up projection (48 rows) when process 3 of a lone TP4 replica on
 processes (0, 1, 2, 3) dies and the survivors run it at TP3 (16 rows each). Process 0 held rows
-0..11 and now holds 0..15: it copies 12 and receives rows 12..15 (positions 0..3 of process 1's
+0..11 and now holds 0..15: it copies its 12 and receives rows 12..15 (positions 0..3 of process 1's
 old slice 12..23). Process 1 keeps 16..23 and receives 24..31 from process 2, which keeps
 32..35; rows 36..47 lived only on process 3, so they are missing (with a healthy replica they
 would come from it).
@@ -133,7 +133,6 @@ def plan_moves(old: RunSpec, old_procs: tuple[int, ...], new: RunSpec, new_procs
             f"procs name every rank: {len(old_procs)} old procs for world {old.world_size}, "
             f"{len(new_procs)} new procs for world {new.world_size}"
         )
-    size = torch.empty(0, dtype=getattr(torch, new.dtype)).element_size()
     old_rank = {p: r for r, p in enumerate(old_procs)}
     sources = [r for r, p in enumerate(new_procs) if p in old_rank]  # new ranks, up to date
     was = {r: held(old, old_rank[new_procs[r]]) for r in sources}  # what each source held
@@ -141,7 +140,6 @@ def plan_moves(old: RunSpec, old_procs: tuple[int, ...], new: RunSpec, new_procs
     moves, copies, missing = [], [], {}
     now = tuple(held(new, r) for r in range(new.world_size))
     for dst, holding in enumerate(now):
-        replica = new.locate(dst)[0]
         for name, index in holding.items():
             mine = was.get(dst, {})
             kept = {row: i for i, row in enumerate(_rows(mine[name]))} if name in mine else {}
@@ -150,22 +148,33 @@ def plan_moves(old: RunSpec, old_procs: tuple[int, ...], new: RunSpec, new_procs
             if local:
                 copies.append(_piece(dst, dst, name, local, kept, want, 0))
             need = [row for row in want if row not in kept]
-            per_row = (3 * row_numel(new.cfg, name)) * size
-            while need:
-                offers = {s: set(_rows(was[s][name])) & set(need) for s in sources if name in was[s]}
-                offers = {s: rows for s, rows in offers.items() if rows}
-                if not offers:
-                    missing.setdefault(name, set()).update(need)
-                    break
-                src = min(offers, key=lambda s: (-len(offers[s]), load[s], new.locate(s)[0] != replica, s))
-                rows = [row for row in need if row in offers[src]]
-                spot = {row: i for i, row in enumerate(_rows(was[src][name]))}
-                piece = _piece(src, dst, name, rows, spot, want, len(rows) * per_row + size)
-                moves.append(piece)
-                load[src] += piece.bytes
-                need = [row for row in need if row not in offers[src]]
+            got = _fetch(new, dst, name, need, want, was, load)
+            moves += got
+            lost = set(need).difference(*(_rows(was[m.src][name]) for m in got))
+            if lost:
+                missing.setdefault(name, set()).update(lost)
     gone = tuple((n, None if None in rows else tuple(sorted(rows))) for n, rows in missing.items())
     return MovePlan(tuple(moves), tuple(copies), gone, now)
+
+
+def _fetch(new: RunSpec, dst: int, name: str, need: list, want: dict, was: dict, load: dict) -> list[Piece]:
+    """The pieces that bring rows ``need`` of ``name`` to ``dst`` (``want``: row -> position
+    there) from the sources (``was``: what each held; ``load``: bytes each has sent, updated)."""
+    size = torch.empty(0, dtype=getattr(torch, new.dtype)).element_size()
+    per_row = 3 * row_numel(new.cfg, name) * size  # param, exp_avg, exp_avg_sq; plus one step per message
+    replica, out = new.locate(dst)[0], []
+    while need:
+        offers = {s: set(_rows(held_[name])) & set(need) for s, held_ in was.items() if name in held_}
+        offers = {s: rows for s, rows in offers.items() if rows}
+        if not offers:
+            break
+        src = min(offers, key=lambda s: (-len(offers[s]), load[s], new.locate(s)[0] != replica, s))
+        rows = [row for row in need if row in offers[src]]
+        spot = {row: i for i, row in enumerate(_rows(was[src][name]))}
+        out.append(_piece(src, dst, name, rows, spot, want, len(rows) * per_row + size))
+        load[src] += out[-1].bytes
+        need = [row for row in need if row not in offers[src]]
+    return out
 
 
 def _piece(src: int, dst: int, name: str, rows: list, at_src: dict, at_dst: dict, nbytes: int) -> Piece:
@@ -178,6 +187,7 @@ def _piece(src: int, dst: int, name: str, rows: list, at_src: dict, at_dst: dict
 def snapshot(model, opt: torch.optim.Optimizer) -> dict[str, dict[str, torch.Tensor]]:
     """This rank's committed state, cloned: per reference name its 'param', AdamW's 'exp_avg'
     and 'exp_avg_sq' (zeros before the first step) and 'step' (a scalar tensor)."""
+    _check_adamw(opt)
     out = {}
     for name, _, _, t in model.named_parameters():
         state = opt.state.get(t, {})
@@ -232,9 +242,18 @@ def carry(
     return sum(buf.numel() * buf.element_size() for _, buf in received)
 
 
+def _check_adamw(opt) -> None:
+    if type(opt) is not torch.optim.AdamW:
+        raise ValueError(
+            f"carrying state needs a plain torch.optim.AdamW over the rank's tensors, not {type(opt).__name__} "
+            "(ZeRO and bf16 master weights are not supported)"
+        )
+
+
 def install(model, opt: torch.optim.Optimizer, state: dict[str, dict[str, torch.Tensor]]) -> None:
     """Set ``model``'s tensors (in place) and ``opt``'s AdamW state from ``state`` (per reference
     name, as ``snapshot`` gives), so the next ``opt.step()`` continues AdamW exactly."""
+    _check_adamw(opt)
     scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # AdamW's step dtype
     with torch.no_grad():
         for name, _, _, t in model.named_parameters():

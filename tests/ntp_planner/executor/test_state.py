@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ntp_planner.executor.model import Reference
 from ntp_planner.executor.spec import Block, ReplicaSpec, RunSpec, StageSpec, TinyConfig, make_spec
 from ntp_planner.executor.stage import StageModel
-from ntp_planner.executor.state import held, plan_moves
+from ntp_planner.executor.state import carry, held, plan_moves, snapshot
 
 CFG = TinyConfig()  # 8 heads, 2 KV heads (head_dim 4), FFN 48, vocabulary 64, 2 layers
 BLOCKS = [4, 4, 4, 4]  # embedding, 2 layers, head: one stage at TP4
@@ -348,3 +348,21 @@ def test_carry_on_gloo_shrink_then_a_newcomer(tmp_path):
                     assert float(got[name]["step"]) == float(want[ref_gen][name]["step"])
             assert records[proc][gen]["bytes"] == sum(m.bytes for m in plan.moves if m.dst == rank)
     assert records[3][2]["bytes"] > 0  # the newcomer received everything
+
+
+def test_only_a_plain_adamw_is_carried():
+    ref = Reference(CFG)
+    spec = tp(1)
+    model = StageModel(spec, spec.replicas[0].stages[0], 0, ref, None, torch.device("cpu"))
+    sgd = torch.optim.SGD([t for *_, t in model.named_parameters()], lr=0.1)
+    with pytest.raises(ValueError, match=r"needs a plain torch.optim.AdamW over the rank's tensors, not SGD"):
+        snapshot(model, sgd)
+
+
+def test_carry_refuses_a_plan_with_missing_rows():
+    plan = plan_moves(tp(4), (0, 1, 2, 3), tp(3), (0, 1, 2))
+    spec = tp(3)
+    model = StageModel(spec, spec.replicas[0].stages[0], 0, Reference(CFG), None, torch.device("cpu"))
+    opt = torch.optim.AdamW([t for *_, t in model.named_parameters()])
+    with pytest.raises(ValueError, match=r"no surviving process holds some rows of embed, .*load the last checkpoint"):
+        carry(plan, 0, {}, model, opt)
