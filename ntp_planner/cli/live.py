@@ -150,33 +150,42 @@ def live_json(result, run, tolerance: float) -> dict:
     }
 
 
+def _source(e: dict) -> str:
+    """Where the state came from: 'memory', 'checkpoint 5' or 'initial weights'."""
+    if e["source"] == "checkpoint":
+        return f"checkpoint {e['redo_from'] - 1}"
+    return "initial weights" if e["source"] == "init" else "memory"
+
+
 def timeline_view(run):
-    """The events of a live run: when, what, the layout after, and the recovery time by part."""
+    """The events of a live run (when, what, the layout after, where the state came from, the
+    steps redone) and their recovery time by part; notes and the samples log under them."""
     from rich import box
+    from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="Recovery timeline", box=box.SIMPLE_HEAD)
-    cols = ("step", "event", "processes", "layout after", "batch", "state from")
+    events = Table(title="Recovery timeline", box=box.SIMPLE_HEAD)
+    for col in ("step", "event", "processes", "layout after", "batch", "state from", "redone"):
+        events.add_column(col, justify="right" if col in ("step", "batch") else "left")
+    times = Table(title="Recovery time, s", box=box.SIMPLE_HEAD)
     parts = ("detect", "agree", "re-plan", "regroup", "move state", "redo", "total")
-    for col in cols:
-        table.add_column(col, justify="right" if col in ("step", "batch") else "left")
+    keys = ("detect_s", "agree_s", "replan_s", "regroup_s", "move_state_s", "redo_s", "total_s")
+    times.add_column("step", justify="right")
     for col in parts:
-        table.add_column(f"{col} s", justify="right")
+        times.add_column(col, justify="right")
+    notes = []
     for e in run.timeline:
-        times = [
-            e.get(k) for k in ("detect_s", "agree_s", "replan_s", "regroup_s", "move_state_s", "redo_s", "total_s")
-        ]
-        source = e.get("source", "")
+        redone = "none" if e["event"] == "repair" else _steps(e["redo_from"], e["redo_to"])
+        procs = ", ".join(map(str, e.get("procs", [])))
+        events.add_row(str(e["step"]), e["event"], procs, escape(e["layout"]), str(e["batch"]), _source(e), redone)
+        times.add_row(str(e["step"]), *("" if e.get(k) is None else f"{e[k]:.3f}" for k in keys))
         if e.get("note"):
-            source += f" ({e['note']})"
-        table.add_row(
-            str(e["step"]),
-            e["event"],
-            ", ".join(map(str, e.get("procs", []))),
-            escape(e.get("layout", "")),
-            str(e.get("batch", "")),
-            escape(source),
-            *("" if t is None else f"{t:.3f}" for t in times),
-        )
-    return table
+            notes.append(f"step {e['step']}: {e['note']}")
+    log = "; ".join(f"step {r['step']}: samples {r['consumed']}..{r['consumed'] + r['batch'] - 1}" for r in run.steps)
+    lost = f" Rolled back: steps {', '.join(str(r['step']) for r in run.lost)}." if run.lost else ""
+    return Group(events, times, *(escape(n) for n in notes), escape(f"Samples committed: {log}.{lost}"))
+
+
+def _steps(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
