@@ -463,7 +463,7 @@ def live_spec(spec):
     return replace(spec, zero=0, ep=1, notes=tuple(notes))
 
 
-def launch_live(plan, shrunk, policy: str, faults=(), repairs=(), spares: int = 0, checkpoint_every: int = 0,
+def launch_live(plan, shrunk, policy: str = "ntp", faults=(), repairs=(), spares: int = 0, checkpoint_every: int = 0,
                 checkpoint_dir: str = "", backend: str = "gloo", timeout_s: float = 60.0, tick=None):  # fmt: skip
     """Run ``shrunk`` (of ``plan``) live with injected ``faults`` and ``repairs``, recovering under
     ``policy``; compare the final state with one process fed the samples the run committed.

@@ -138,3 +138,13 @@ def test_an_exception_inside_a_collective_and_a_hang_are_failures_too():
     result, live = run(2, 2, steps=4, policy="ntp", faults=(Fault(0, 1, "raise"), Fault(3, 2, "hang")), timeout_s=5)
     assert_exact_and_accounted(result, live, 4, 2)
     assert live.timeline[1]["detect_s"] >= 5  # a hang is noticed after the timeout without progress
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_spare_process_stands_in_and_pulls_every_row_from_its_peers():
+    result, live = run(2, 2, steps=4, policy="spares", spares=1, faults=(Fault(1, 1),))
+    assert_exact_and_accounted(result, live, 4, 1)
+    (e,) = live.timeline
+    # process 4 (the spare) takes base rank 1: the same layout, the full batch, its rows moved to it
+    assert e["layout"].startswith("TP2 + TP2") and e["batch"] == live.steps[0]["batch"] and e["bytes_moved"] > 0
