@@ -1,10 +1,13 @@
 """Goodput accounting: each strategy's throughput over time in one batch of trials, and the
 statistics over all trials.
 
-- ``restart``: synchronous checkpoint-restart; every failure costs detection + restart + the
-  work since the last checkpoint; the job continues on a spare at full speed.
+- ``restart``: synchronous checkpoint-restart as a renewal process (``renewal``): a failure costs
+  detection + restart and the work since the last completed checkpoint, failures during a
+  recovery join it, the checkpoint clock starts again after it; the job continues on replacement
+  hardware at full speed.
 - ``dp-drop``, ``spares``, ``ntp``, ``ntp-pw``: the job reconfigures (detection +
-  reconfiguration on a failure, reconfiguration when a repaired GPU rejoins), keeps its state
+  reconfiguration on a failure, reconfiguration when a repaired GPU rejoins; one landing inside
+  another's recovery joins it), keeps its state
   from the surviving replicas (no rollback) and runs at the re-planned throughput; with a fixed
   batch it pauses while the re-planned throughput is 0.
 Every strategy pays checkpoint writes: interval / (interval + write) of the time is productive.
@@ -19,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ntp_planner.failures.events import Events
+from ntp_planner.failures.renewal import covered_share, restart_work, stall_seconds
 from ntp_planner.failures.states import FailureStates
 
 if TYPE_CHECKING:
@@ -94,28 +98,35 @@ class Batch:
 def restart_row(
     cfg: SimConfig, batch: Batch, interval_s: float, per_domain: int
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Checkpoint-restart: per-trial statistics and trial 0's throughput per bin. A failure
-    strikes at a uniform phase of the (interval + write) cycle and loses the work since the last
-    checkpoint, plus detection and restart."""
+    """Checkpoint-restart as a renewal process (``renewal``): per-trial statistics and trial 0's
+    throughput per bin. A failure loses the work since the last completed checkpoint and costs
+    detection + restart; one landing inside that recovery joins it."""
     ev, in_run, size = batch.events, batch.in_run, batch.trials
     run_s = cfg.days * 86400
     productive = interval_s / (interval_s + cfg.checkpoint_write_s)
-    failures = batch.failures
-    phase = np.mod(ev.start_h[in_run] * 3600, interval_s + cfg.checkpoint_write_s)
-    lost = np.bincount(ev.trial[in_run], weights=cfg.detection_s + cfg.restart_s + phase, minlength=size)
-    good = np.clip(run_s - lost, 0, None) * productive / run_s
+    work, restarts, spans = restart_work(
+        ev.trial[in_run],
+        ev.start_h[in_run] * 3600,
+        size,
+        run_s,
+        interval_s,
+        cfg.checkpoint_write_s,
+        cfg.detection_s + cfg.restart_s,
+    )
+    good = work / run_s
     row = dict(
         goodput=good,
         capacity_goodput=good * batch.slow.mean(axis=1),
         ettr=good,
         hours_paused=np.zeros(size),
-        interruptions=failures,
-        restarts=failures,
+        interruptions=batch.failures,
+        restarts=restarts,
         reconfigurations=np.zeros(size),
         spares_needed=np.ceil(batch.states.domains_down.max(axis=1) / per_domain),
         idle_gpu_hours=np.zeros(size),
     )
-    series = restart_series(ev, in_run, cfg.detection_s + cfg.restart_s + phase, len(batch.slow[0]), batch.bin_h)
+    # the spans are whole checkpoint cycles: the simulator scales the trace by I / (I + w)
+    series = covered_share(spans, batch.slow.shape[1], batch.bin_h * 3600) / productive
     return row, series * batch.slow[0]
 
 
@@ -133,7 +144,7 @@ def elastic_row(
     tput = tp[inverse] * batch.slow
     paused = (tp[inverse] == 0) if cfg.batch == "fixed" else np.zeros((size, bins), dtype=bool)
     paused_s = paused.sum(axis=1) * bin_h * 3600
-    stall = failures * (cfg.detection_s + cfg.reconfigure_s) + repairs * cfg.reconfigure_s
+    stall = elastic_stalls(cfg, batch, run_s)
     good = np.clip(run_s - stall - paused_s, 0, None) * productive / run_s
     cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
     needed = np.ceil(spares_per_state(tables, strategy, states)[inverse].max(axis=1) / per_domain)
@@ -151,25 +162,18 @@ def elastic_row(
     return row, tput[0]
 
 
-def restart_series(ev: Events, in_run: np.ndarray, lost_s: np.ndarray, bins: int, bin_h: float) -> np.ndarray:
-    """Trial 0's throughput per bin under checkpoint-restart: 1, less the share of each bin
-    spent restarting or redoing lost work (a long outage spills into the following bins).
-
-    >>> ev = Events(np.array([0]), np.array([0.5]), np.array([1.0]), np.zeros(1), np.zeros(1))
-    >>> restart_series(ev, np.array([True]), np.array([5400.0]), bins=3, bin_h=1.0).tolist()
-    [0.0, 0.5, 1.0]
-    """
-    series = np.ones(bins)
-    bin_s = bin_h * 3600
-    starts = ev.start_h[in_run]
-    for start, lost in zip(starts[ev.trial[in_run] == 0], lost_s[ev.trial[in_run] == 0], strict=True):
-        b, left = int(start / bin_h), float(lost)
-        while left > 0 and b < bins:
-            take = min(left, series[b] * bin_s)
-            series[b] -= take / bin_s
-            left -= take
-            b += 1
-    return series
+def elastic_stalls(cfg: SimConfig, batch: Batch, run_s: float) -> np.ndarray:
+    """Per trial, the time an elastic job stands still: detection + reconfiguration after each
+    failure, reconfiguration when a repaired GPU rejoins; one that lands inside another's
+    recovery joins it (``renewal.recovery_windows``)."""
+    ev = batch.events
+    fails, rejoins = batch.in_run, (ev.end_h >= 0) & (ev.end_h < batch.run_h)
+    trial = np.concatenate([ev.trial[fails], ev.trial[rejoins]])
+    start = np.concatenate([ev.start_h[fails], ev.end_h[rejoins]]) * 3600
+    duration = np.concatenate(
+        [np.full(int(fails.sum()), cfg.detection_s + cfg.reconfigure_s), np.full(int(rejoins.sum()), cfg.reconfigure_s)]
+    )
+    return stall_seconds(trial, start, duration, batch.trials, run_s)
 
 
 def spares_per_state(tables: ThroughputTables, strategy: str, states: np.ndarray) -> np.ndarray:
