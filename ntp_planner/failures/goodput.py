@@ -40,7 +40,9 @@ class StrategyStats(BaseModel):
     interruptions: float = Field(description="Failures that stopped or reconfigured the job.")
     restarts: float = Field(description="Checkpoint restarts.")
     reconfigurations: float = Field(description="Elastic reconfigurations: one per failure and one per rejoin.")
-    spares_needed: float = Field(description="Spare domains for pause-free training with a fixed batch.")
+    spares_needed: float = Field(
+        description="Fewest spare domains with which a fixed batch never pauses in a trial (its worst moment)."
+    )
     idle_gpu_hours: float = Field(description="Healthy GPUs left idle by the re-planned layouts, times hours.")
     time_over_threshold: float = Field(description="Share of time with more than down_threshold of GPUs down.")
 
@@ -52,6 +54,7 @@ class StrategyResult(BaseModel):
     p5: StrategyStats = Field(description="5th percentile over trials, per statistic.")
     p95: StrategyStats = Field(description="95th percentile over trials, per statistic.")
     checkpoint_interval_s: float = Field(description="Compute time between checkpoints.")
+    spares_needed_worst: float = Field(default=0.0, description="spares_needed of the worst trial.")
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Batch:
     slow: np.ndarray  # [trial, bin] speed under stragglers (1 = full speed)
     run_h: float
     bin_h: float
+    stalls: np.ndarray | None = None  # [trial] seconds elastic strategies stand still, once computed
 
     @property
     def trials(self) -> int:
@@ -96,7 +100,7 @@ class Batch:
 
 
 def restart_row(
-    cfg: SimConfig, batch: Batch, interval_s: float, per_domain: int
+    cfg: SimConfig, batch: Batch, tables: ThroughputTables, interval_s: float
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Checkpoint-restart as a renewal process (``renewal``): per-trial statistics and trial 0's
     throughput per bin. A failure loses the work since the last completed checkpoint and costs
@@ -114,6 +118,7 @@ def restart_row(
         cfg.detection_s + cfg.restart_s,
     )
     good = work / run_s
+    needed = spares_needed(tables, "restart", batch.states.states)[batch.states.inverse].max(axis=1)
     row = dict(
         goodput=good,
         capacity_goodput=good * batch.slow.mean(axis=1),
@@ -122,7 +127,7 @@ def restart_row(
         interruptions=batch.failures,
         restarts=restarts,
         reconfigurations=np.zeros(size),
-        spares_needed=np.ceil(batch.states.domains_down.max(axis=1) / per_domain),
+        spares_needed=needed,
         idle_gpu_hours=np.zeros(size),
     )
     # the spans are whole checkpoint cycles: the simulator scales the trace by I / (I + w)
@@ -131,7 +136,7 @@ def restart_row(
 
 
 def elastic_row(
-    cfg: SimConfig, batch: Batch, tables: ThroughputTables, strategy: str, interval_s: float, per_domain: int
+    cfg: SimConfig, batch: Batch, tables: ThroughputTables, strategy: str, interval_s: float
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """An elastic strategy: per-trial statistics and trial 0's throughput per bin, from the
     re-planned throughput of each bin's failure state."""
@@ -144,10 +149,12 @@ def elastic_row(
     tput = tp[inverse] * batch.slow
     paused = (tp[inverse] == 0) if cfg.batch == "fixed" else np.zeros((size, bins), dtype=bool)
     paused_s = paused.sum(axis=1) * bin_h * 3600
-    stall = elastic_stalls(cfg, batch, run_s)
+    if batch.stalls is None:  # the same for every elastic strategy
+        batch.stalls = elastic_stalls(cfg, batch, run_s)
+    stall = batch.stalls
     good = np.clip(run_s - stall - paused_s, 0, None) * productive / run_s
     cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
-    needed = np.ceil(spares_per_state(tables, strategy, states)[inverse].max(axis=1) / per_domain)
+    needed = spares_needed(tables, strategy, states)[inverse].max(axis=1)
     row = dict(
         goodput=good,
         capacity_goodput=cap,
@@ -176,17 +183,12 @@ def elastic_stalls(cfg: SimConfig, batch: Batch, run_s: float) -> np.ndarray:
     return stall_seconds(trial, start, duration, batch.trials, run_s)
 
 
-def spares_per_state(tables: ThroughputTables, strategy: str, states: np.ndarray) -> np.ndarray:
-    """Spare domains each state needs to run without pausing under a fixed batch. Spares replace
-    the worst domains first: if the single-GPU failures alone would not pause the job, only the
-    severe units (hosts, whole domains, doubly failed domains) need spares; else every one."""
-    fixed, _ = tables.arrays(strategy, "fixed", states)
-    singles_only = states.copy()
-    singles_only[:, 1:] = 0
-    singles_fixed, _ = tables.arrays(strategy, "fixed", singles_only)
-    severe = states[:, 1:].sum(axis=1)
-    every = states.sum(axis=1)
-    return np.where(fixed > 0, 0, np.where(singles_fixed > 0, severe, every)).astype(float)
+def spares_needed(tables: ThroughputTables, strategy: str, states: np.ndarray) -> np.ndarray:
+    """Fewest spare domains each state needs to keep a fixed batch without pausing, searched by
+    the re-planner over every use of the pool (``Replanner.fewest_spares``). Restart restarts at
+    full size: it needs what dropping replicas needs."""
+    policy = "dp-drop" if strategy in ("restart", "spares") else strategy  # spares falls back to dp-drop
+    return np.array([tables.need(policy, tuple(int(x) for x in row)) for row in states], dtype=float)
 
 
 def summarize(rows: list[dict[str, np.ndarray]], interval_s: float) -> tuple[StrategyResult, np.ndarray]:
@@ -200,4 +202,7 @@ def summarize(rows: list[dict[str, np.ndarray]], interval_s: float) -> tuple[Str
             ("p95", lambda v: np.percentile(v, 95)),
         )
     }
-    return StrategyResult(**pick, checkpoint_interval_s=interval_s), merged["capacity_goodput"]
+    result = StrategyResult(
+        **pick, checkpoint_interval_s=interval_s, spares_needed_worst=float(merged["spares_needed"].max())
+    )
+    return result, merged["capacity_goodput"]

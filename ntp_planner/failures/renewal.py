@@ -50,14 +50,23 @@ def recovery_windows(trial: np.ndarray, start_s: np.ndarray, duration_s: np.ndar
     ([True, False, True], [100.0, 100.0, 300.0])
     """
     order = np.lexsort((start_s, trial))
-    t, s, d = trial[order].tolist(), start_s[order].tolist(), duration_s[order].tolist()
-    heads, ends = np.zeros(len(t), dtype=bool), np.zeros(len(t))
-    current, end = -1, -math.inf
-    for i in range(len(t)):
-        if t[i] != current or s[i] >= end:
-            current, end = t[i], s[i] + d[i]
-            heads[i] = True
-        ends[i] = end
+    t, s, d = trial[order], start_s[order], duration_s[order]
+    heads = np.ones(t.size, dtype=bool)
+    # an event that starts a trial, or comes the longest recovery after the one before, starts a
+    # recovery whatever came before; only the rest need the sequential rule
+    unsure = np.flatnonzero(np.r_[False, (t[1:] == t[:-1]) & (s[1:] - s[:-1] < d.max(initial=0))])
+    index = np.arange(t.size)
+    last_sure = np.maximum.accumulate(np.where(np.isin(index, unsure, invert=True), index, 0))
+    latest = -1  # the latest head among the unsure events
+    s_list, d_list = s.tolist(), d.tolist()
+    for i in unsure.tolist():
+        h = max(int(last_sure[i]), latest)
+        if s_list[i] >= s_list[h] + d_list[h]:
+            latest = i
+        else:
+            heads[i] = False
+    head_of = np.maximum.accumulate(np.where(heads, index, 0))
+    ends = (s + d)[head_of]
     out_heads, out_ends = np.empty_like(heads), np.empty_like(ends)
     out_heads[order], out_ends[order] = heads, ends
     return out_heads, out_ends

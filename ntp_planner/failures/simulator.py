@@ -125,7 +125,7 @@ class SimConfig(BaseModel):
     restart_s: float = Field(default=600, ge=0, description="Restart overhead of checkpoint-restart.")
     detection_s: float = Field(default=60, ge=0, description="Time to notice a failure.")
     reconfigure_s: float = Field(default=180, ge=0, description="Elastic reconfiguration (drop, NTP, rejoin).")
-    spares: int = Field(default=0, ge=0, description="Idle spare NVLink domains (strategy spares).")
+    spares: int = Field(default=0, ge=0, description="Idle spare NVLink domains every elastic strategy draws on.")
     batch: str = Field(default="flexible", pattern="^(flexible|fixed)$", description="Global batch kept or not.")
     bin_s: float = Field(default=600, gt=0, description="Time resolution of the failure state.")
     down_threshold: float = Field(default=0.001, ge=0, description="Report time with more than this share down.")
@@ -215,32 +215,44 @@ class ThroughputTables:
         self.cfg, self.cluster = cfg, self.replanner.cluster
         self.node = min(self.cluster.spec.gpus_per_node, self.cluster.used_per_domain)
         self.cache: dict[tuple[str, str, int], tuple[float, int]] = {}
+        self.needs: dict[tuple, int] = {}
+        self.states: dict[tuple[int, ...], tuple[frozenset[int], frozenset[int]]] = {}
+
+    def failed(self, state: tuple[int, ...]) -> tuple[frozenset[int], frozenset[int]]:
+        """(failed GPUs, domains lost whole) of a state = failed units (one GPU, a host, a domain,
+        two GPUs of a domain), each unit in its own NVLink domain; a failed domain is every GPU
+        the job uses there, and its idle GPUs."""
+        if state in self.states:
+            return self.states[state]
+        c = self.cluster
+        failed, down, d = set(), set(), 0
+        for kind, count in enumerate(state):
+            for _ in range(count):
+                if d < c.num_domains:
+                    width = min((1, self.node, c.used_per_domain, 2)[kind], c.used_in_domain(d))
+                    failed.update(range(d * c.used_per_domain, d * c.used_per_domain + width))
+                    if kind == 2:
+                        down.add(d)
+                d += 1
+        self.states[state] = (frozenset(failed), frozenset(down))
+        return self.states[state]
 
     def get(self, strategy: str, batch: str, state: tuple[int, ...]) -> tuple[float, int]:
-        """State = failed units (one GPU, a host, a domain, two GPUs of a domain), each unit in its
-        own NVLink domain; a failed domain is every GPU the job uses there, and its idle GPUs."""
+        """Throughput and idle GPUs of ``state`` (see ``failed``) with the pool of ``cfg.spares``."""
         key = (strategy, batch, state)
         if key not in self.cache:
-            c = self.cluster
-            failed, down, d = set(), set(), 0
-            for kind, count in enumerate(state):
-                for _ in range(count):
-                    if d < c.num_domains:
-                        width = min((1, self.node, c.used_per_domain, 2)[kind], c.used_in_domain(d))
-                        failed.update(range(d * c.used_per_domain, d * c.used_per_domain + width))
-                        if kind == 2:
-                            down.add(d)
-                    d += 1
-            kept = self.replanner.throughput(
-                frozenset(failed),
-                strategy,
-                self.cfg.spares,
-                "dp-drop",
-                batch,
-                domains_down=frozenset(down),
-            )
+            failed, down = self.failed(state)
+            kept = self.replanner.throughput(failed, strategy, self.cfg.spares, "dp-drop", batch, domains_down=down)
             self.cache[key] = (kept.throughput_relative, kept.idle_gpus)
         return self.cache[key]
+
+    def need(self, policy: str, state: tuple[int, ...]) -> int:
+        """Fewest spare domains with which ``state`` keeps a fixed batch (``Replanner.fewest_spares``)."""
+        key = ("need", policy, state)
+        if key not in self.needs:
+            failed, down = self.failed(state)
+            self.needs[key] = self.replanner.fewest_spares(failed, policy, "dp-drop", domains_down=down)
+        return self.needs[key]
 
     def arrays(self, strategy: str, batch: str, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Throughput and idle GPUs for each row of ``states`` ([n, 4] unit counts)."""
@@ -260,7 +272,6 @@ def simulate(
     interval = checkpoint.interval_s(cfg.checkpoint_interval_s, cfg.checkpoint_write_s, job_rate, cfg.days * 86400)
     productive = interval / (interval + cfg.checkpoint_write_s)
     tables = ThroughputTables(plan, cfg)
-    per_domain = max(1, tables.cluster.used_per_domain // plan.layout.tp)  # TP groups per domain
     rows: dict[str, list[dict[str, np.ndarray]]] = {s: [] for s in strategies}
     trace = Trace(cfg.bin_h, np.zeros(0), {}, {})
     for first in range(0, cfg.trials, CHUNK):
@@ -268,9 +279,9 @@ def simulate(
         over = (batch.states.gpus_down / n > cfg.down_threshold).mean(axis=1)
         for s in strategies:
             if s == "restart":
-                row, series = restart_row(cfg, batch, interval, per_domain)
+                row, series = restart_row(cfg, batch, tables, interval)
             else:
-                row, series = elastic_row(cfg, batch, tables, s, interval, per_domain)
+                row, series = elastic_row(cfg, batch, tables, s, interval)
             row["throughput_loss"] = 1 - row["capacity_goodput"]
             row["time_over_threshold"] = over
             rows[s].append(row)

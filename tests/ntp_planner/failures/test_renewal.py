@@ -7,7 +7,7 @@ import pytest
 from scipy.optimize import minimize_scalar
 
 from ntp_planner.failures.checkpoint import daly_interval_s
-from ntp_planner.failures.renewal import renewal_goodput, restart_work, stall_seconds
+from ntp_planner.failures.renewal import recovery_windows, renewal_goodput, restart_work, stall_seconds
 from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR
 
 RECOVERY_S, WRITE_S, RUN_S = 660.0, 300.0, 30 * 86400.0  # detection 60 s + restart 600 s; 5-minute writes; 30 days
@@ -69,3 +69,22 @@ def test_elastic_stalls_are_the_union_of_recoveries_that_start_on_a_running_job(
     trial = np.array([0, 0, 0, 1])
     start = np.array([100.0, 0.0, 1000.0, 9900.0])
     assert stall_seconds(trial, start, np.full(4, 240.0), 2, 10_000).tolist() == [480.0, 100.0]
+
+
+def test_recovery_windows_agree_with_the_rule_applied_one_event_at_a_time():
+    rng = np.random.default_rng(0)
+    trial = rng.integers(0, 5, size=400)
+    start = rng.uniform(0, 20_000, size=400)
+    duration = rng.choice([180.0, 240.0], size=400)
+    heads, ends = recovery_windows(trial, start, duration, 5)
+    for t in range(5):
+        mine = np.flatnonzero(trial == t)
+        end = -math.inf
+        for i in mine[np.argsort(start[mine])]:
+            if start[i] >= end:
+                end = start[i] + duration[i]
+                assert heads[i]
+            else:
+                assert not heads[i]
+            assert ends[i] == end
+    assert 0 < (~heads).sum() < 400
