@@ -76,7 +76,7 @@ def stall_seconds(trial, start_s, duration_s, trials: int, run_s: float) -> np.n
     """Per trial, the time the job stands still in recoveries (their union), within the run."""
     heads, ends = recovery_windows(trial, start_s, duration_s, trials)
     lost = np.clip(ends[heads], None, run_s) - start_s[heads]
-    return np.bincount(trial[heads], weights=lost, minlength=trials)
+    return np.bincount(trial[heads], weights=lost, minlength=trials).astype(float)  # int when empty
 
 
 def restart_work(
@@ -110,7 +110,7 @@ def restart_work(
     first = np.r_[True, t[1:] != t[:-1]] if t.size else np.zeros(0, dtype=bool)
     begin = np.where(first, 0.0, np.r_[0.0, f[:-1]] + recovery_s)
     done = np.floor(np.clip(f - begin, 0, None) / cycle)
-    work = np.bincount(t, weights=done * interval_s, minlength=trials)
+    work = np.bincount(t, weights=done * interval_s, minlength=trials).astype(float)  # int when empty
     restarts = np.bincount(t, minlength=trials).astype(float)
     last = np.zeros(trials)  # when the tail begins: D after the last restart, 0 without one
     last[t] = f + recovery_s  # the latest failure of each trial wins (sorted by time)

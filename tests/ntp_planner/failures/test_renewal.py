@@ -88,3 +88,11 @@ def test_recovery_windows_agree_with_the_rule_applied_one_event_at_a_time():
                 assert not heads[i]
             assert ends[i] == end
     assert 0 < (~heads).sum() < 400
+
+
+def test_a_run_without_failures_keeps_every_cycle():
+    # 10,000 s of cycles of 1,200 s: 8 cycles (8,000 s of compute) and a tail of 400 s of compute
+    none = np.zeros(0, dtype=int)
+    work, restarts, spans = restart_work(none, np.zeros(0), 2, 10_000, 1000, 200, 300)
+    assert (work.tolist(), restarts.tolist(), spans) == ([8400.0, 8400.0], [0.0, 0.0], [(0.0, 10000.0)])
+    assert stall_seconds(none, np.zeros(0), np.zeros(0), 2, 10_000).tolist() == [0.0, 0.0]
