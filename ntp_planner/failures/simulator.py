@@ -45,7 +45,9 @@ __all__ = [
     "StrategyStats",
     "Trace",
     "ThroughputTables",
+    "check_pool_sweep",
     "check_strategies",
+    "pool_rows",
     "check_workload",
     "draw_events",
     "failed_counts",
@@ -129,6 +131,12 @@ class SimConfig(BaseModel):
     batch: str = Field(default="flexible", pattern="^(flexible|fixed)$", description="Global batch kept or not.")
     bin_s: float = Field(default=600, gt=0, description="Time resolution of the failure state.")
     down_threshold: float = Field(default=0.001, ge=0, description="Report time with more than this share down.")
+    start: str = Field(
+        default="steady",
+        pattern="^(steady|healthy)$",
+        description="steady: failures already in repair at t = 0 (a job joining a running cluster); "
+        "healthy: every GPU up at t = 0 (a trace from the job's first day).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
@@ -158,8 +166,9 @@ class SimConfig(BaseModel):
 
     @property
     def warm_h(self) -> float:
-        """Failures are drawn from this long before the run: the longest repair."""
-        return max(c.repair_max_h for c in self.classes)
+        """Failures are drawn from this long before the run: the longest repair from a steady
+        start, none from a healthy one."""
+        return max(c.repair_max_h for c in self.classes) if self.start == "steady" else 0.0
 
     def expected_events_per_trial(self, num_gpus: int) -> float:
         """Failures over run + warm-up, plus straggler episodes over the run, of one trial."""
@@ -195,6 +204,47 @@ def check_workload(cfg: SimConfig, num_gpus: int, strategies: int) -> None:
             f"{arithmetic} x trials({cfg.trials:,}) = {per_trial * cfg.trials:.3g} is over {MAX_EVENTS:.3g};"
             " lower trials, the rates or days"
         )
+
+
+MAX_POOLS = 32  # pool sizes one sweep simulates
+
+
+def check_pool_sweep(pools: list[int], cfg: SimConfig, strategies: int) -> None:
+    """InputError unless ``pools`` (spare domains per simulation) are distinct whole numbers of 0
+    or more, at most ``MAX_POOLS`` of them, and their simulations together stay within the bounds."""
+    bad = [k for k in pools if k < 0]
+    if bad:
+        raise InputError(f"--spares {bad[0]} is negative; give spare domains as whole numbers of 0 or more")
+    if len(set(pools)) < len(pools) or len(pools) > MAX_POOLS:
+        raise InputError(f"--spares lists {len(pools)} pool sizes; give at most {MAX_POOLS}, each once")
+    _check_cells(cfg.model_copy(update={"trials": cfg.trials * len(pools)}), strategies)
+
+
+def pool_rows(plan: Plan, runs: dict[int, dict[str, StrategyResult]]) -> list[dict]:
+    """One row per pool size and strategy. Per-GPU throughput counts the spare domains as GPUs
+    paid for: capacity goodput x job GPUs / (job GPUs + spares x GPUs per domain), relative to the
+    failure-free job without spares."""
+    n, domain = plan.cluster.num_gpus, plan.cluster.spec.domain_size
+    rows = []
+    for k, results in runs.items():
+        for s, r in results.items():
+            share = n / (n + k * domain)
+            rows.append(
+                {
+                    "spares": k,
+                    "strategy": s,
+                    "spare_gpus": k * domain,
+                    "gpu_throughput": r.mean.capacity_goodput * share,
+                    "gpu_throughput_p5": r.p5.capacity_goodput * share,
+                    "gpu_throughput_p95": r.p95.capacity_goodput * share,
+                    "goodput": r.mean.goodput,
+                    "capacity_goodput": r.mean.capacity_goodput,
+                    "hours_paused": r.mean.hours_paused,
+                    "hours_paused_p95": r.p95.hours_paused,
+                    "spares_needed": r.mean.spares_needed,
+                }
+            )
+    return rows
 
 
 def check_strategies(strategies: list[str]) -> None:
