@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.simulate import study_plan
+from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.cli import app
 from ntp_planner.failures.events import draw_events, failed_counts
 from ntp_planner.failures.simulator import SimConfig
+from ntp_planner.solver.planner import plan_from_layout
+from topologies import CLUSTERS, Cluster
 
 BASE = ["--days", "4", "--trials", "12", "--strategies", "restart,ntp", "--json"]
 
@@ -20,7 +22,13 @@ BASE = ["--days", "4", "--trials", "12", "--strategies", "restart,ntp", "--json"
 def plan_4k(tmp_path_factory):
     """ntp-480b on 4,096 B200 in NVL32 domains, TP32 x PP8 x DP16, 8 sequences a replica."""
     path = tmp_path_factory.mktemp("sim") / "plan.json"
-    study_plan(4096).save(path)
+    layout = ParallelLayout(
+        tp=32, pp=8, dp=16, global_batch=128, sequence_parallel=True, distributed_optimizer=True, recompute="full"
+    )
+    training = TrainingSpec(seq_len=16384, global_batch=128)
+    plan_from_layout(MODELS["ntp-480b"], training, Cluster(spec=CLUSTERS["b200-nvl32"], num_gpus=4096), layout).save(
+        path
+    )
     return path
 
 

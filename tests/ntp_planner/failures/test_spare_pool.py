@@ -3,12 +3,32 @@ degraded replica's batch counted in sequences: hand-computed small clusters."""
 
 import pytest
 
-from cost_models import ParallelLayout, TrainingSpec
+from cost_models import MODELS, ParallelLayout, TrainingSpec
 from cost_models.degraded import degraded_step_time
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.solver.planner import plan_from_layout
-from tests.ntp_planner.failures.test_replan import SEVEN, two_replicas
 from topologies import CLUSTERS, Cluster
+
+# heads (56) and FFN columns (28,672) split evenly over 8 and 7 GPUs (as in test_replan)
+SEVEN = MODELS["llama3-8b"].model_copy(
+    update={
+        "name": "seven",
+        "hidden_size": 7168,
+        "num_heads": 56,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "ffn_hidden_size": 28672,
+        "num_layers": 8,
+        "vocab_size": 57344,
+    }
+)
+
+
+def two_replicas(pp, dp, gpus, batch):
+    layout = ParallelLayout(tp=8, pp=pp, dp=dp, global_batch=batch, sequence_parallel=True, distributed_optimizer=True)
+    training = TrainingSpec(seq_len=4096, global_batch=batch)
+    return plan_from_layout(SEVEN, training, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=gpus), layout)
+
 
 # 4 replicas of 2 DGX domains (TP8 x PP2), 8 sequences each (micro-batches of 1), global batch 32;
 # GPU g sits in domain g // 8. One GPU fails in each of domains 0, 3 and 5.
