@@ -263,6 +263,8 @@ def replan_view(r) -> Group:
     head.add_row("failed GPUs", failed + (f"; {r.spares_used} spare domains used" if r.spares_used else ""))
     if covered:
         head.add_row("in-domain spares used", f"{covered} (idle GPUs of the failed GPUs' own NVLink domains)")
+    if getattr(r, "spares_note", None):
+        head.add_row("spare domains", r.spares_note)
     head.add_row(
         "throughput kept", f"{r.throughput_relative:.2%}" + ("  (PAUSED: batch below target)" if r.paused else "")
     )
@@ -390,13 +392,13 @@ def pool_table(rows: list[dict], cfg, sources: dict[str, str] | None = None) -> 
             f"{r['capacity_goodput']:.1%}",
             f"{r['hours_paused']:.1f}",
         )
-    note = (
-        "per-GPU throughput: capacity goodput x job GPUs / (job GPUs + spare GPUs); restart restarts on "
-        "replacement hardware and does not draw on the pool"
-    )
+    note = "per-GPU throughput: capacity goodput x job GPUs / (job GPUs + spare GPUs)"
+    if any(r["strategy"] == "restart" for r in rows):
+        note += "; restart restarts on replacement hardware and does not draw on the pool"
     src = sources or {}
     used = ", ".join(
-        f"{k} {getattr(cfg, k):g} s ({src.get(k, 'default')})" for k in ("detection_s", "restart_s", "reconfigure_s")
+        f"{k.removesuffix('_s')} {getattr(cfg, k):g} s ({src.get(k, 'default')})"
+        for k in ("detection_s", "restart_s", "reconfigure_s")
     )
     return Group(t, Text(note), Text(f"{cfg.start} start; recovery costs: {used}"))
 

@@ -119,3 +119,19 @@ def test_a_degraded_replica_keeps_sequences_not_whole_micro_batches():
     )
     assert r.global_batch_reached == 15
     r.check_against(plan)  # a batch that is not whole micro-batches is a valid re-plan
+
+
+def test_cli_replan_says_how_it_used_the_pool(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ntp_planner.cli import app
+
+    path = tmp_path / "plan.json"
+    two_replicas(pp=2, dp=4, gpus=64, batch=32).save(path)
+    args = ["replan", str(path), "--failed", "3,25,42", "--policy", "ntp", "--spares", "4", "--batch", "fixed"]
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert (data["extra_replicas"], data["spares_used"], data["global_batch_reached"]) == (1, 2, 32)
+    text = CliRunner().invoke(app, args).stdout
+    assert "spare domains      2 of 4 spare domains used: 1 extra replica formed" in text
