@@ -7,8 +7,12 @@ trials, composed of four steps, each in its own module:
 2. ``states``: time cut into bins, the failed units per bin, numbered by distinct state;
 3. here, ``ThroughputTables``: each distinct state's throughput per strategy, from the NTP
    re-planning code (``Replanner``), computed once and cached;
-4. ``goodput``: each strategy's throughput over time and its statistics over trials.
-Checkpoint intervals (Daly's optimum by default) come from ``checkpoint``.
+4. ``goodput``: each strategy's throughput over time and its statistics over trials, with
+   recoveries as a renewal process (``renewal``: a failure inside a recovery joins it).
+Checkpoint intervals (Daly's optimum by default) come from ``checkpoint``; spare domains are a
+pool every elastic strategy draws on (``spare_pool``), and ``spares_needed`` is the fewest that
+keep a fixed batch, searched per failure state. A run starts in steady state or healthy
+(``SimConfig.start``).
 
 Work is refused up front, with the arithmetic, when it would run for more than minutes or hold
 more than a few GB: see ``SimConfig`` and ``check_workload``.
