@@ -1,4 +1,4 @@
-"""Every PNG ntp draws: the goodput simulation's three plots and the failure sweep's loss curve.
+"""Every PNG ntp draws: the goodput simulation's three plots, its spares sweep and the failure sweep's loss curve.
 
 matplotlib is an optional extra (``pip install 'ntp-planner[plot]'``): it is imported inside
 each function, with the non-interactive Agg backend, so the rest of ntp runs without it.
@@ -111,4 +111,30 @@ def plot_sweep(rows: list[SweepRow], path, title: str) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
+    _save(plt, fig, path)
+
+
+def plot_spares(rows: list[dict], path, title: str) -> None:
+    """Per-GPU throughput (spares counted as GPUs paid for) and hours paused against the spare
+    domains, one line per strategy: the NTP study's spares figure."""
+    plt = _pyplot()
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot make the plot folder {path.parent}: {exc.strerror.lower()}; pick another") from None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), dpi=120, sharex=True)
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        mine = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["spares"])
+        k = [r["spares"] for r in mine]
+        top.plot(k, [100 * r["gpu_throughput"] for r in mine], marker="o", label=strategy)
+        top.fill_between(
+            k, [100 * r["gpu_throughput_p5"] for r in mine], [100 * r["gpu_throughput_p95"] for r in mine], alpha=0.15
+        )
+        bottom.plot(k, [r["hours_paused"] for r in mine], marker="o", label=strategy)
+    top.set(ylabel="throughput per GPU paid for (%)", title=title)
+    bottom.set(xlabel="spare NVLink domains", ylabel="hours paused")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    top.legend()
     _save(plt, fig, path)

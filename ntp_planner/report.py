@@ -263,6 +263,8 @@ def replan_view(r) -> Group:
     head.add_row("failed GPUs", failed + (f"; {r.spares_used} spare domains used" if r.spares_used else ""))
     if covered:
         head.add_row("in-domain spares used", f"{covered} (idle GPUs of the failed GPUs' own NVLink domains)")
+    if getattr(r, "spares_note", None):
+        head.add_row("spare domains", r.spares_note)
     head.add_row(
         "throughput kept", f"{r.throughput_relative:.2%}" + ("  (PAUSED: batch below target)" if r.paused else "")
     )
@@ -324,7 +326,7 @@ def sweep_table(rows) -> Table:
     return t
 
 
-def simulation_table(results, cfg) -> Group:
+def simulation_table(results, cfg, sources: dict[str, str] | None = None) -> Group:
     t = Table(title=escape(f"Goodput over {cfg.days:g} days, {cfg.trials} trials (mean [p5-p95])"))
     for col in (
         "strategy",
@@ -346,18 +348,59 @@ def simulation_table(results, cfg) -> Group:
             f"{m.throughput_loss:.1%}",
             f"{m.hours_paused:.1f}",
             f"{m.interruptions:.0f}",
-            f"{m.spares_needed:.0f}",
+            escape(f"{m.spares_needed:.0f} [{lo.spares_needed:.0f}-{hi.spares_needed:.0f}]"),
             f"{m.idle_gpu_hours:,.0f}",
         )
-    interval = next(iter(results.values())).checkpoint_interval_s
+    first = next(iter(results.values()))
+    worst = ", ".join(f"{name} {r.spares_needed_worst:.0f}" for name, r in results.items())
     return Group(
         t,
-        Text(
-            f"checkpoint every {interval / 60:.1f} min ({'Daly' if cfg.checkpoint_interval_s is None else 'fixed'}), "
-            f"write {cfg.checkpoint_write_s:g} s, restart {cfg.restart_s:g} s, "
-            f"failures {cfg.failure_rate_per_gpu_hour:.3g} per GPU-hour"
-        ),
+        Text(_simulation_footer(cfg, first.checkpoint_interval_s, first.mean.time_over_threshold, sources)),
+        Text(f"spares needed: fewest spare domains that keep a fixed batch without pausing; worst trial: {worst}"),
     )
+
+
+def _simulation_footer(cfg, interval_s: float, over: float, sources: dict[str, str] | None) -> str:
+    """Checkpoints, recovery costs (and where they came from), failures, start, time over threshold."""
+    src = sources or {}
+
+    def cost(name: str, label: str) -> str:
+        where = src.get(name, "default")
+        return f"{label} {getattr(cfg, name):g} s" + (f" ({where})" if where != "default" else "")
+
+    return (
+        f"checkpoint every {interval_s / 60:.1f} min ({'Daly' if cfg.checkpoint_interval_s is None else 'fixed'}), "
+        f"write {cfg.checkpoint_write_s:g} s; {cost('detection_s', 'detection')}, {cost('restart_s', 'restart')}, "
+        f"{cost('reconfigure_s', 'reconfigure')}; failures {cfg.failure_rate_per_gpu_hour:.3g} per GPU-hour, "
+        f"{cfg.start} start, {cfg.spares} spare domains; {over:.1%} of the time more than "
+        f"{cfg.down_threshold:.3g} of GPUs down"
+    )
+
+
+def pool_table(rows: list[dict], cfg, sources: dict[str, str] | None = None) -> Group:
+    """The spares sweep: per-GPU throughput (spares counted as GPUs paid for), goodput and hours
+    paused against the pool size, per strategy."""
+    t = Table(title=escape(f"Spare domains over {cfg.days:g} days, {cfg.trials} trials, {cfg.batch} batch (mean)"))
+    for col in ("spares", "strategy", "per-GPU throughput", "goodput", "capacity goodput", "hours paused"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in rows:
+        t.add_row(
+            str(r["spares"]),
+            r["strategy"],
+            escape(f"{r['gpu_throughput']:.1%} [{r['gpu_throughput_p5']:.1%}-{r['gpu_throughput_p95']:.1%}]"),
+            f"{r['goodput']:.1%}",
+            f"{r['capacity_goodput']:.1%}",
+            f"{r['hours_paused']:.1f}",
+        )
+    note = "per-GPU throughput: capacity goodput x job GPUs / (job GPUs + spare GPUs)"
+    if any(r["strategy"] == "restart" for r in rows):
+        note += "; restart restarts on replacement hardware and does not draw on the pool"
+    src = sources or {}
+    used = ", ".join(
+        f"{k.removesuffix('_s')} {getattr(cfg, k):g} s ({src.get(k, 'default')})"
+        for k in ("detection_s", "restart_s", "reconfigure_s")
+    )
+    return Group(t, Text(note), Text(f"{cfg.start} start; recovery costs: {used}"))
 
 
 def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dict] | None = None) -> dict:

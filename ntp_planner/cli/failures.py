@@ -20,6 +20,7 @@ from ntp_planner.cli.options import (
     PowerOpt,
     SeedOpt,
     SparesOpt,
+    Start,
     parse_list,
 )
 from ntp_planner.cli.output import progress, show, show_json
@@ -50,7 +51,25 @@ SwRepairOpt = Annotated[str, typer.Option("--sw-repair-hours", help="Software re
 HwShareOpt = Annotated[float, typer.Option("--hw-share", min=0, max=1, help="Share of failures that are hardware.")]
 IntervalOpt = Annotated[str, typer.Option("--checkpoint-interval", help="auto (Daly's optimum) or minutes.")]
 WriteOpt = Annotated[float, typer.Option("--checkpoint-write-s", help="Checkpoint write, s.")]
-RestartOpt = Annotated[float, typer.Option("--restart-s", help="Restart overhead, s.")]
+RestartOpt = Annotated[
+    float | None, typer.Option("--restart-s", help="Restart overhead, s (default 600, or --recovery-from's).")
+]
+RecoveryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--recovery-from",
+        help='JSON whose "recovery_costs_s" (detection_s, reconfigure_s, restart_s) replace the defaults, '
+        "e.g. the output of ntp validate --json.",
+    ),
+]
+SimSparesOpt = Annotated[
+    str,
+    typer.Option(
+        "--spares",
+        help="Idle spare NVLink domains every elastic strategy draws on; a list (0,8,16) sweeps them.",
+    ),
+]
+StartOpt = Annotated[Start, typer.Option("--start", help="steady: failures already in repair at t = 0; healthy: none.")]
 DistOpt = Annotated[
     FailureDist, typer.Option("--failure-dist", help="Failure arrivals: poisson, or weibull (renewal).")
 ]
@@ -181,8 +200,10 @@ def simulate(
     hw_share: HwShareOpt = 0.78,
     checkpoint_interval: IntervalOpt = "auto",
     checkpoint_write_s: WriteOpt = 300,
-    restart_s: RestartOpt = 600,
-    spares: SparesOpt = 0,
+    restart_s: RestartOpt = None,
+    recovery_from: RecoveryOpt = None,
+    spares: SimSparesOpt = "0",
+    start: StartOpt = "steady",
     batch: BatchModeOpt = "flexible",
     failure_dist: DistOpt = "poisson",
     weibull_shape: ShapeOpt = 0.7,
@@ -206,11 +227,13 @@ def simulate(
     """
     import numpy as np
 
-    from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR, SimConfig, plot_simulation
+    from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR, SimConfig, check_pool_sweep, plot_simulation
     from ntp_planner.failures.simulator import simulate as run_simulation
     from ntp_planner.plan import Plan
 
     names = parse_list(strategies, "--strategies", str, "restart,ntp")
+    pools = parse_list(spares, "--spares", int, "0,8,16")
+    costs, sources = _recovery_costs(recovery_from, restart_s)
     repair = (
         _hours_range(hw_repair_days, "--hw-repair-days", 24),
         _hours_range(sw_repair_hours, "--sw-repair-hours", 1),
@@ -222,8 +245,9 @@ def simulate(
         classes=_failure_classes(hw_share, repair, (hw_blast, sw_blast)),
         checkpoint_interval_s=_interval_s(checkpoint_interval),
         checkpoint_write_s=checkpoint_write_s,
-        restart_s=restart_s,
-        spares=spares,
+        **costs,
+        spares=pools[0],
+        start=start,
         batch=batch,
         lemon_host_fraction=lemon_fraction,
         lemon_factor=lemon_factor,
@@ -234,20 +258,74 @@ def simulate(
         straggler_slowdown=straggler_slowdown,
         down_threshold=down_threshold,
     )
+    check_pool_sweep(pools, cfg, len(names))
     _need_matplotlib(plot)
     p = Plan.load(plan_file)
+    settings = _settings_json(cfg, sources, recovery_from)
+    title = f"{p.model.name} on {p.cluster.num_gpus} GPUs"
+    if len(pools) > 1:
+        _simulate_pools(p, cfg, names, pools, seed, plot, json_out, settings, title)
+        return
     with progress("trials", trials, json_out) as advance:
         results, trace = run_simulation(p, cfg, names, np.random.default_rng(seed), progress=advance)
     if plot is not None:
-        plot_simulation(trace, results, plot, f"{p.model.name} on {p.cluster.num_gpus} GPUs")
+        plot_simulation(trace, results, plot, title)
     if json_out:
-        show_json({s: _result_json(r) for s, r in results.items()})
+        show_json({**{s: _result_json(r) for s, r in results.items()}, "settings": settings})
         return
     from ntp_planner.report import simulation_table
 
-    show(simulation_table(results, cfg))
+    show(simulation_table(results, cfg, sources))
     if plot is not None:
         show(f"plots written to {plot}/")
+
+
+def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, title) -> None:
+    """One simulation per pool size, each on the same failures (the same seed): per-GPU
+    throughput, hours paused and goodput against the spare domains."""
+    import numpy as np
+
+    from ntp_planner.failures.simulator import pool_rows
+    from ntp_planner.failures.simulator import simulate as run_simulation
+
+    runs = {}
+    with progress("trials", cfg.trials * len(pools), json_out) as advance:
+        for k in pools:
+            runs[k], _ = run_simulation(
+                plan, cfg.model_copy(update={"spares": k}), names, np.random.default_rng(seed), progress=advance
+            )
+    rows = pool_rows(plan, runs)
+    if plot is not None:
+        from ntp_planner.plots import plot_spares
+
+        plot_spares(rows, Path(plot) / "spares.png", title)
+    if json_out:
+        show_json({"spares_sweep": rows, "settings": settings})
+        return
+    from ntp_planner.report import pool_table
+
+    show(pool_table(rows, cfg, settings["recovery_sources"]))
+    if plot is not None:
+        show(f"plot written to {Path(plot) / 'spares.png'}")
+
+
+def _recovery_costs(path: Path | None, restart_s: float | None) -> tuple[dict[str, float], dict[str, str]]:
+    """detection_s, reconfigure_s and restart_s for SimConfig, and where each came from."""
+    from ntp_planner.failures.recovery import COSTS, load_recovery_costs, resolve
+    from ntp_planner.failures.simulator import SimConfig
+
+    defaults = {k: SimConfig.model_fields[k].default for k in COSTS}
+    return resolve(defaults, load_recovery_costs(path) if path else {}, {"restart_s": restart_s})
+
+
+def _settings_json(cfg, sources: dict[str, str], recovery_from: Path | None) -> dict:
+    return {
+        "start": cfg.start,
+        "batch": cfg.batch,
+        "recovery_costs_s": {k: getattr(cfg, k) for k in sources},
+        "recovery_sources": sources,
+        "recovery_from": None if recovery_from is None else str(recovery_from),
+    }
 
 
 def _need_matplotlib(plot: Path | None) -> None:
@@ -307,4 +385,5 @@ def _result_json(r) -> dict:
         "p5": r.p5.model_dump(),
         "p95": r.p95.model_dump(),
         "checkpoint_interval_s": r.checkpoint_interval_s,
+        "spares_needed_worst": r.spares_needed_worst,
     }

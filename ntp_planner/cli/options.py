@@ -27,6 +27,7 @@ Fallback = Literal["dp-drop", "ntp", "ntp-pw"]
 BatchMode = Literal["flexible", "fixed"]
 Blast = Literal["gpu", "node", "domain"]
 FailureDist = Literal["poisson", "weibull"]
+Start = Literal["steady", "healthy"]
 Format = Literal["megatron", "nemo", "nemo2", "bridge", "json"]
 Backend = Literal["gloo", "nccl"]
 

@@ -77,17 +77,29 @@ def time_reason(degree: int, one_micro_batch_s: float, healthy_s: float, power: 
     )
 
 
-def degraded_reason(stage_tp: tuple[int, ...], micro: int, total: int, cp: int, per_layer: bool) -> str:
-    """What a degraded replica runs and why.
+def degraded_reason(
+    stage_tp: tuple[int, ...], sequences: int, total: int, micro_batch: int, cp: int, per_layer: bool
+) -> str:
+    """What a degraded replica runs and why. Its batch is counted in sequences; with micro-batches
+    of more than one sequence, they are re-cut and the last one may be smaller.
 
-    >>> for part in degraded_reason((5, 5), 9, 16, 2, False).split("; "):
+    >>> for part in degraded_reason((5, 5), 9, 16, 1, 2, False).split("; "):
     ...     print(part)
     runs at TP 5, the fewest survivors of its TP groups, its 2 cp slices at one width
     9 of 16 micro-batches fit the healthy step
+    >>> degraded_reason((7,), 13, 16, 2, 1, False).split("; ")[1]
+    '13 of 16 sequences fit the healthy step, as 7 micro-batches (6 of 2 sequences, 1 of 1)'
     """
     widths = sorted(set(stage_tp))
     tp = f"TP {widths[0]}" if len(widths) == 1 else "TP " + "/".join(map(str, stage_tp)) + " per stage"
     parts = [f"runs at {tp}, the fewest survivors of its TP groups"]
     parts += ["every block of a stage at its width"] if per_layer else []
     parts += [f"its {cp} cp slices at one width"] if cp > 1 else []
-    return ", ".join(parts) + f"; {micro} of {total} micro-batches fit the healthy step"
+    if micro_batch == 1:
+        return ", ".join(parts) + f"; {sequences} of {total} micro-batches fit the healthy step"
+    whole, rest = divmod(sequences, micro_batch)
+    cut = f"{whole} of {micro_batch} sequences" + (f", 1 of {rest}" if rest else "")
+    return (
+        ", ".join(parts)
+        + f"; {sequences} of {total} sequences fit the healthy step, as {whole + (rest > 0)} micro-batches ({cut})"
+    )

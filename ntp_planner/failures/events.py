@@ -3,10 +3,11 @@ caller passes in, and counted per time bin.
 
 Failures arrive per GPU as a Poisson process, or as a Weibull renewal process of the whole job
 with the same mean rate. Each belongs to a failure class (share, uniform repair time, blast
-radius). A share of hosts may be lemons that fail ``lemon_factor`` times more often. The run
-starts in steady state: failures are drawn from one longest repair before time 0, and those
-still in repair at 0 count as down. The order of the draws is part of the result: the same seed
-gives the same events only while it stays as it is.
+radius). A share of hosts may be lemons that fail ``lemon_factor`` times more often. A run that
+starts in steady state (``SimConfig.start``) draws failures from one longest repair before
+time 0, and those still in repair at 0 count as down; a run that starts healthy draws them from
+time 0 on, and reaches the steady state one longest repair later. The order of the draws is
+part of the result: the same seed gives the same events only while it stays as it is.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Goodput accounting: each strategy's throughput over time in one batch of trials, and the
 statistics over all trials.
 
-- ``restart``: synchronous checkpoint-restart; every failure costs detection + restart + the
-  work since the last checkpoint; the job continues on a spare at full speed.
+- ``restart``: synchronous checkpoint-restart as a renewal process (``renewal``): a failure costs
+  detection + restart and the work since the last completed checkpoint, failures during a
+  recovery join it, the checkpoint clock starts again after it; the job continues on replacement
+  hardware at full speed.
 - ``dp-drop``, ``spares``, ``ntp``, ``ntp-pw``: the job reconfigures (detection +
-  reconfiguration on a failure, reconfiguration when a repaired GPU rejoins), keeps its state
+  reconfiguration on a failure, reconfiguration when a repaired GPU rejoins; one landing inside
+  another's recovery joins it), keeps its state
   from the surviving replicas (no rollback) and runs at the re-planned throughput; with a fixed
   batch it pauses while the re-planned throughput is 0.
 Every strategy pays checkpoint writes: interval / (interval + write) of the time is productive.
@@ -19,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ntp_planner.failures.events import Events
+from ntp_planner.failures.renewal import covered_share, restart_work, stall_seconds
 from ntp_planner.failures.states import FailureStates
 
 if TYPE_CHECKING:
@@ -36,7 +40,9 @@ class StrategyStats(BaseModel):
     interruptions: float = Field(description="Failures that stopped or reconfigured the job.")
     restarts: float = Field(description="Checkpoint restarts.")
     reconfigurations: float = Field(description="Elastic reconfigurations: one per failure and one per rejoin.")
-    spares_needed: float = Field(description="Spare domains for pause-free training with a fixed batch.")
+    spares_needed: float = Field(
+        description="Fewest spare domains with which a fixed batch never pauses in a trial (its worst moment)."
+    )
     idle_gpu_hours: float = Field(description="Healthy GPUs left idle by the re-planned layouts, times hours.")
     time_over_threshold: float = Field(description="Share of time with more than down_threshold of GPUs down.")
 
@@ -48,6 +54,7 @@ class StrategyResult(BaseModel):
     p5: StrategyStats = Field(description="5th percentile over trials, per statistic.")
     p95: StrategyStats = Field(description="95th percentile over trials, per statistic.")
     checkpoint_interval_s: float = Field(description="Compute time between checkpoints.")
+    spares_needed_worst: float = Field(default=0.0, description="spares_needed of the worst trial.")
 
 
 @dataclass
@@ -69,6 +76,7 @@ class Batch:
     slow: np.ndarray  # [trial, bin] speed under stragglers (1 = full speed)
     run_h: float
     bin_h: float
+    stalls: np.ndarray | None = None  # [trial] seconds elastic strategies stand still, once computed
 
     @property
     def trials(self) -> int:
@@ -92,35 +100,43 @@ class Batch:
 
 
 def restart_row(
-    cfg: SimConfig, batch: Batch, interval_s: float, per_domain: int
+    cfg: SimConfig, batch: Batch, tables: ThroughputTables, interval_s: float
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Checkpoint-restart: per-trial statistics and trial 0's throughput per bin. A failure
-    strikes at a uniform phase of the (interval + write) cycle and loses the work since the last
-    checkpoint, plus detection and restart."""
+    """Checkpoint-restart as a renewal process (``renewal``): per-trial statistics and trial 0's
+    throughput per bin. A failure loses the work since the last completed checkpoint and costs
+    detection + restart; one landing inside that recovery joins it."""
     ev, in_run, size = batch.events, batch.in_run, batch.trials
     run_s = cfg.days * 86400
     productive = interval_s / (interval_s + cfg.checkpoint_write_s)
-    failures = batch.failures
-    phase = np.mod(ev.start_h[in_run] * 3600, interval_s + cfg.checkpoint_write_s)
-    lost = np.bincount(ev.trial[in_run], weights=cfg.detection_s + cfg.restart_s + phase, minlength=size)
-    good = np.clip(run_s - lost, 0, None) * productive / run_s
+    work, restarts, spans = restart_work(
+        ev.trial[in_run],
+        ev.start_h[in_run] * 3600,
+        size,
+        run_s,
+        interval_s,
+        cfg.checkpoint_write_s,
+        cfg.detection_s + cfg.restart_s,
+    )
+    good = work / run_s
+    needed = spares_needed(tables, "restart", batch.states.states)[batch.states.inverse].max(axis=1)
     row = dict(
         goodput=good,
         capacity_goodput=good * batch.slow.mean(axis=1),
         ettr=good,
         hours_paused=np.zeros(size),
-        interruptions=failures,
-        restarts=failures,
+        interruptions=batch.failures,
+        restarts=restarts,
         reconfigurations=np.zeros(size),
-        spares_needed=np.ceil(batch.states.domains_down.max(axis=1) / per_domain),
+        spares_needed=needed,
         idle_gpu_hours=np.zeros(size),
     )
-    series = restart_series(ev, in_run, cfg.detection_s + cfg.restart_s + phase, len(batch.slow[0]), batch.bin_h)
+    # the spans are whole checkpoint cycles: the simulator scales the trace by I / (I + w)
+    series = covered_share(spans, batch.slow.shape[1], batch.bin_h * 3600) / productive
     return row, series * batch.slow[0]
 
 
 def elastic_row(
-    cfg: SimConfig, batch: Batch, tables: ThroughputTables, strategy: str, interval_s: float, per_domain: int
+    cfg: SimConfig, batch: Batch, tables: ThroughputTables, strategy: str, interval_s: float
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """An elastic strategy: per-trial statistics and trial 0's throughput per bin, from the
     re-planned throughput of each bin's failure state."""
@@ -133,10 +149,12 @@ def elastic_row(
     tput = tp[inverse] * batch.slow
     paused = (tp[inverse] == 0) if cfg.batch == "fixed" else np.zeros((size, bins), dtype=bool)
     paused_s = paused.sum(axis=1) * bin_h * 3600
-    stall = failures * (cfg.detection_s + cfg.reconfigure_s) + repairs * cfg.reconfigure_s
+    if batch.stalls is None:  # the same for every elastic strategy
+        batch.stalls = elastic_stalls(cfg, batch, run_s)
+    stall = batch.stalls
     good = np.clip(run_s - stall - paused_s, 0, None) * productive / run_s
     cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
-    needed = np.ceil(spares_per_state(tables, strategy, states)[inverse].max(axis=1) / per_domain)
+    needed = spares_needed(tables, strategy, states)[inverse].max(axis=1)
     row = dict(
         goodput=good,
         capacity_goodput=cap,
@@ -151,38 +169,26 @@ def elastic_row(
     return row, tput[0]
 
 
-def restart_series(ev: Events, in_run: np.ndarray, lost_s: np.ndarray, bins: int, bin_h: float) -> np.ndarray:
-    """Trial 0's throughput per bin under checkpoint-restart: 1, less the share of each bin
-    spent restarting or redoing lost work (a long outage spills into the following bins).
-
-    >>> ev = Events(np.array([0]), np.array([0.5]), np.array([1.0]), np.zeros(1), np.zeros(1))
-    >>> restart_series(ev, np.array([True]), np.array([5400.0]), bins=3, bin_h=1.0).tolist()
-    [0.0, 0.5, 1.0]
-    """
-    series = np.ones(bins)
-    bin_s = bin_h * 3600
-    starts = ev.start_h[in_run]
-    for start, lost in zip(starts[ev.trial[in_run] == 0], lost_s[ev.trial[in_run] == 0], strict=True):
-        b, left = int(start / bin_h), float(lost)
-        while left > 0 and b < bins:
-            take = min(left, series[b] * bin_s)
-            series[b] -= take / bin_s
-            left -= take
-            b += 1
-    return series
+def elastic_stalls(cfg: SimConfig, batch: Batch, run_s: float) -> np.ndarray:
+    """Per trial, the time an elastic job stands still: detection + reconfiguration after each
+    failure, reconfiguration when a repaired GPU rejoins; one that lands inside another's
+    recovery joins it (``renewal.recovery_windows``)."""
+    ev = batch.events
+    fails, rejoins = batch.in_run, (ev.end_h >= 0) & (ev.end_h < batch.run_h)
+    trial = np.concatenate([ev.trial[fails], ev.trial[rejoins]])
+    start = np.concatenate([ev.start_h[fails], ev.end_h[rejoins]]) * 3600
+    duration = np.concatenate(
+        [np.full(int(fails.sum()), cfg.detection_s + cfg.reconfigure_s), np.full(int(rejoins.sum()), cfg.reconfigure_s)]
+    )
+    return stall_seconds(trial, start, duration, batch.trials, run_s)
 
 
-def spares_per_state(tables: ThroughputTables, strategy: str, states: np.ndarray) -> np.ndarray:
-    """Spare domains each state needs to run without pausing under a fixed batch. Spares replace
-    the worst domains first: if the single-GPU failures alone would not pause the job, only the
-    severe units (hosts, whole domains, doubly failed domains) need spares; else every one."""
-    fixed, _ = tables.arrays(strategy, "fixed", states)
-    singles_only = states.copy()
-    singles_only[:, 1:] = 0
-    singles_fixed, _ = tables.arrays(strategy, "fixed", singles_only)
-    severe = states[:, 1:].sum(axis=1)
-    every = states.sum(axis=1)
-    return np.where(fixed > 0, 0, np.where(singles_fixed > 0, severe, every)).astype(float)
+def spares_needed(tables: ThroughputTables, strategy: str, states: np.ndarray) -> np.ndarray:
+    """Fewest spare domains each state needs to keep a fixed batch without pausing, searched by
+    the re-planner over every use of the pool (``Replanner.fewest_spares``). Restart restarts at
+    full size: it needs what dropping replicas needs."""
+    policy = "dp-drop" if strategy in ("restart", "spares") else strategy  # spares falls back to dp-drop
+    return np.array([tables.need(policy, tuple(int(x) for x in row)) for row in states], dtype=float)
 
 
 def summarize(rows: list[dict[str, np.ndarray]], interval_s: float) -> tuple[StrategyResult, np.ndarray]:
@@ -196,4 +202,7 @@ def summarize(rows: list[dict[str, np.ndarray]], interval_s: float) -> tuple[Str
             ("p95", lambda v: np.percentile(v, 95)),
         )
     }
-    return StrategyResult(**pick, checkpoint_interval_s=interval_s), merged["capacity_goodput"]
+    result = StrategyResult(
+        **pick, checkpoint_interval_s=interval_s, spares_needed_worst=float(merged["spares_needed"].max())
+    )
+    return result, merged["capacity_goodput"]

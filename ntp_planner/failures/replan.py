@@ -9,14 +9,21 @@ then stage, then cp rank), so without failures every rank keeps its GPU. Policie
 
 - ``dp-drop``: every replica holding a degraded group is dropped.
 - ``ntp``: a degraded replica runs all stages at TP = the survivors of its worst group (units
-  spread unevenly, the fullest GPU paces), with the most micro-batches whose step time stays
-  within the healthy one; replicas below the smallest degree that fits memory are dropped;
-  gradients are averaged weighted by samples.
+  spread unevenly, the fullest GPU paces), with the most sequences whose step time stays within
+  the healthy one (counted in sequences: the micro-batches are re-cut, the last one smaller, so
+  a replica that only just misses the healthy step loses one sequence, not a whole micro-batch);
+  replicas below the smallest degree that fits memory are dropped; gradients are averaged
+  weighted by samples.
 - ``ntp-pw``: only the stages that lost GPUs run reduced, the local batch is kept, and their
   survivors are power-boosted just enough to keep pace (speed-vs-power curve); beyond the
   maximum boost the replica falls back to fewer micro-batches at maximum power.
-- ``spares``: idle spare domains replace the worst degraded groups while they last; the rest is
-  handled by a fallback policy.
+- ``spares``: the fallback policy with the spare domains (kept for the CLI; every policy now
+  draws on ``spares``).
+
+Spare domains (``spares``) are a pool every policy draws on (``ntp_planner.failures.spare_pool``):
+they replace degraded TP groups, worst first, or join as whole extra replicas that make up the
+samples degraded or dropped replicas no longer process, whichever keeps more of the batch with
+the fewest domains. ``ReplanResult.extra_replicas`` and ``spares_note`` say how they were used.
 
 A degraded stage runs every block at its reduced width, whatever degrees a per-layer plan gave
 them, and a replica's cp slices run at the width of its worst slice (``ntp_planner.failures.degrade``
@@ -44,7 +51,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cost_models.degraded import degraded_step_time, power_for_speed, speed_at_power, work_ratio
-from ntp_planner.failures import degrade
+from ntp_planner.failures import degrade, spare_pool
 from ntp_planner.failures.sampling import in_domain_cover
 from ntp_planner.plan import Plan
 from topologies.bounds import show
@@ -62,7 +69,11 @@ class ReplicaState(BaseModel):
     replica: int = Field(ge=0, description="Index of the replica in the plan (0..dp - 1).")
     status: Literal["healthy", "degraded", "dropped"]
     stage_tp: list[Annotated[int, Field(ge=0)]] = Field(description="TP degree each pipeline stage runs at.")
-    local_batch: int = Field(ge=0, description="Sequences this replica processes per step.")
+    local_batch: int = Field(
+        ge=0,
+        description="Sequences this replica processes per step (a degraded replica re-cuts its micro-batches: "
+        "the last may be smaller than the plan's).",
+    )
     power: list[Annotated[float, Field(ge=0)]] = Field(description="Power multiplier of each stage's GPUs.")
     gpus_used: int = Field(ge=0)
     gpus_idle: int = Field(ge=0, description="Healthy GPUs of this replica's groups left idle.")
@@ -108,7 +119,7 @@ class ReplanResult(BaseModel):
     degraded_groups: int = Field(
         description="TP groups with a failed GPU no in-domain spare stood in for (before spare domains)."
     )
-    spares_used: int
+    spares_used: int = Field(description="Spare domains used, as replacements or as extra replicas.")
     throughput_relative: float = Field(description="Samples per second relative to the healthy job.")
     global_batch_target: int
     global_batch_reached: int
@@ -120,6 +131,10 @@ class ReplanResult(BaseModel):
         description="GPU of every rank of the plan; None = inactive slot."
     )
     idle_gpus: list[int] = Field(description="Healthy GPUs not used, free to lend to other work.")
+    extra_replicas: int = Field(
+        default=0, ge=0, description="Whole replicas formed from spare domains, beyond the plan's dp (not in replicas)."
+    )
+    spares_note: str | None = Field(default=None, description="How the spare domains were used, or why not.")
 
     @model_validator(mode="after")
     def _replicas_in_order(self) -> ReplanResult:
@@ -152,10 +167,10 @@ class ReplanResult(BaseModel):
                     f"replica {x.replica} is healthy but runs stage_tp {x.stage_tp} with local_batch "
                     f"{x.local_batch}; healthy replicas run the plan's TP {lay.tp} and {local} sequences; {fix}"
                 )
-            if x.status == "degraded" and (x.local_batch % lay.micro_batch or x.local_batch > local):
+            if x.status == "degraded" and x.local_batch > local:
                 raise InputError(
-                    f"replica {x.replica} runs local_batch {show(x.local_batch)}; it must be a multiple of the "
-                    f"micro-batch {lay.micro_batch} and at most the plan's {local} sequences; {fix}"
+                    f"replica {x.replica} runs local_batch {show(x.local_batch)}; it must be at most the plan's "
+                    f"{local} sequences; {fix}"
                 )
         placed = [g for g in self.rank_to_gpu if g is not None]
         if any(g >= gpus for g in placed) or len(set(placed)) < len(placed):
@@ -174,13 +189,14 @@ class ReplanThroughput(BaseModel):
     idle_gpus: int = Field(
         description="Healthy GPUs in the replicas' TP slots that run no rank, those of spare domains included."
     )
+    spares_used: int = Field(default=0, description="Spare domains used, as replacements or as extra replicas.")
 
 
 @dataclass(frozen=True)
 class _Outcome:
     status: str
     stage_tp: tuple[int, ...]
-    micro_batches: int
+    sequences: int  # local batch
     power: tuple[float, ...]
     reason: str | None = None  # ReplicaState.reason
 
@@ -193,6 +209,8 @@ class _Packing:
     stand_in: tuple[tuple[int, int], ...]  # (failed GPU, the idle GPU of its domain taking its ranks)
     n_degraded: int  # TP slots still degraded after in-domain spares, before spare domains
     used_spares: int  # spare domains used
+    extra: int  # whole replicas formed from spare domains
+    note: str | None  # how the pool was used
     order: np.ndarray  # [dp * pp * cp] physical TP slot of each replica slot (replica-major); -1 = spare
     slot_survivors: np.ndarray  # [dp, pp, cp] healthy GPUs of each replica slot
     kinds: tuple[_Outcome, ...]  # what replicas do, one entry per distinct decision
@@ -225,7 +243,9 @@ class Replanner:
         self.work = {k: work_ratio(plan.model, self.n, k, seq) for k in range(1, self.n + 1)}
         fits = [k for k in range(1, self.n + 1) if self.memory_at(k) <= self.usable_bytes]
         self.min_degree = min(fits) if fits else self.n
-        self._micro: dict[tuple[int, float], int] = {}  # memo of micro_batches_at (ints, never handed out mutable)
+        self.local = self.m * lay.micro_batch
+        self._sequences: dict[tuple[int, float], int] = {}  # memo of sequences_at (ints, never handed out mutable)
+        self._decided: dict[tuple[str, tuple[int, ...]], _Outcome] = {}  # memo of decide (frozen outcomes)
 
     # ---- per-replica decisions -------------------------------------------------------------
     def memory_at(self, degree: int) -> float:
@@ -235,43 +255,52 @@ class Replanner:
         scaled = sum(v for k, v in parts.items() if k != "runtime_reserved")
         return scaled * self.work[degree] + parts["runtime_reserved"]
 
-    def micro_batches_at(self, degree: int, speed: float = 1.0) -> int:
-        """Most micro-batches a replica at ``degree`` runs within the healthy step time."""
+    def sequences_at(self, degree: int, speed: float = 1.0) -> int:
+        """Most sequences a replica at ``degree`` runs within the healthy step time. Counted in
+        sequences: b sequences are re-cut into micro-batches of at most the plan's size, the last
+        one smaller, and cost b / micro_batch micro-batches' time (compute and TP traffic scale with
+        the tokens; the bubble is that of a full micro-batch, an upper bound)."""
         key = (degree, speed)
-        if key not in self._micro:
-            br, m = self.basis.time_breakdown_s, self.m
+        if key not in self._sequences:
+            br, m, mb = self.basis.time_breakdown_s, self.m, self.lay.micro_batch
             best = 0
-            for mm in range(m, 0, -1):
-                if degraded_step_time(br, m, mm, self.n, degree, self.work[degree], speed) <= self.healthy_s * (
+            for b in range(m * mb, 0, -1):
+                if degraded_step_time(br, m, b / mb, self.n, degree, self.work[degree], speed) <= self.healthy_s * (
                     1 + 1e-12
                 ):
-                    best = mm
+                    best = b
                     break
-            self._micro[key] = best
-        return self._micro[key]
+            self._sequences[key] = best
+        return self._sequences[key]
 
     def decide(self, policy: str, stage_survivors: list[int]) -> _Outcome:
         """What one replica does, given the fewest survivors among its groups at each stage (over
         its cp slices: the slices run at one width, ``ntp_planner.failures.degrade``), and why."""
+        key = (policy, tuple(stage_survivors))
+        if key not in self._decided:
+            self._decided[key] = self._decide(policy, list(stage_survivors))
+        return self._decided[key]
+
+    def _decide(self, policy: str, stage_survivors: list[int]) -> _Outcome:
         pp, n = self.lay.pp, self.n
         worst = min(stage_survivors)
         if worst == n:
-            return _Outcome("healthy", (n,) * pp, self.m, (1.0,) * pp)
+            return _Outcome("healthy", (n,) * pp, self.local, (1.0,) * pp)
         why = self._drop_reason(policy, worst)
         if why:
             return _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, why)
         if policy == "ntp":
-            mm = self.micro_batches_at(worst)
-            return self._degraded((worst,) * pp, mm, (1.0,) * pp) if mm else self._too_slow(worst)
+            b = self.sequences_at(worst)
+            return self._degraded((worst,) * pp, b, (1.0,) * pp) if b else self._too_slow(worst)
         # ntp-pw: reduced stages keep pace by power, up to the maximum
         powers = tuple(power_for_speed(self.work[s], self.max_power) if s < n else 1.0 for s in stage_survivors)
         if all(math.isfinite(p) for p in powers):
-            return self._degraded(tuple(stage_survivors), self.m, powers)
-        mm = self.micro_batches_at(worst, speed_at_power(self.max_power))
-        if not mm:
+            return self._degraded(tuple(stage_survivors), self.local, powers)
+        b = self.sequences_at(worst, speed_at_power(self.max_power))
+        if not b:
             return self._too_slow(worst, self.max_power)
         capped = tuple(self.max_power if s < n else 1.0 for s in stage_survivors)
-        return self._degraded(tuple(stage_survivors), mm, capped)
+        return self._degraded(tuple(stage_survivors), b, capped)
 
     def _drop_reason(self, policy: str, worst: int) -> str | None:
         """Why a replica whose worst TP group kept ``worst`` GPUs must drop before any timing."""
@@ -283,11 +312,12 @@ class Replanner:
             return degrade.memory_reason(worst, self.memory_at(worst), self.usable_bytes, self.min_degree, self.n)
         return None
 
-    def _degraded(self, stage_tp: tuple[int, ...], micro: int, power: tuple[float, ...]) -> _Outcome:
-        why = degrade.degraded_reason(stage_tp, micro, self.m, self.lay.cp, self.lay.is_per_layer)
+    def _degraded(self, stage_tp: tuple[int, ...], sequences: int, power: tuple[float, ...]) -> _Outcome:
+        lay = self.lay
+        why = degrade.degraded_reason(stage_tp, sequences, self.local, lay.micro_batch, lay.cp, lay.is_per_layer)
         if any(p != 1.0 for p in power):
             why += f", at up to {max(power):.3g}x power"
-        return _Outcome("degraded", stage_tp, micro, power, why)
+        return _Outcome("degraded", stage_tp, sequences, power, why)
 
     def _too_slow(self, degree: int, power: float = 1.0) -> _Outcome:
         """A replica dropped because even one micro-batch at ``degree`` overruns the healthy step."""
@@ -326,7 +356,7 @@ class Replanner:
         packing = self._pack(failed, policy, spares, fallback, batch, domains_down)
         degree = np.array([o.stage_tp for o in packing.kinds])[packing.kind_of][:, :, None]  # [replica, stage, 1]
         idle = int(np.clip(packing.slot_survivors - degree, 0, None).sum())
-        return ReplanThroughput(throughput_relative=packing.throughput, idle_gpus=idle)
+        return ReplanThroughput(throughput_relative=packing.throughput, idle_gpus=idle, spares_used=packing.used_spares)
 
     def _pack(
         self,
@@ -337,14 +367,50 @@ class Replanner:
         batch: BatchMode,
         domains_down: frozenset[int],
     ) -> _Packing:
-        """Pack the degraded TP slots into as few replicas as possible and decide each replica."""
+        """Use the spare pool, pack the degraded TP slots into as few replicas as possible and
+        decide each replica."""
+        decider, fails, degraded, stand_in = self._degraded_slots(failed, policy, spares, fallback, domains_down)
+        shape, reached = self._pool_curve(fails, degraded, decider, most=spares * max(1, self._per_domain))
+        replace, extra, used = spare_pool.best_use(shape, reached, spares)
+        lay, n = self.lay, self.n
+        survivors = n - fails
+        healthy_groups = np.flatnonzero(fails == 0)
+        order = np.concatenate([healthy_groups, np.full(replace, -1, dtype=np.int64), degraded[replace:]])
+        slot_survivors = np.where(order >= 0, survivors[np.maximum(order, 0)], n).reshape(lay.dp, lay.pp, lay.cp)
+        # replicas with the same fewest survivors per stage do the same: decide once per kind
+        kinds, kind_of = np.unique(slot_survivors.min(axis=2), axis=0, return_inverse=True)
+        decided = [self.decide(decider, kind.tolist()) for kind in kinds]
+        kind_of = kind_of.reshape(-1)
+        reached_now = min(int(reached[replace]) + extra * self.local, lay.global_batch)
+        paused = batch == "fixed" and reached_now < lay.global_batch
+        return _Packing(
+            fallback=decider if policy == "spares" else None,
+            stand_in=stand_in,
+            n_degraded=int(degraded.size),
+            used_spares=used,
+            extra=extra,
+            note=spare_pool.describe(replace, extra, used, spares),
+            order=order,
+            slot_survivors=slot_survivors,
+            kinds=tuple(decided),
+            kind_of=kind_of,
+            reached=reached_now,
+            paused=paused,
+            throughput=0.0 if paused else reached_now / lay.global_batch,
+        )
+
+    def _degraded_slots(
+        self, failed: frozenset[int], policy: str, spares: int, fallback: str, domains_down: frozenset[int]
+    ) -> tuple[str, np.ndarray, np.ndarray, tuple[tuple[int, int], ...]]:
+        """(the policy that decides replicas, failed GPUs per physical TP slot, the degraded slots
+        worst first, the in-domain stand-ins), after checking the arguments."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if fallback not in ("dp-drop", "ntp", "ntp-pw"):
             raise ValueError(f"unknown fallback {fallback!r}; choose dp-drop, ntp or ntp-pw")
         if spares < 0:
             raise InputError(f"spares {spares} must be zero or more")
-        lay, n, R = self.lay, self.n, self.slots_per_replica
+        lay, R = self.lay, self.slots_per_replica
         ids, covered, spare_ids = in_domain_cover(
             self.cluster, np.fromiter(failed, np.int64, len(failed)), domains_down
         )
@@ -352,39 +418,42 @@ class Replanner:
         fails = np.isin(self.slot_gpus, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.dp * R, np.int64)
         degraded = np.flatnonzero(fails)
         degraded = degraded[np.argsort(-fails[degraded], kind="stable")]  # worst first
-        n_degraded = int(degraded.size)
-        used_spares = 0
-        decider = policy
-        if policy == "spares":
-            per_domain = max(1, self.cluster.used_per_domain // n)  # a spare domain is used like the others
-            replace = min(n_degraded, spares * per_domain)
-            degraded = degraded[replace:]
-            used_spares = -(-replace // per_domain)
-            decider = fallback
-        survivors = n - fails
-        healthy_groups = np.flatnonzero(fails == 0)
-        spare_groups = np.full(n_degraded - degraded.size, -1, dtype=np.int64)  # -1: a spare slot
-        order = np.concatenate([healthy_groups, spare_groups, degraded])[: lay.dp * R]
-        slot_survivors = np.where(order >= 0, survivors[np.maximum(order, 0)], n).reshape(lay.dp, lay.pp, lay.cp)
-        # replicas with the same fewest survivors per stage do the same: decide once per kind
-        kinds, kind_of = np.unique(slot_survivors.min(axis=2), axis=0, return_inverse=True)
-        decided = [self.decide(decider, kind.tolist()) for kind in kinds]
-        kind_of = kind_of.reshape(-1)
-        reached = int(np.array([o.micro_batches for o in decided])[kind_of].sum()) * lay.micro_batch
-        paused = batch == "fixed" and reached < lay.global_batch
-        return _Packing(
-            fallback=decider if policy == "spares" else None,
-            stand_in=tuple(zip(covered.tolist(), spare_ids.tolist(), strict=True)),
-            n_degraded=n_degraded,
-            used_spares=used_spares,
-            order=order,
-            slot_survivors=slot_survivors,
-            kinds=tuple(decided),
-            kind_of=kind_of,
-            reached=reached,
-            paused=paused,
-            throughput=0.0 if paused else reached / lay.global_batch,
+        stand_in = tuple(zip(covered.tolist(), spare_ids.tolist(), strict=True))
+        return (fallback if policy == "spares" else policy), fails, degraded, stand_in
+
+    @property
+    def _per_domain(self) -> int:
+        """TP slots one spare domain holds."""
+        return max(1, self.cluster.used_per_domain // self.n)
+
+    def _pool_curve(self, fails: np.ndarray, degraded: np.ndarray, decider: str, most: int | None = None):
+        """The pool's shape and the sequences per step for every number of slots replaced (up to
+        ``most``)."""
+        lay = self.lay
+        shape = spare_pool.PoolShape(
+            replicas=lay.dp,
+            stages=lay.pp,
+            cp=lay.cp,
+            tp=self.n,
+            local=self.local,
+            target=lay.global_batch,
+            per_domain=self._per_domain,  # a spare domain is used like the others
         )
+        run = lambda stage_min: self.decide(decider, list(stage_min)).sequences  # noqa: E731
+        return shape, spare_pool.reached_by_replacements(shape, self.n - fails[degraded], run, most)
+
+    def fewest_spares(
+        self,
+        failed: frozenset[int],
+        policy: str = "ntp",
+        fallback: str = "dp-drop",
+        domains_down: frozenset[int] = frozenset(),
+    ) -> int:
+        """The fewest spare domains with which a fixed batch does not pause: a re-plan with that
+        many keeps the batch, one with one fewer pauses (``spare_pool.fewest_domains``)."""
+        decider, fails, degraded, _ = self._degraded_slots(failed, policy, 0, fallback, domains_down)
+        shape, reached = self._pool_curve(fails, degraded, decider)
+        return spare_pool.fewest_domains(shape, reached)
 
     def _result(self, policy: str, batch: BatchMode, failed: frozenset[int], packing: _Packing) -> ReplanResult:
         """The detailed result: every replica's state and the GPU of every rank."""
@@ -414,7 +483,7 @@ class Replanner:
                     replica=r,
                     status=out.status,
                     stage_tp=list(out.stage_tp),
-                    local_batch=out.micro_batches * lay.micro_batch,
+                    local_batch=out.sequences,
                     power=list(out.power),
                     gpus_used=gpus_used,
                     gpus_idle=idle,
@@ -439,6 +508,8 @@ class Replanner:
             reshard=self._reshard(outcomes),
             rank_to_gpu=rank_to_gpu,
             idle_gpus=sorted(healthy - used),
+            extra_replicas=packing.extra,
+            spares_note=packing.note,
         )
 
     def _reshard(self, outs) -> Reshard | None:

@@ -7,8 +7,12 @@ trials, composed of four steps, each in its own module:
 2. ``states``: time cut into bins, the failed units per bin, numbered by distinct state;
 3. here, ``ThroughputTables``: each distinct state's throughput per strategy, from the NTP
    re-planning code (``Replanner``), computed once and cached;
-4. ``goodput``: each strategy's throughput over time and its statistics over trials.
-Checkpoint intervals (Daly's optimum by default) come from ``checkpoint``.
+4. ``goodput``: each strategy's throughput over time and its statistics over trials, with
+   recoveries as a renewal process (``renewal``: a failure inside a recovery joins it).
+Checkpoint intervals (Daly's optimum by default) come from ``checkpoint``; spare domains are a
+pool every elastic strategy draws on (``spare_pool``), and ``spares_needed`` is the fewest that
+keep a fixed batch, searched per failure state. A run starts in steady state or healthy
+(``SimConfig.start``).
 
 Work is refused up front, with the arithmetic, when it would run for more than minutes or hold
 more than a few GB: see ``SimConfig`` and ``check_workload``.
@@ -45,7 +49,9 @@ __all__ = [
     "StrategyStats",
     "Trace",
     "ThroughputTables",
+    "check_pool_sweep",
     "check_strategies",
+    "pool_rows",
     "check_workload",
     "draw_events",
     "failed_counts",
@@ -125,10 +131,16 @@ class SimConfig(BaseModel):
     restart_s: float = Field(default=600, ge=0, description="Restart overhead of checkpoint-restart.")
     detection_s: float = Field(default=60, ge=0, description="Time to notice a failure.")
     reconfigure_s: float = Field(default=180, ge=0, description="Elastic reconfiguration (drop, NTP, rejoin).")
-    spares: int = Field(default=0, ge=0, description="Idle spare NVLink domains (strategy spares).")
+    spares: int = Field(default=0, ge=0, description="Idle spare NVLink domains every elastic strategy draws on.")
     batch: str = Field(default="flexible", pattern="^(flexible|fixed)$", description="Global batch kept or not.")
     bin_s: float = Field(default=600, gt=0, description="Time resolution of the failure state.")
     down_threshold: float = Field(default=0.001, ge=0, description="Report time with more than this share down.")
+    start: str = Field(
+        default="steady",
+        pattern="^(steady|healthy)$",
+        description="steady: failures already in repair at t = 0 (a job joining a running cluster); "
+        "healthy: every GPU up at t = 0 (a trace from the job's first day).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
@@ -158,8 +170,9 @@ class SimConfig(BaseModel):
 
     @property
     def warm_h(self) -> float:
-        """Failures are drawn from this long before the run: the longest repair."""
-        return max(c.repair_max_h for c in self.classes)
+        """Failures are drawn from this long before the run: the longest repair from a steady
+        start, none from a healthy one."""
+        return max(c.repair_max_h for c in self.classes) if self.start == "steady" else 0.0
 
     def expected_events_per_trial(self, num_gpus: int) -> float:
         """Failures over run + warm-up, plus straggler episodes over the run, of one trial."""
@@ -197,6 +210,47 @@ def check_workload(cfg: SimConfig, num_gpus: int, strategies: int) -> None:
         )
 
 
+MAX_POOLS = 32  # pool sizes one sweep simulates
+
+
+def check_pool_sweep(pools: list[int], cfg: SimConfig, strategies: int) -> None:
+    """InputError unless ``pools`` (spare domains per simulation) are distinct whole numbers of 0
+    or more, at most ``MAX_POOLS`` of them, and their simulations together stay within the bounds."""
+    bad = [k for k in pools if k < 0]
+    if bad:
+        raise InputError(f"--spares {bad[0]} is negative; give spare domains as whole numbers of 0 or more")
+    if len(set(pools)) < len(pools) or len(pools) > MAX_POOLS:
+        raise InputError(f"--spares lists {len(pools)} pool sizes; give at most {MAX_POOLS}, each once")
+    _check_cells(cfg.model_copy(update={"trials": cfg.trials * len(pools)}), strategies)
+
+
+def pool_rows(plan: Plan, runs: dict[int, dict[str, StrategyResult]]) -> list[dict]:
+    """One row per pool size and strategy. Per-GPU throughput counts the spare domains as GPUs
+    paid for: capacity goodput x job GPUs / (job GPUs + spares x GPUs per domain), relative to the
+    failure-free job without spares."""
+    n, domain = plan.cluster.num_gpus, plan.cluster.spec.domain_size
+    rows = []
+    for k, results in runs.items():
+        for s, r in results.items():
+            share = n / (n + k * domain)
+            rows.append(
+                {
+                    "spares": k,
+                    "strategy": s,
+                    "spare_gpus": k * domain,
+                    "gpu_throughput": r.mean.capacity_goodput * share,
+                    "gpu_throughput_p5": r.p5.capacity_goodput * share,
+                    "gpu_throughput_p95": r.p95.capacity_goodput * share,
+                    "goodput": r.mean.goodput,
+                    "capacity_goodput": r.mean.capacity_goodput,
+                    "hours_paused": r.mean.hours_paused,
+                    "hours_paused_p95": r.p95.hours_paused,
+                    "spares_needed": r.mean.spares_needed,
+                }
+            )
+    return rows
+
+
 def check_strategies(strategies: list[str]) -> None:
     """InputError unless ``strategies`` names at least one strategy, each a known one."""
     if not strategies:
@@ -215,32 +269,44 @@ class ThroughputTables:
         self.cfg, self.cluster = cfg, self.replanner.cluster
         self.node = min(self.cluster.spec.gpus_per_node, self.cluster.used_per_domain)
         self.cache: dict[tuple[str, str, int], tuple[float, int]] = {}
+        self.needs: dict[tuple, int] = {}
+        self.states: dict[tuple[int, ...], tuple[frozenset[int], frozenset[int]]] = {}
+
+    def failed(self, state: tuple[int, ...]) -> tuple[frozenset[int], frozenset[int]]:
+        """(failed GPUs, domains lost whole) of a state = failed units (one GPU, a host, a domain,
+        two GPUs of a domain), each unit in its own NVLink domain; a failed domain is every GPU
+        the job uses there, and its idle GPUs."""
+        if state in self.states:
+            return self.states[state]
+        c = self.cluster
+        failed, down, d = set(), set(), 0
+        for kind, count in enumerate(state):
+            for _ in range(count):
+                if d < c.num_domains:
+                    width = min((1, self.node, c.used_per_domain, 2)[kind], c.used_in_domain(d))
+                    failed.update(range(d * c.used_per_domain, d * c.used_per_domain + width))
+                    if kind == 2:
+                        down.add(d)
+                d += 1
+        self.states[state] = (frozenset(failed), frozenset(down))
+        return self.states[state]
 
     def get(self, strategy: str, batch: str, state: tuple[int, ...]) -> tuple[float, int]:
-        """State = failed units (one GPU, a host, a domain, two GPUs of a domain), each unit in its
-        own NVLink domain; a failed domain is every GPU the job uses there, and its idle GPUs."""
+        """Throughput and idle GPUs of ``state`` (see ``failed``) with the pool of ``cfg.spares``."""
         key = (strategy, batch, state)
         if key not in self.cache:
-            c = self.cluster
-            failed, down, d = set(), set(), 0
-            for kind, count in enumerate(state):
-                for _ in range(count):
-                    if d < c.num_domains:
-                        width = min((1, self.node, c.used_per_domain, 2)[kind], c.used_in_domain(d))
-                        failed.update(range(d * c.used_per_domain, d * c.used_per_domain + width))
-                        if kind == 2:
-                            down.add(d)
-                    d += 1
-            kept = self.replanner.throughput(
-                frozenset(failed),
-                strategy,
-                self.cfg.spares,
-                "dp-drop",
-                batch,
-                domains_down=frozenset(down),
-            )
+            failed, down = self.failed(state)
+            kept = self.replanner.throughput(failed, strategy, self.cfg.spares, "dp-drop", batch, domains_down=down)
             self.cache[key] = (kept.throughput_relative, kept.idle_gpus)
         return self.cache[key]
+
+    def need(self, policy: str, state: tuple[int, ...]) -> int:
+        """Fewest spare domains with which ``state`` keeps a fixed batch (``Replanner.fewest_spares``)."""
+        key = ("need", policy, state)
+        if key not in self.needs:
+            failed, down = self.failed(state)
+            self.needs[key] = self.replanner.fewest_spares(failed, policy, "dp-drop", domains_down=down)
+        return self.needs[key]
 
     def arrays(self, strategy: str, batch: str, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Throughput and idle GPUs for each row of ``states`` ([n, 4] unit counts)."""
@@ -260,7 +326,6 @@ def simulate(
     interval = checkpoint.interval_s(cfg.checkpoint_interval_s, cfg.checkpoint_write_s, job_rate, cfg.days * 86400)
     productive = interval / (interval + cfg.checkpoint_write_s)
     tables = ThroughputTables(plan, cfg)
-    per_domain = max(1, tables.cluster.used_per_domain // plan.layout.tp)  # TP groups per domain
     rows: dict[str, list[dict[str, np.ndarray]]] = {s: [] for s in strategies}
     trace = Trace(cfg.bin_h, np.zeros(0), {}, {})
     for first in range(0, cfg.trials, CHUNK):
@@ -268,9 +333,9 @@ def simulate(
         over = (batch.states.gpus_down / n > cfg.down_threshold).mean(axis=1)
         for s in strategies:
             if s == "restart":
-                row, series = restart_row(cfg, batch, interval, per_domain)
+                row, series = restart_row(cfg, batch, tables, interval)
             else:
-                row, series = elastic_row(cfg, batch, tables, s, interval, per_domain)
+                row, series = elastic_row(cfg, batch, tables, s, interval)
             row["throughput_loss"] = 1 - row["capacity_goodput"]
             row["time_over_threshold"] = over
             rows[s].append(row)

@@ -418,7 +418,7 @@ def test_hand_edited_replans(replan_files, no_launch, tmp_path_factory, data, co
         # an IndexError (exit 1): more TP ranks than the plan's TP group has
         (("replicas", 1, "stage_tp"), [5, 5], "replica 1 runs stage_tp [5, 5] but the plan has 2 stages of TP 4"),
         # ran 62,500,000 micro-batches: the run never ended
-        (("replicas", 1, "local_batch"), 10**9, "replica 1 runs local_batch 1e+09; it must be a multiple"),
+        (("replicas", 1, "local_batch"), 10**9, "replica 1 runs local_batch 1e+09; it must be at most the plan's"),
         # ran as if degraded: a healthy replica runs the plan's TP
         (("replicas", 1, "status"), "healthy", "replica 1 is healthy but runs stage_tp [3, 3]"),
         # ran a degraded replica with no sequence as one of a micro-batch

@@ -64,7 +64,7 @@ def test_a_per_layer_replica_is_costed_with_every_block_at_the_stage_width():
     # the degraded replica's step scales from the uniform layout's breakdown (the ratio of the
     # plan's step to a re-costing of its own layout is 1: the plan was costed the same way)
     m = plan.layout.num_micro_batches
-    mm = replanner.micro_batches_at(1)
+    mm = replanner.sequences_at(1)  # micro-batches of one sequence
     assert degraded_step_time(uniform.time_breakdown_s, m, mm, 2, 1, 2.0) <= cost.step_time_s
     assert degraded_step_time(uniform.time_breakdown_s, m, mm + 1, 2, 1, 2.0) > cost.step_time_s
 

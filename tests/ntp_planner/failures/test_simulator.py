@@ -339,7 +339,8 @@ def test_simulate_refuses_runs_of_hours_with_the_arithmetic(plan_16k):
 
 def test_results_are_pinned_for_a_seed():
     """Refactors must keep every draw in its order: these figures come from the simulator as it
-    stood before it was split into events, states and goodput (10 days, 40 trials, seed 7)."""
+    stood before it was split into events, states and goodput (10 days, 40 trials, seed 7); restart's
+    since it became a renewal process (failures inside a recovery join it)."""
     results, trace = simulate(
         _nvl72_plan(None), SimConfig(days=10, trials=40), ["restart", "ntp"], np.random.default_rng(7)
     )
@@ -348,7 +349,7 @@ def test_results_are_pinned_for_a_seed():
     assert trace.failed_fraction.sum() == PINNED["failed"]
 
 
-PINNED = {"restart": 0.9777923505349015, "ntp": 0.9881093792697339, "failed": 4.3828125}
+PINNED = {"restart": 0.9772837724692411, "ntp": 0.9881093792697339, "failed": 4.3828125}
 
 
 def test_sweep_refuses_samples_beyond_the_bound(plan_16k):
