@@ -174,7 +174,7 @@ class RunReplanner:
             return ReplicaChange("dropped", (0,) * base.pp, 0, f"no live process is left in run stage {stage}"), []
         status = self._status(slices, filled, widths, out.status, spared)
         m = slices[0].micro_batches
-        ratio = out.micro_batches / lay.num_micro_batches
+        ratio = out.sequences / (lay.num_micro_batches * lay.micro_batch)  # of the plan replica's local batch
         micro = m if status in ("healthy", "replaced") else scaled_micro_batches(ratio, m, self.unit)
         return ReplicaChange(status, widths, micro, self._reason(status, out.reason, slices, filled, widths)), [
             self._pipeline(r, filled, widths, micro) for r in slices
