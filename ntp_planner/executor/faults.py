@@ -12,7 +12,8 @@ class Fault:
     """Process ``proc`` fails in step ``step``: ``kill`` (SIGKILL at its first collective of the
     step, mid-step), ``sync`` (SIGKILL on entering the gradient sync), ``raise`` (an exception
     raised inside its first collective of the step: the process crashes) or ``hang`` (it stops
-    there and never returns)."""
+    there and never returns). A fault at step ``steps`` (one past the last, which the CLI does not
+    offer) fires in the final gather of the holdings, after every step is committed."""
 
     proc: int
     step: int

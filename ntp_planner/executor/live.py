@@ -150,8 +150,8 @@ def _await_generation(store, n: int) -> Generation:
 
 
 def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, pool, progress) -> dict | None:
-    """Train this generation's steps as its rank. Returns the committed state when leaving, in
-    this generation's layout, or None when it left before its state was in place (the
+    """Train this generation's steps as its rank. Returns the committed state when leaving or
+    done, in this generation's layout, or None when it left before its state was in place (the
     coordinator then carries from the previous layout again)."""
     from ntp_planner.executor import rank_checkpoint
     from ntp_planner.executor.state import carry, install, plan_moves, snapshot
@@ -212,11 +212,19 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
                 if store.add(f"g{n}/saved/{step}", 1) == spec.world_size:
                     meta = {"consumed": consumed + batch, "generation": n}
                     rank_checkpoint.finish(cfg.checkpoint_dir, step, spec.world_size, meta)
-        held = comm.gather_objects(holdings(model, spec, rank, [g.cpu() for g in first_grads]))
+        # a fault at step ``cfg.steps`` fires here, in the final gather: every step is committed,
+        # and the next generation runs no step, it only gathers again (its holdings carry no
+        # gradients: nothing was synced since the regroup)
+        comm.fault = _injector(cfg.faults, proc, cfg.steps, store)
+        grads = None if first_grads is None else [g.cpu() for g in first_grads]
+        held = comm.gather_objects(holdings(model, spec, rank, grads))
+        comm.fault = None
         if rank == 0:
             torch.save({"holders": [h for per_rank in held for h in per_rank], "generation": n}, cfg.out_file)
             store.set("done", str(n))
-        return None
+        # the committed state, kept: a peer that fails in the gather after this rank's part of it
+        # went through makes the coordinator re-plan, and the next generation carries it from here
+        return snapshot(model, opt)
     except Exception as exc:
         if not (isinstance(exc, Leave) or is_peer_loss(exc)):
             raise  # this process is broken: it dies, and the others recover from that

@@ -63,7 +63,7 @@ class LiveRun:
     lost: list[dict]  # steps committed and then rolled back (a checkpoint fallback or a restart)
     timeline: list[dict]
     holders: list[dict]
-    grad_step: int  # index in ``steps`` of the step whose synced gradients ``holders`` carry
+    grad_step: int | None  # index in ``steps`` of the step whose synced gradients ``holders`` carry (None: none)
     wall_s: float
     layouts: list[str]  # each generation's layout, described
 
@@ -138,7 +138,9 @@ class Coordinator:
         self._read_log()
         steps = self._effective()
         final = self.gens[got["generation"]]
-        grad_step = next(i for i, r in enumerate(steps) if r["step"] == final.start_step)
+        # None when the last generation ran no step (a rank failed in the final gather): its
+        # holdings carry no gradients
+        grad_step = next((i for i, r in enumerate(steps) if r["step"] == final.start_step), None)
         return LiveRun(
             steps=steps,
             lost=self.lost,
@@ -418,8 +420,8 @@ class Coordinator:
             event["move_state_s"] = max(t["move_s"] for t in times)
             ready = max(t["t"] for t in times)
             target = event["redo_to"]
-            if event["event"] == "repair":
-                event["redo_s"] = 0.0  # stopped at a step boundary: nothing to redo
+            if event["event"] == "repair" or target >= self.cfg.steps:
+                event["redo_s"] = 0.0  # stopped at a step boundary, or every step was done: nothing to redo
             else:
                 done = [r for r in self.records if r["generation"] == n and r["step"] == target]
                 if not done:
@@ -485,7 +487,8 @@ def launch_live(plan, shrunk, policy: str, faults=(), repairs=(), spares: int = 
         checkpoint_dir=checkpoint_dir,
     )
     run = Coordinator(RunReplanner(plan, shrunk, spares), policy, cfg, spares, tuple(repairs), tick).run()
-    ref = reference_run(spec, [(r["consumed"], r["batch"]) for r in run.steps], run.grad_step)
+    grad_step = -1 if run.grad_step is None else run.grad_step  # -1: no step's gradients
+    ref = reference_run(spec, [(r["consumed"], r["batch"]) for r in run.steps], grad_step)
     losses = [r["loss"] for r in run.steps]
     zero = zero_gradient_params(spec.cfg)
     noise = frozenset(k for k in ref["grads"] if k.rsplit(".", 1)[-1] in zero)

@@ -138,3 +138,15 @@ def test_an_exception_inside_a_collective_and_a_hang_are_failures_too():
     result, live = run(2, 2, steps=4, policy="ntp", faults=(Fault(0, 1, "raise"), Fault(3, 2, "hang")), timeout_s=5)
     assert_exact_and_accounted(result, live, 4, 2)
     assert live.timeline[1]["detect_s"] >= 5  # a hang is noticed after the timeout without progress
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_kill_in_the_final_gather_regathers_the_committed_state():
+    # every step is committed when process 3 dies in the gather of the holdings (a fault at step
+    # ``steps``): the next generation runs no step, its ranks carry the state and gather again
+    result, live = run(2, 2, steps=3, policy="ntp", faults=(Fault(3, 3),))
+    assert_exact_and_accounted(result, live, 3, 1)
+    (e,) = live.timeline
+    assert e["procs"] == [3] and e["step"] == 3 and e["redo_s"] == 0.0 and e["source"] == "memory"
+    assert live.grad_step is None and result.worst_grad_holder == "no holding carries a gradient"
