@@ -84,18 +84,43 @@ def check_live(fails, repairs, policy: str, spares: int, steps: int, world: int,
                 raise InputError(
                     f"{flag} {rank}@{step}: the run has steps 0..{steps - 1}; raise --steps or pick an earlier step"
                 )
+    if len({(r, s) for r, s, _ in fails}) < len(fails):
+        raise InputError("--fail names the same process and step twice; give each failure once")
     for rank, step, _ in repairs:
         if not any(r == rank and s < step for r, s, _ in fails):
             raise InputError(
                 f"--repair {rank}@{step} repairs a process that has not failed before step {step}; "
                 f"add --fail {rank}@STEP first"
             )
-    if len({(r, s) for r, s, _ in fails}) < len(fails):
-        raise InputError("--fail names the same process and step twice; give each failure once")
     if policy == "spares" and spares == 0:
         raise InputError("--policy spares needs idle spare processes: add --spares 1 (or more)")
     if folder is not None and every == 0:
         raise InputError("--checkpoint-dir needs --checkpoint-every K to write checkpoints")
+    if folder is not None:
+        check_checkpoint_dir(folder)
+
+
+def check_checkpoint_dir(folder: Path) -> None:
+    """Refuse a --checkpoint-dir the run cannot write, or one holding checkpoints already: a
+    fallback would load the newest, another run's (a later step, another plan) as this run's
+    state. Creates nothing (``run_live`` does, once every check passed)."""
+    import os
+
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--checkpoint-dir {folder} is not a folder; give a folder path")
+    if folder.is_dir():
+        old = sorted(p.name for p in folder.glob("step-*"))
+        if old:
+            raise InputError(
+                f"--checkpoint-dir {folder} already holds checkpoints ({old[0]}, ...) that a fallback would load "
+                "as this run's; give an empty or new folder"
+            )
+    existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise InputError(f"--checkpoint-dir {folder}: {existing} is a file, not a folder; give a folder path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"--checkpoint-dir {folder}: {existing} is not writable; pick another folder")
 
 
 def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int, folder, timeout: float, quiet: bool):
@@ -110,12 +135,10 @@ def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int,
     if every and folder is None:
         tmp = tempfile.mkdtemp(prefix="ntp-checkpoints-")
     elif folder is not None:
-        from ntp_planner.plan import check_writable
-
-        folder.mkdir(parents=True, exist_ok=True) if not folder.exists() else None
-        if not folder.is_dir():
-            raise InputError(f"--checkpoint-dir {folder} is not a folder; give a folder path")
-        check_writable(folder / "probe", "checkpoint folder", "checkpoints/")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)  # checked (``check_checkpoint_dir``) before
+        except OSError as exc:
+            raise InputError(f"cannot create --checkpoint-dir {folder}: {exc.strerror}; pick another folder") from None
     where = tmp or (str(folder) if folder is not None else "")
     try:
 

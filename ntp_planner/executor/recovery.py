@@ -470,11 +470,15 @@ def launch_live(plan, shrunk, policy: str, faults=(), repairs=(), spares: int = 
     """Run ``shrunk`` (of ``plan``) live with injected ``faults`` and ``repairs``, recovering under
     ``policy``; compare the final state with one process fed the samples the run committed.
     Returns (``launch.Result``, ``LiveRun``)."""
+    from ntp_planner.executor import rank_checkpoint
     from ntp_planner.executor.holders import compare
     from ntp_planner.executor.launch import Result
     from ntp_planner.executor.model import zero_gradient_params
     from ntp_planner.executor.runtime import reference_run
 
+    if checkpoint_dir and rank_checkpoint.complete_steps(checkpoint_dir):
+        # a fallback loads the newest complete checkpoint there: another run's would pass for this one's
+        raise ValueError(f"checkpoint folder {checkpoint_dir} already holds checkpoints; give an empty one")
     shrunk = replace(shrunk, spec=live_spec(shrunk.spec))
     spec = shrunk.spec
     cfg = LiveConfig(
