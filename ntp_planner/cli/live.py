@@ -86,18 +86,34 @@ def check_live(fails, repairs, policy: str, spares: int, steps: int, world: int,
                 )
     if len({(r, s) for r, s, _ in fails}) < len(fails):
         raise InputError("--fail names the same process and step twice; give each failure once")
-    for rank, step, _ in repairs:
-        if not any(r == rank and s < step for r, s, _ in fails):
-            raise InputError(
-                f"--repair {rank}@{step} repairs a process that has not failed before step {step}; "
-                f"add --fail {rank}@STEP first"
-            )
+    _check_lives(fails, repairs)
     if policy == "spares" and spares == 0:
         raise InputError("--policy spares needs idle spare processes: add --spares 1 (or more)")
     if folder is not None and every == 0:
         raise InputError("--checkpoint-dir needs --checkpoint-every K to write checkpoints")
     if folder is not None:
         check_checkpoint_dir(folder)
+
+
+def _check_lives(fails, repairs) -> None:
+    """Each process alternates: it fails, is repaired, fails again... A repair of a process that
+    is up, or a failure of one that is down, would never happen in the run (the timeline would
+    silently lack it). A repair and a failure in the same step: the newcomer fails in that step."""
+    for rank in sorted({r for r, _, _ in [*fails, *repairs]}):
+        events = sorted([(s, 0) for r, s, _ in repairs if r == rank] + [(s, 1) for r, s, _ in fails if r == rank])
+        down_since = None
+        for step, failing in events:
+            if failing and down_since is not None:
+                raise InputError(
+                    f"--fail {rank}@{step} fails process {rank}, which failed in step {down_since} and is not "
+                    f"repaired before; add --repair {rank}@STEP between them or drop one"
+                )
+            if not failing and down_since is None:
+                raise InputError(
+                    f"--repair {rank}@{step} repairs a process that has not failed before step {step}; "
+                    f"add --fail {rank}@STEP first"
+                )
+            down_since = step if failing else None
 
 
 def check_checkpoint_dir(folder: Path) -> None:

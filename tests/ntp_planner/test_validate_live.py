@@ -39,6 +39,8 @@ def plan(tmp_path_factory):
         (["--fail", "1@1", "--checkpoint-dir", "ck"], "--checkpoint-dir needs --checkpoint-every"),
         (["--policy", "dp-drop"], "shape a live recovery; add --fail RANK@STEP"),
         (["--fail", "1@1", "--backend", "nccl"], "without --replan, --profile, --inject-fault or --backend nccl"),
+        (["--fail", "1@0", "--repair", "1@1", "--repair", "1@2"], "--repair 1@2 repairs a process that has not"),
+        (["--fail", "1@0", "--fail", "1@2"], "which failed in step 0 and is not repaired before"),
         (["--fail", "1@0", "--repair", "1@0"], "has not failed before step 0"),
         (["--fail", "8@1", "--spares", 0], "names process 8 but the run has 8 processes (0..7)"),
         (["--fail", "9@1", "--spares", 1], "and 1 spares (0..8)"),
