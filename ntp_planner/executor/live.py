@@ -124,19 +124,26 @@ def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: in
     torch.set_default_dtype(getattr(torch, cfg.base.dtype))
     pool = synthetic_batch(cfg.base)
     store.set(f"ready/{proc}", str(time.time()))
-    states: dict[int, dict] = {}  # generation -> this process's committed state in that generation's layout
+    # generation -> this process's committed state in that generation's layout. Older ones are
+    # kept until a generation names a later one as its source: the coordinator carries from the
+    # last generation whose every rank had its state in place, which is older than this
+    # process's last one when a peer died during the carry (and no step ran since, so the older
+    # state is still the committed one). An idle process keeps its states too, for the same reason.
+    states: dict[int, dict] = {}
     n = first_generation
     while True:
         gen = _await_generation(store, n)
         if gen.layout is None:
             return
+        if gen.previous is not None:
+            states = {k: v for k, v in states.items() if k >= gen.previous[0]}
+        elif gen.source != "memory":
+            states = {}  # from a checkpoint or the initial weights: what it held is history
         if gen.layout.spec is not None and proc in gen.layout.procs:
             held = states.get(gen.previous[0], {}) if gen.previous else {}
             got = _run_generation(proc, store, gen, held, cfg, pool, progress)
             if got is not None:
-                states = {n: got}
-        else:
-            states = {}  # idle: what it held goes stale while the others train
+                states[n] = got
         n += 1
 
 
@@ -179,6 +186,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         t1 = time.time()
         moved = 0
         if gen.source == "memory":
+            _fail_in_carry(cfg.faults, proc, gen.start_step, store)
             _, old_spec, old_procs = gen.previous
             moves = plan_moves(old_spec, old_procs, spec, layout.procs)
             moved = carry(moves, rank, state, model, opt, cfg.timeout_s)
@@ -259,7 +267,7 @@ def _vote(store, n: int, step: int, rank: int, world: int, share: float, consume
 def _injector(faults, proc: int, step: int, store):
     """The hook ``Comm`` calls on entering a collective (its category as argument) in this step,
     or None when no fault of this process fires in it."""
-    mine = [f for f in faults if f.proc == proc and f.step == step]
+    mine = [f for f in faults if f.proc == proc and f.step == step and f.how != "carry"]
     if not mine or store.check([f"fired/{proc}/{step}"]):
         return None  # each fault fires once (a step redone after a rollback does not fail again)
     how = mine[0].how
@@ -277,3 +285,12 @@ def _injector(faults, proc: int, step: int, store):
         raise InjectedFault(f"injected fault in a collective of step {step}")
 
     return fire
+
+
+def _fail_in_carry(faults, proc: int, step: int, store) -> None:
+    """A ``carry`` fault of this process for ``step`` (once): SIGKILL as the state starts to move."""
+    if any(f.proc == proc and f.step == step and f.how == "carry" for f in faults):
+        if not store.check([f"fired/{proc}/{step}"]):
+            store.set(f"fired/{proc}/{step}", "1")
+            store.set(f"fail/{proc}", json.dumps({"t": time.time(), "how": "carry", "step": step}))
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -109,6 +109,7 @@ class Coordinator:
         self.dead: set[int] = set()
         self.slots: list[int | None] = list(range(self.base_world))
         self.gens: list[Generation] = []
+        self._published: list[float] = []  # when each generation was published
         self.state_gen = 0  # the generation whose layout holds the committed state
         self.records: list[dict] = []  # committed steps, in commit order
         self.lost: list[dict] = []
@@ -172,6 +173,7 @@ class Coordinator:
 
     def _publish(self, gen: Generation) -> None:
         self.gens.append(gen)
+        self._published.append(time.time())
         if gen.layout is not None:
             self._arm_repair(gen)
         self.store.set(f"layout/{gen.number}", pickle.dumps(gen))
@@ -266,7 +268,7 @@ class Coordinator:
         """A fault of a process outside the layout (idle) fires when its step is reached."""
         step = self._committed()
         for f in self.cfg.faults:
-            if f.step <= step and f.proc not in self.layout.procs and f.proc not in self.dead:
+            if f.how != "carry" and f.step <= step and f.proc not in self.layout.procs and f.proc not in self.dead:
                 if not self.store.check([f"fired/{f.proc}/{f.step}"]):
                     self.store.set(f"fired/{f.proc}/{f.step}", "1")
                     self.store.set(f"fail/{f.proc}", json.dumps({"t": time.time(), "how": "kill", "step": f.step}))
@@ -333,6 +335,7 @@ class Coordinator:
             time.sleep(0.005)
         t_agree = time.time()
         self._read_log()
+        self._cut_short(n, t_notice)
         fails = [json.loads(self.store.get(f"fail/{p}")) for p in sorted(self.dead) if self.store.check([f"fail/{p}"])]
         failed_now = sorted(p for p in self.dead if p in gen.layout.procs or p in self.slots)
         self.slots = [None if s in self.dead else s for s in self.slots]
@@ -405,6 +408,24 @@ class Coordinator:
     def _consumed(self) -> int:
         eff = self._effective()
         return eff[-1]["consumed"] + eff[-1]["batch"] if eff else 0
+
+    def _cut_short(self, n: int, t_notice: float) -> None:
+        """Close the events whose generation ``n`` fails before it finished their recovery (a
+        process died while the state moved, or before the step was redone): each part is what the
+        ranks that got there reported, the regroup of those that did not lasts until the failure
+        was noticed, and the redo is the time from the state in place until then."""
+        for event in [e for e in self.pending if e["generation"] == n]:
+            keys = [f"g{n}/times/{r}" for r in range(self.gens[n].layout.spec.world_size)]
+            times = [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]
+            complete = len(times) == len(keys)
+            start = self._published[n]
+            event["regroup_s"] = max(t["regroup_s"] for t in times) if complete else t_notice - start
+            event["move_state_s"] = max((t["move_s"] for t in times), default=0.0) if complete else 0.0
+            ready = max(t["t"] for t in times) if complete else t_notice
+            event["redo_s"] = 0.0 if event["event"] == "repair" else max(0.0, t_notice - ready)
+            event["total_s"] = sum(event[p] for p in PARTS)
+            event["note"] = (event["note"] + "; " if event["note"] else "") + "cut short by the next failure"
+            self.pending.remove(event)
 
     def _finish_events(self) -> None:
         """Fill in an event's regroup, move and redo times once its generation has redone the

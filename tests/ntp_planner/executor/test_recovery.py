@@ -150,3 +150,15 @@ def test_a_kill_in_the_final_gather_regathers_the_committed_state():
     (e,) = live.timeline
     assert e["procs"] == [3] and e["step"] == 3 and e["redo_s"] == 0.0 and e["source"] == "memory"
     assert live.grad_step is None and result.worst_grad_holder == "no holding carries a gradient"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_process_dying_while_the_state_moves_after_another_failure():
+    # process 1 dies in step 1; as replica 0 (process 0 alone, at TP1) fetches its rows, process 0
+    # dies too: replica 1's ranks may have their state in place already, but the coordinator
+    # carries from the layout before (the last with every rank in place), which they must keep
+    result, live = run(2, 2, steps=4, policy="ntp", faults=(Fault(1, 1), Fault(0, 1, "carry")))
+    assert_exact_and_accounted(result, live, 4, 2)
+    assert [e["procs"] for e in live.timeline] == [[1], [0]] and live.timeline[1]["source"] == "memory"
+    assert live.steps[-1]["batch"] == 2 and not live.lost
