@@ -265,10 +265,15 @@ class Coordinator:
         self.dead.add(proc)
 
     def _idle_faults(self) -> None:
-        """A fault of a process outside the layout (idle) fires when its step is reached."""
+        """A fault of a process outside the layout (idle) fires when its step is reached. A
+        repaired process waiting for its step to rejoin is not idle: its fault in that step
+        fires in the step, once it is back."""
         step = self._committed()
         for f in self.cfg.faults:
-            if f.how != "carry" and f.step <= step and f.proc not in self.layout.procs and f.proc not in self.dead:
+            waiting = f.proc in self._restarted and any(r.proc == f.proc and r.step == f.step for r in self.repairs)
+            if f.how == "carry" or waiting:
+                continue
+            if f.step <= step and f.proc not in self.layout.procs and f.proc not in self.dead:
                 if not self.store.check([f"fired/{f.proc}/{f.step}"]):
                     self.store.set(f"fired/{f.proc}/{f.step}", "1")
                     self.store.set(f"fail/{f.proc}", json.dumps({"t": time.time(), "how": "kill", "step": f.step}))

@@ -162,3 +162,17 @@ def test_a_process_dying_while_the_state_moves_after_another_failure():
     assert_exact_and_accounted(result, live, 4, 2)
     assert [e["procs"] for e in live.timeline] == [[1], [0]] and live.timeline[1]["source"] == "memory"
     assert live.steps[-1]["batch"] == 2 and not live.lost
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_repaired_process_failing_in_its_first_step_back():
+    # the newcomer waits idle for step 3; its fault in step 3 fires in that step once it is back
+    # (it was killed as an idle process before it rejoined: the repair then failed the run)
+    result, live = run(2, 2, steps=5, policy="ntp", faults=(Fault(1, 1), Fault(1, 3)), repairs=(Repair(1, 3),))
+    assert_exact_and_accounted(result, live, 5, 3)
+    assert [(e["event"], e["step"], e["procs"]) for e in live.timeline] == [
+        ("failure", 1, [1]),
+        ("repair", 3, [1]),
+        ("failure", 3, [1]),
+    ]
