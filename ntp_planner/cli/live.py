@@ -215,7 +215,7 @@ def timeline_view(run):
         times.add_column(col, justify="right")
     notes = []
     for e in run.timeline:
-        redone = "none" if e["event"] == "repair" else _steps(e["redo_from"], e["redo_to"])
+        redone = "none" if e["event"] in ("repair", "idle failure") else _steps(e["redo_from"], e["redo_to"])
         procs = ", ".join(map(str, e.get("procs", [])))
         events.add_row(str(e["step"]), e["event"], procs, escape(e["layout"]), str(e["batch"]), _source(e), redone)
         times.add_row(str(e["step"]), *("" if e.get(k) is None else f"{e[k]:.3f}" for k in keys))

@@ -279,6 +279,26 @@ class Coordinator:
                     self.store.set(f"fail/{f.proc}", json.dumps({"t": time.time(), "how": "kill", "step": f.step}))
                     self._kill(f.proc)
                     self.slots = [None if s == f.proc else s for s in self.slots]
+                    self._idle_event(f.proc, step)
+
+    def _idle_event(self, proc: int, step: int) -> None:
+        """The timeline's event for an idle process that died: nothing runs on it, so nothing is
+        re-planned, moved or redone (every part 0; ``recovery_costs`` leaves it out)."""
+        event = {
+            "step": step,
+            "event": "idle failure",
+            "cause": f"idle process {proc} died",
+            "procs": [proc],
+            "generation": len(self.gens) - 1,
+            "layout": self.layout.describe(),
+            "batch": self.layout.batch,
+            "source": "memory",
+            "note": "the process was idle: the layout does not change",
+            "bytes_moved": 0,
+            "redo_from": step,
+            "redo_to": step,
+        }
+        self.timeline.append(event | dict.fromkeys(PARTS, 0.0) | {"total_s": 0.0})
 
     # ---- repairs ----------------------------------------------------------------------------
     # A repair happens at its step exactly: every generation that runs through that step is told

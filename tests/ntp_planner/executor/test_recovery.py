@@ -176,3 +176,13 @@ def test_a_repaired_process_failing_in_its_first_step_back():
         ("repair", 3, [1]),
         ("failure", 3, [1]),
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_idle_spare_dying_is_on_the_timeline_and_changes_nothing():
+    result, live = run(2, 2, steps=3, policy="spares", spares=1, faults=(Fault(4, 1),))
+    assert_exact_and_accounted(result, live, 3, 1)
+    (e,) = live.timeline
+    assert (e["event"], e["procs"], e["total_s"]) == ("idle failure", [4], 0.0)
+    assert recovery_costs(live.timeline) == {}  # it costs the run nothing
