@@ -176,7 +176,8 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
             world_size=spec.world_size,
             timeout=timedelta(seconds=cfg.timeout_s),
         )
-        comm = Comm(spec, rank, None if progress is None else _ProcView(progress, proc, rank))
+        view = None if progress is None else _ProcView(progress, proc, rank)
+        comm = Comm(spec, rank, view, timedelta(seconds=cfg.timeout_s))
         replica, s = spec.locate(rank)
         ref = Reference(spec.cfg, seed=spec.seed)
         shapes = {k: v.shape for k, v in ref.named_parameters()}

@@ -186,3 +186,15 @@ def test_an_idle_spare_dying_is_on_the_timeline_and_changes_nothing():
     (e,) = live.timeline
     assert (e["event"], e["procs"], e["total_s"]) == ("idle failure", [4], 0.0)
     assert recovery_costs(live.timeline) == {}  # it costs the run nothing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_hang_and_a_kill_in_one_step_fail_only_those_two():
+    # process 0 waits on hung process 1 in their TP group: the group's collective timeout (5 s)
+    # frees it; with the 30-minute default of a new group it stayed blocked, was killed at the
+    # agreement's deadline as if it had failed, and replica 0's rows were lost with it
+    result, live = run(2, 2, steps=4, policy="ntp", faults=(Fault(1, 1, "hang"), Fault(2, 1)), timeout_s=5)
+    failed = sorted(p for e in live.timeline for p in e["procs"])
+    assert failed == [1, 2] and all(e["source"] == "memory" for e in live.timeline) and not live.lost
+    assert_exact_and_accounted(result, live, 4, len(live.timeline))
