@@ -373,7 +373,10 @@ class Coordinator:
         replan_s = time.perf_counter() - t0
         self.slots = list(layout.slots)
         if layout.spec is None:
-            raise RecoveryFailure(f"{cause}: no replica can run any more under --policy {self.policy}")
+            # a process that crashed (not an injected fault) says why: often the reason all died
+            said = [f"process {p}: {self._error_of(p)}" for p in failed_now if Path(self.err_dir, f"{p}.txt").exists()]
+            why = f" ({said[0]}{' and others' if len(said) > 1 else ''})" if said else ""
+            raise RecoveryFailure(f"{cause}{why}: no replica can run any more under --policy {self.policy}")
         # the committed state is held in gen n's layout once every rank of it has its state in place
         ranks = range(gen.layout.spec.world_size)
         if all(self.store.check([f"g{n}/times/{r}"]) for r in ranks):

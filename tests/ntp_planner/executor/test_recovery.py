@@ -13,7 +13,7 @@ from cost_models.catalogue import MODELS
 from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
 from ntp_planner.executor.faults import Fault, Repair
-from ntp_planner.executor.recovery import PARTS, launch_live, recovery_costs
+from ntp_planner.executor.recovery import PARTS, RecoveryFailure, launch_live, recovery_costs
 from ntp_planner.executor.shrink import shrink
 from ntp_planner.plan import Plan
 from ntp_planner.solver.planner import plan_from_layout
@@ -198,3 +198,11 @@ def test_a_hang_and_a_kill_in_one_step_fail_only_those_two():
     failed = sorted(p for e in live.timeline for p in e["procs"])
     assert failed == [1, 2] and all(e["source"] == "memory" for e in live.timeline) and not live.lost
     assert_exact_and_accounted(result, live, 4, len(live.timeline))
+
+
+@pytest.mark.timeout(240)
+def test_every_process_crashing_on_the_same_error_ends_in_a_sentence_with_that_error(tmp_path):
+    # the checkpoint folder is a file: every rank fails to save after step 0, and all die
+    (tmp_path / "ck").write_text("x")
+    with pytest.raises(RecoveryFailure, match=r"\(process \d: ValueError: cannot write checkpoint file .*no replica"):
+        run(2, 2, steps=2, policy="ntp", checkpoint_every=1, checkpoint_dir=str(tmp_path / "ck"))
