@@ -110,7 +110,11 @@ class Coordinator:
         self.slots: list[int | None] = list(range(self.base_world))
         self.gens: list[Generation] = []
         self._published: list[float] = []  # when each generation was published
-        self.state_gen = 0  # the generation whose layout holds the committed state
+        # the generation whose layout holds the committed state: the last one whose every rank had
+        # its state in place (None until one did: no step is committed before, the state is the
+        # initial weights)
+        self.state_gen: int | None = None
+        self._fruitless = 0  # re-plans in a row with no process lost and no step committed since the last
         self.records: list[dict] = []  # committed steps, in commit order
         self.lost: list[dict] = []
         self.timeline: list[dict] = []
@@ -381,11 +385,15 @@ class Coordinator:
         ranks = range(gen.layout.spec.world_size)
         if all(self.store.check([f"g{n}/times/{r}"]) for r in ranks):
             self.state_gen = n
-        held = self.gens[self.state_gen]
+        self._check_fruitless(n, bool(failed_now or repaired))
+        held = None if self.state_gen is None else self.gens[self.state_gen]
         interrupted = self._committed()
         start, consumed, source, ckpt, note = interrupted, self._consumed(), "memory", None, ""
         moves = None
-        if self.policy == "restart":
+        if held is None:
+            start, consumed, source = 0, 0, "init"
+            note = "no layout had its state in place yet, so from the initial weights"
+        elif self.policy == "restart":
             source = "checkpoint"
         else:
             moves = plan_moves(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
@@ -432,6 +440,23 @@ class Coordinator:
         self.pending.append(event)
 
     _t_last: float | None = None
+
+    def _check_fruitless(self, n: int, lost_one: bool) -> None:
+        """Processes that keep leaving generations with nobody failed and no step committed (a
+        collective timeout too short for this machine, say) would re-plan forever: the third
+        such re-plan in a row ends the run, with the reasons they gave."""
+        committed = self._committed()
+        fruitless = not lost_one and committed == getattr(self, "_committed_before", None)
+        self._fruitless = self._fruitless + 1 if fruitless else 0
+        self._committed_before = committed
+        if self._fruitless >= 3:
+            keys = [f"g{n}/left/{p}" for p in self.gens[n].layout.procs]
+            why = sorted({json.loads(self.store.get(k))["why"] for k in keys if self.store.check([k])})
+            raise RecoveryFailure(
+                f"processes left {self._fruitless + 1} layouts in a row with none failed and no step committed "
+                f"({why[0] if why else 'no reason given'}); a --timeout of {self.cfg.timeout_s:g} s may be too "
+                "short for this machine"
+            )
 
     def _consumed(self) -> int:
         eff = self._effective()

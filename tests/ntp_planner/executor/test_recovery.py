@@ -206,3 +206,11 @@ def test_every_process_crashing_on_the_same_error_ends_in_a_sentence_with_that_e
     (tmp_path / "ck").write_text("x")
     with pytest.raises(RecoveryFailure, match=r"\(process \d: ValueError: cannot write checkpoint file .*no replica"):
         run(2, 2, steps=2, policy="ntp", checkpoint_every=1, checkpoint_dir=str(tmp_path / "ck"))
+
+
+@pytest.mark.timeout(240)
+def test_a_collective_timeout_too_short_ends_in_a_sentence_not_a_loop():
+    # every generation times out as it forms, nobody dies: the state was never in place (the
+    # next layout carried from nowhere: KeyError), and re-planning the same layout went on forever
+    with pytest.raises(RecoveryFailure, match=r"none failed and no step committed .*--timeout of 0.001 s may be too"):
+        run(2, 2, steps=2, policy="ntp", timeout_s=0.001)
