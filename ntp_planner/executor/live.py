@@ -210,6 +210,8 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
             share += model.take_aux()
             with comm.category("dp"):
                 sync_gradients(model, spec, s, comm, shapes)
+            if comm.fault is not None and not store.check([f"fired/{proc}/{step}"]):
+                comm.fault("dp")  # a step without collectives (a layout of one process) fails at its end
             comm.fault = None
             if first_grads is None:  # the generation's first synced gradients, compared with the reference's
                 first_grads = [p.grad.detach().clone() for p in weights]

@@ -181,7 +181,12 @@ class Coordinator:
         if gen.layout is not None:
             self._arm_repair(gen)
         self.store.set(f"layout/{gen.number}", pickle.dumps(gen))
+        # every process has left the old layout by now: its counts (a collective that failed
+        # leaves it "inside" one) start again, as its new ``Comm``'s do
+        for i in range(3 * self.total):
+            self.progress[i] = 0
         self._progress_seen = [-1] * self.total
+        self._records_seen = len(self.records)
         self._progress_changed = [time.monotonic()] * self.total
 
     @property
@@ -242,15 +247,23 @@ class Coordinator:
 
     def _hung(self) -> bool:
         """Kill the processes that hang (outside any collective while the others wait inside one,
-        with no progress anywhere for ``timeout_s``); True if one was killed."""
+        with no progress anywhere for ``timeout_s``); True if one was killed. When none waits
+        inside one (a layout of one process, or every process hung) and no collective was
+        entered and no step committed for twice ``timeout_s``, they all hang: a step of this
+        tiny model takes far less than a collective's timeout."""
         now, procs = time.monotonic(), self.layout.procs
         for p in procs:
             if self.progress[3 * p + 1] != self._progress_seen[p]:
                 self._progress_seen[p], self._progress_changed[p] = self.progress[3 * p + 1], now
-        if now - max(self._progress_changed[p] for p in procs) <= self.cfg.timeout_s:
+        if len(self.records) != self._records_seen:  # a committed step is progress too
+            self._records_seen, self._progress_changed = len(self.records), [now] * self.total
+        still = now - max(self._progress_changed[p] for p in procs)
+        if still <= self.cfg.timeout_s:
             return False
         outside = [p for p in procs if self.progress[3 * p + 1] == self.progress[3 * p + 2]]
         culprits = outside if outside and len(outside) < len(procs) else []
+        if len(outside) == len(procs) and still > 2 * self.cfg.timeout_s:
+            culprits = outside
         for p in culprits:
             self._kill(p)
         return bool(culprits)

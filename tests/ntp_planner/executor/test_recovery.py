@@ -214,3 +214,13 @@ def test_a_collective_timeout_too_short_ends_in_a_sentence_not_a_loop():
     # next layout carried from nowhere: KeyError), and re-planning the same layout went on forever
     with pytest.raises(RecoveryFailure, match=r"none failed and no step committed .*--timeout of 0.001 s may be too"):
         run(2, 2, steps=2, policy="ntp", timeout_s=0.001)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_lone_process_that_hangs_ends_the_run():
+    # after three failures process 3 runs alone (TP1, no collective), then hangs: nobody waits
+    # on it inside a collective, so only the lack of progress tells, and the run must end
+    faults = (Fault(0, 1), Fault(1, 1), Fault(2, 2), Fault(3, 3, "hang"))
+    with pytest.raises(RecoveryFailure, match="a process hung: no replica can run any more"):
+        run(2, 2, steps=5, policy="ntp", faults=faults, timeout_s=5)
