@@ -187,6 +187,7 @@ class Coordinator:
             self.progress[i] = 0
         self._progress_seen = [-1] * self.total
         self._records_seen = len(self.records)
+        self._in_place = False  # whether every rank of the layout has its state in place
         self._progress_changed = [time.monotonic()] * self.total
 
     @property
@@ -250,16 +251,23 @@ class Coordinator:
         with no progress anywhere for ``timeout_s``); True if one was killed. When none waits
         inside one (a layout of one process, or every process hung) and no collective was
         entered and no step committed for twice ``timeout_s``, they all hang: a step of this
-        tiny model takes far less than a collective's timeout."""
+        tiny model takes far less than a collective's timeout. Only once every rank has its state
+        in place: before, a process still booting (spawned, importing torch on a busy machine)
+        looks the same; one that hangs there is killed by ``_reconfigure`` once its peers time out."""
         now, procs = time.monotonic(), self.layout.procs
         for p in procs:
             if self.progress[3 * p + 1] != self._progress_seen[p]:
                 self._progress_seen[p], self._progress_changed[p] = self.progress[3 * p + 1], now
         if len(self.records) != self._records_seen:  # a committed step is progress too
             self._records_seen, self._progress_changed = len(self.records), [now] * self.total
+        if not self._in_place:  # and so is the layout's state in place: booting and carrying are done
+            n = len(self.gens) - 1
+            self._in_place = all(self.store.check([f"g{n}/times/{r}"]) for r in range(len(procs)))
+            if self._in_place:
+                self._progress_changed = [now] * self.total
         still = now - max(self._progress_changed[p] for p in procs)
-        if still <= self.cfg.timeout_s:
-            return False
+        if still <= self.cfg.timeout_s or not self._in_place:
+            return False  # a process booting or carrying is outside collectives, not hung
         outside = [p for p in procs if self.progress[3 * p + 1] == self.progress[3 * p + 2]]
         culprits = outside if outside and len(outside) < len(procs) else []
         if len(outside) == len(procs) and still > 2 * self.cfg.timeout_s:
