@@ -390,7 +390,7 @@ class Coordinator:
         failed_now = sorted(p for p in self.dead if p in gen.layout.procs or p in self.slots)
         self.slots = [None if s in self.dead else s for s in self.slots]
         for p in repaired:
-            if self.slots[p] is None:
+            if p < len(self.slots) and self.slots[p] is None:  # a repaired spare (no base slot) comes back idle
                 self.slots[p] = p
         alive = frozenset(p for p in self.procs if p not in self.dead)
         t0 = time.perf_counter()

@@ -224,3 +224,12 @@ def test_a_lone_process_that_hangs_ends_the_run():
     faults = (Fault(0, 1), Fault(1, 1), Fault(2, 2), Fault(3, 3, "hang"))
     with pytest.raises(RecoveryFailure, match="a process hung: no replica can run any more"):
         run(2, 2, steps=5, policy="ntp", faults=faults, timeout_s=5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_repaired_spare_comes_back_idle():
+    # spare process 4 has no base slot: the repair crashed the launcher with an IndexError
+    result, live = run(2, 2, steps=4, policy="ntp", spares=1, faults=(Fault(4, 0),), repairs=(Repair(4, 2),))
+    assert_exact_and_accounted(result, live, 4, 2)
+    assert [(e["event"], e["procs"]) for e in live.timeline] == [("idle failure", [4]), ("repair", [4])]
