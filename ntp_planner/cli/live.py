@@ -84,18 +84,59 @@ def check_live(fails, repairs, policy: str, spares: int, steps: int, world: int,
                 raise InputError(
                     f"{flag} {rank}@{step}: the run has steps 0..{steps - 1}; raise --steps or pick an earlier step"
                 )
-    for rank, step, _ in repairs:
-        if not any(r == rank and s < step for r, s, _ in fails):
-            raise InputError(
-                f"--repair {rank}@{step} repairs a process that has not failed before step {step}; "
-                f"add --fail {rank}@STEP first"
-            )
     if len({(r, s) for r, s, _ in fails}) < len(fails):
         raise InputError("--fail names the same process and step twice; give each failure once")
+    _check_lives(fails, repairs)
     if policy == "spares" and spares == 0:
         raise InputError("--policy spares needs idle spare processes: add --spares 1 (or more)")
     if folder is not None and every == 0:
         raise InputError("--checkpoint-dir needs --checkpoint-every K to write checkpoints")
+    if folder is not None:
+        check_checkpoint_dir(folder)
+
+
+def _check_lives(fails, repairs) -> None:
+    """Each process alternates: it fails, is repaired, fails again... A repair of a process that
+    is up, or a failure of one that is down, would never happen in the run (the timeline would
+    silently lack it). A repair and a failure in the same step: the newcomer fails in that step."""
+    for rank in sorted({r for r, _, _ in [*fails, *repairs]}):
+        events = sorted([(s, 0) for r, s, _ in repairs if r == rank] + [(s, 1) for r, s, _ in fails if r == rank])
+        down_since = None
+        for step, failing in events:
+            if failing and down_since is not None:
+                raise InputError(
+                    f"--fail {rank}@{step} fails process {rank}, which failed in step {down_since} and is not "
+                    f"repaired before; add --repair {rank}@STEP between them or drop one"
+                )
+            if not failing and down_since is None:
+                raise InputError(
+                    f"--repair {rank}@{step} repairs a process that has not failed before step {step}; "
+                    f"add --fail {rank}@STEP first"
+                )
+            down_since = step if failing else None
+
+
+def check_checkpoint_dir(folder: Path) -> None:
+    """Refuse a --checkpoint-dir the run cannot write, or one holding checkpoints already: a
+    fallback would load the newest, another run's (a later step, another plan) as this run's
+    state. Creates nothing (``run_live`` does, once every check passed)."""
+    import os
+
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--checkpoint-dir {folder} is not a folder; give a folder path")
+    if folder.is_dir():
+        old = sorted(p.name for p in folder.glob("step-*"))
+        if old:
+            raise InputError(
+                f"--checkpoint-dir {folder} already holds checkpoints ({old[0]}, ...) that a fallback would load "
+                "as this run's; give an empty or new folder"
+            )
+    existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise InputError(f"--checkpoint-dir {folder}: {existing} is a file, not a folder; give a folder path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"--checkpoint-dir {folder}: {existing} is not writable; pick another folder")
 
 
 def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int, folder, timeout: float, quiet: bool):
@@ -110,12 +151,10 @@ def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int,
     if every and folder is None:
         tmp = tempfile.mkdtemp(prefix="ntp-checkpoints-")
     elif folder is not None:
-        from ntp_planner.plan import check_writable
-
-        folder.mkdir(parents=True, exist_ok=True) if not folder.exists() else None
-        if not folder.is_dir():
-            raise InputError(f"--checkpoint-dir {folder} is not a folder; give a folder path")
-        check_writable(folder / "probe", "checkpoint folder", "checkpoints/")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)  # checked (``check_checkpoint_dir``) before
+        except OSError as exc:
+            raise InputError(f"cannot create --checkpoint-dir {folder}: {exc.strerror}; pick another folder") from None
     where = tmp or (str(folder) if folder is not None else "")
     try:
 
@@ -176,7 +215,7 @@ def timeline_view(run):
         times.add_column(col, justify="right")
     notes = []
     for e in run.timeline:
-        redone = "none" if e["event"] == "repair" else _steps(e["redo_from"], e["redo_to"])
+        redone = "none" if e["event"] in ("repair", "idle failure") else _steps(e["redo_from"], e["redo_to"])
         procs = ", ".join(map(str, e.get("procs", [])))
         events.add_row(str(e["step"]), e["event"], procs, escape(e["layout"]), str(e["batch"]), _source(e), redone)
         times.add_row(str(e["step"]), *("" if e.get(k) is None else f"{e[k]:.3f}" for k in keys))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -39,13 +40,15 @@ KINDS = ("tp", "cp", "pp", "dp", "ep")  # the categories communication time is s
 class Comm:
     fault = None  # called with the category on entering each collective (``live``'s fault injection)
 
-    def __init__(self, spec: RunSpec, rank: int, progress=None):
+    def __init__(self, spec: RunSpec, rank: int, progress=None, timeout: timedelta | None = None):
         self.rank, self.progress, self.entered = rank, progress, 0
         self.spent_s = dict.fromkeys(KINDS, 0.0)  # seconds inside calls of each category, so far
         self._kind: str | None = None  # the category of the enclosing ``category`` block
         self.groups = {}
         for ranks in process_groups(spec):  # every rank, same order
-            self.groups[ranks] = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+            # ``timeout`` as the default group's: ``new_group`` does not inherit it (gloo's default
+            # is 30 minutes), so a rank waiting on a hung peer in a TP group would never time out
+            self.groups[ranks] = dist.new_group(list(ranks), timeout=timeout) if len(ranks) > 1 else None
 
     @contextmanager
     def category(self, kind: str | None) -> Iterator[None]:

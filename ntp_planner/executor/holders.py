@@ -23,13 +23,15 @@ from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.tp_slices import param_index
 
 
-def holdings(model, spec: RunSpec, rank: int, first_grads: list[torch.Tensor]) -> list[dict]:
+def holdings(model, spec: RunSpec, rank: int, first_grads: list[torch.Tensor] | None) -> list[dict]:
     """This rank's parameters (after training) and their first-step gradients (``first_grads``,
     in ``model.named_parameters()`` order), on the CPU, each with where it is held and the
     (dimension, indices) cuts of the full tensor it holds (none: all of it)."""
     replica, stage = spec.locate(rank)
     out = []
-    for (name, key, bs, p), grad in zip(model.named_parameters(), first_grads, strict=True):
+    params = list(model.named_parameters())
+    grads = [None] * len(params) if first_grads is None else first_grads  # None: no step ran (live recovery)
+    for (name, key, bs, p), grad in zip(params, grads, strict=True):
         out.append(
             {
                 "name": name,
@@ -76,10 +78,10 @@ def compare(held: list[dict], ref_params: dict, ref_grads: dict, noise: frozense
     error is taken over the largest reference gradient."""
     worst = {"param": (-1.0, None), "grad": (-1.0, None)}
     elementwise, per_pipeline = 0.0, {}
-    largest_grad = max(torch.linalg.norm(v) for v in ref_grads.values())
+    largest_grad = max((torch.linalg.norm(v) for v in ref_grads.values()), default=torch.tensor(1.0))
     for h in held:
         for kind, ref in (("param", ref_params), ("grad", ref_grads)):
-            if kind == "param" and h["name"] in noise:
+            if (kind == "param" and h["name"] in noise) or h[kind] is None:
                 continue
             full = ref[h["name"]]
             got, want = h[kind].to(full.dtype), _slice(full, h["index"])
@@ -98,9 +100,11 @@ def compare(held: list[dict], ref_params: dict, ref_grads: dict, noise: frozense
         "max_rel_error_params": p_err,
         "worst_param": p_at["name"],
         "worst_param_holder": where(p_at),
-        "max_rel_error_grads": g_err,
-        "worst_grad": g_at["name"],
-        "worst_grad_holder": where(g_at),
+        # a live run whose last generation ran no step (a rank failed in the final gather) holds no
+        # synced gradients to compare: none is compared, and the holder says so
+        "max_rel_error_grads": max(g_err, 0.0),
+        "worst_grad": "" if g_at is None else g_at["name"],
+        "worst_grad_holder": "no holding carries a gradient" if g_at is None else where(g_at),
         "max_elementwise_error_params": elementwise,
         "per_replica_error": [per_pipeline[r] for r in sorted(per_pipeline)],
         "holdings_compared": len(held),

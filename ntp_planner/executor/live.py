@@ -124,19 +124,26 @@ def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: in
     torch.set_default_dtype(getattr(torch, cfg.base.dtype))
     pool = synthetic_batch(cfg.base)
     store.set(f"ready/{proc}", str(time.time()))
-    states: dict[int, dict] = {}  # generation -> this process's committed state in that generation's layout
+    # generation -> this process's committed state in that generation's layout. Older ones are
+    # kept until a generation names a later one as its source: the coordinator carries from the
+    # last generation whose every rank had its state in place, which is older than this
+    # process's last one when a peer died during the carry (and no step ran since, so the older
+    # state is still the committed one). An idle process keeps its states too, for the same reason.
+    states: dict[int, dict] = {}
     n = first_generation
     while True:
         gen = _await_generation(store, n)
         if gen.layout is None:
             return
+        if gen.previous is not None:
+            states = {k: v for k, v in states.items() if k >= gen.previous[0]}
+        elif gen.source != "memory":
+            states = {}  # from a checkpoint or the initial weights: what it held is history
         if gen.layout.spec is not None and proc in gen.layout.procs:
             held = states.get(gen.previous[0], {}) if gen.previous else {}
             got = _run_generation(proc, store, gen, held, cfg, pool, progress)
             if got is not None:
-                states = {n: got}
-        else:
-            states = {}  # idle: what it held goes stale while the others train
+                states[n] = got
         n += 1
 
 
@@ -150,8 +157,8 @@ def _await_generation(store, n: int) -> Generation:
 
 
 def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, pool, progress) -> dict | None:
-    """Train this generation's steps as its rank. Returns the committed state when leaving, in
-    this generation's layout, or None when it left before its state was in place (the
+    """Train this generation's steps as its rank. Returns the committed state when leaving or
+    done, in this generation's layout, or None when it left before its state was in place (the
     coordinator then carries from the previous layout again)."""
     from ntp_planner.executor import rank_checkpoint
     from ntp_planner.executor.state import carry, install, plan_moves, snapshot
@@ -169,7 +176,8 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
             world_size=spec.world_size,
             timeout=timedelta(seconds=cfg.timeout_s),
         )
-        comm = Comm(spec, rank, None if progress is None else _ProcView(progress, proc, rank))
+        view = None if progress is None else _ProcView(progress, proc, rank)
+        comm = Comm(spec, rank, view, timedelta(seconds=cfg.timeout_s))
         replica, s = spec.locate(rank)
         ref = Reference(spec.cfg, seed=spec.seed)
         shapes = {k: v.shape for k, v in ref.named_parameters()}
@@ -179,6 +187,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         t1 = time.time()
         moved = 0
         if gen.source == "memory":
+            _fail_in_carry(cfg.faults, proc, gen.start_step, store)
             _, old_spec, old_procs = gen.previous
             moves = plan_moves(old_spec, old_procs, spec, layout.procs)
             moved = carry(moves, rank, state, model, opt, cfg.timeout_s)
@@ -201,6 +210,8 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
             share += model.take_aux()
             with comm.category("dp"):
                 sync_gradients(model, spec, s, comm, shapes)
+            if comm.fault is not None and not store.check([f"fired/{proc}/{step}"]):
+                comm.fault("dp")  # a step without collectives (a layout of one process) fails at its end
             comm.fault = None
             if first_grads is None:  # the generation's first synced gradients, compared with the reference's
                 first_grads = [p.grad.detach().clone() for p in weights]
@@ -212,11 +223,19 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
                 if store.add(f"g{n}/saved/{step}", 1) == spec.world_size:
                     meta = {"consumed": consumed + batch, "generation": n}
                     rank_checkpoint.finish(cfg.checkpoint_dir, step, spec.world_size, meta)
-        held = comm.gather_objects(holdings(model, spec, rank, [g.cpu() for g in first_grads]))
+        # a fault at step ``cfg.steps`` fires here, in the final gather: every step is committed,
+        # and the next generation runs no step, it only gathers again (its holdings carry no
+        # gradients: nothing was synced since the regroup)
+        comm.fault = _injector(cfg.faults, proc, cfg.steps, store)
+        grads = None if first_grads is None else [g.cpu() for g in first_grads]
+        held = comm.gather_objects(holdings(model, spec, rank, grads))
+        comm.fault = None
         if rank == 0:
             torch.save({"holders": [h for per_rank in held for h in per_rank], "generation": n}, cfg.out_file)
             store.set("done", str(n))
-        return None
+        # the committed state, kept: a peer that fails in the gather after this rank's part of it
+        # went through makes the coordinator re-plan, and the next generation carries it from here
+        return snapshot(model, opt)
     except Exception as exc:
         if not (isinstance(exc, Leave) or is_peer_loss(exc)):
             raise  # this process is broken: it dies, and the others recover from that
@@ -251,7 +270,7 @@ def _vote(store, n: int, step: int, rank: int, world: int, share: float, consume
 def _injector(faults, proc: int, step: int, store):
     """The hook ``Comm`` calls on entering a collective (its category as argument) in this step,
     or None when no fault of this process fires in it."""
-    mine = [f for f in faults if f.proc == proc and f.step == step]
+    mine = [f for f in faults if f.proc == proc and f.step == step and f.how != "carry"]
     if not mine or store.check([f"fired/{proc}/{step}"]):
         return None  # each fault fires once (a step redone after a rollback does not fail again)
     how = mine[0].how
@@ -269,3 +288,12 @@ def _injector(faults, proc: int, step: int, store):
         raise InjectedFault(f"injected fault in a collective of step {step}")
 
     return fire
+
+
+def _fail_in_carry(faults, proc: int, step: int, store) -> None:
+    """A ``carry`` fault of this process for ``step`` (once): SIGKILL as the state starts to move."""
+    if any(f.proc == proc and f.step == step and f.how == "carry" for f in faults):
+        if not store.check([f"fired/{proc}/{step}"]):
+            store.set(f"fired/{proc}/{step}", "1")
+            store.set(f"fail/{proc}", json.dumps({"t": time.time(), "how": "carry", "step": step}))
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -63,7 +63,7 @@ class LiveRun:
     lost: list[dict]  # steps committed and then rolled back (a checkpoint fallback or a restart)
     timeline: list[dict]
     holders: list[dict]
-    grad_step: int  # index in ``steps`` of the step whose synced gradients ``holders`` carry
+    grad_step: int | None  # index in ``steps`` of the step whose synced gradients ``holders`` carry (None: none)
     wall_s: float
     layouts: list[str]  # each generation's layout, described
 
@@ -109,7 +109,12 @@ class Coordinator:
         self.dead: set[int] = set()
         self.slots: list[int | None] = list(range(self.base_world))
         self.gens: list[Generation] = []
-        self.state_gen = 0  # the generation whose layout holds the committed state
+        self._published: list[float] = []  # when each generation was published
+        # the generation whose layout holds the committed state: the last one whose every rank had
+        # its state in place (None until one did: no step is committed before, the state is the
+        # initial weights)
+        self.state_gen: int | None = None
+        self._fruitless = 0  # re-plans in a row with no process lost and no step committed since the last
         self.records: list[dict] = []  # committed steps, in commit order
         self.lost: list[dict] = []
         self.timeline: list[dict] = []
@@ -138,7 +143,9 @@ class Coordinator:
         self._read_log()
         steps = self._effective()
         final = self.gens[got["generation"]]
-        grad_step = next(i for i, r in enumerate(steps) if r["step"] == final.start_step)
+        # None when the last generation ran no step (a rank failed in the final gather): its
+        # holdings carry no gradients
+        grad_step = next((i for i, r in enumerate(steps) if r["step"] == final.start_step), None)
         return LiveRun(
             steps=steps,
             lost=self.lost,
@@ -170,10 +177,17 @@ class Coordinator:
 
     def _publish(self, gen: Generation) -> None:
         self.gens.append(gen)
+        self._published.append(time.time())
         if gen.layout is not None:
             self._arm_repair(gen)
         self.store.set(f"layout/{gen.number}", pickle.dumps(gen))
+        # every process has left the old layout by now: its counts (a collective that failed
+        # leaves it "inside" one) start again, as its new ``Comm``'s do
+        for i in range(3 * self.total):
+            self.progress[i] = 0
         self._progress_seen = [-1] * self.total
+        self._records_seen = len(self.records)
+        self._in_place = False  # whether every rank of the layout has its state in place
         self._progress_changed = [time.monotonic()] * self.total
 
     @property
@@ -234,15 +248,30 @@ class Coordinator:
 
     def _hung(self) -> bool:
         """Kill the processes that hang (outside any collective while the others wait inside one,
-        with no progress anywhere for ``timeout_s``); True if one was killed."""
+        with no progress anywhere for ``timeout_s``); True if one was killed. When none waits
+        inside one (a layout of one process, or every process hung) and no collective was
+        entered and no step committed for twice ``timeout_s``, they all hang: a step of this
+        tiny model takes far less than a collective's timeout. Only once every rank has its state
+        in place: before, a process still booting (spawned, importing torch on a busy machine)
+        looks the same; one that hangs there is killed by ``_reconfigure`` once its peers time out."""
         now, procs = time.monotonic(), self.layout.procs
         for p in procs:
             if self.progress[3 * p + 1] != self._progress_seen[p]:
                 self._progress_seen[p], self._progress_changed[p] = self.progress[3 * p + 1], now
-        if now - max(self._progress_changed[p] for p in procs) <= self.cfg.timeout_s:
-            return False
+        if len(self.records) != self._records_seen:  # a committed step is progress too
+            self._records_seen, self._progress_changed = len(self.records), [now] * self.total
+        if not self._in_place:  # and so is the layout's state in place: booting and carrying are done
+            n = len(self.gens) - 1
+            self._in_place = all(self.store.check([f"g{n}/times/{r}"]) for r in range(len(procs)))
+            if self._in_place:
+                self._progress_changed = [now] * self.total
+        still = now - max(self._progress_changed[p] for p in procs)
+        if still <= self.cfg.timeout_s or not self._in_place:
+            return False  # a process booting or carrying is outside collectives, not hung
         outside = [p for p in procs if self.progress[3 * p + 1] == self.progress[3 * p + 2]]
         culprits = outside if outside and len(outside) < len(procs) else []
+        if len(outside) == len(procs) and still > 2 * self.cfg.timeout_s:
+            culprits = outside
         for p in culprits:
             self._kill(p)
         return bool(culprits)
@@ -261,15 +290,40 @@ class Coordinator:
         self.dead.add(proc)
 
     def _idle_faults(self) -> None:
-        """A fault of a process outside the layout (idle) fires when its step is reached."""
+        """A fault of a process outside the layout (idle) fires when its step is reached. A
+        repaired process waiting for its step to rejoin is not idle: its fault in that step
+        fires in the step, once it is back."""
         step = self._committed()
         for f in self.cfg.faults:
+            waiting = f.proc in self._restarted and any(r.proc == f.proc and r.step == f.step for r in self.repairs)
+            if f.how == "carry" or waiting:
+                continue
             if f.step <= step and f.proc not in self.layout.procs and f.proc not in self.dead:
                 if not self.store.check([f"fired/{f.proc}/{f.step}"]):
                     self.store.set(f"fired/{f.proc}/{f.step}", "1")
                     self.store.set(f"fail/{f.proc}", json.dumps({"t": time.time(), "how": "kill", "step": f.step}))
                     self._kill(f.proc)
                     self.slots = [None if s == f.proc else s for s in self.slots]
+                    self._idle_event(f.proc, step)
+
+    def _idle_event(self, proc: int, step: int) -> None:
+        """The timeline's event for an idle process that died: nothing runs on it, so nothing is
+        re-planned, moved or redone (every part 0; ``recovery_costs`` leaves it out)."""
+        event = {
+            "step": step,
+            "event": "idle failure",
+            "cause": f"idle process {proc} died",
+            "procs": [proc],
+            "generation": len(self.gens) - 1,
+            "layout": self.layout.describe(),
+            "batch": self.layout.batch,
+            "source": "memory",
+            "note": "the process was idle: the layout does not change",
+            "bytes_moved": 0,
+            "redo_from": step,
+            "redo_to": step,
+        }
+        self.timeline.append(event | dict.fromkeys(PARTS, 0.0) | {"total_s": 0.0})
 
     # ---- repairs ----------------------------------------------------------------------------
     # A repair happens at its step exactly: every generation that runs through that step is told
@@ -331,11 +385,12 @@ class Coordinator:
             time.sleep(0.005)
         t_agree = time.time()
         self._read_log()
+        self._cut_short(n, t_notice)
         fails = [json.loads(self.store.get(f"fail/{p}")) for p in sorted(self.dead) if self.store.check([f"fail/{p}"])]
         failed_now = sorted(p for p in self.dead if p in gen.layout.procs or p in self.slots)
         self.slots = [None if s in self.dead else s for s in self.slots]
         for p in repaired:
-            if self.slots[p] is None:
+            if p < len(self.slots) and self.slots[p] is None:  # a repaired spare (no base slot) comes back idle
                 self.slots[p] = p
         alive = frozenset(p for p in self.procs if p not in self.dead)
         t0 = time.perf_counter()
@@ -343,16 +398,23 @@ class Coordinator:
         replan_s = time.perf_counter() - t0
         self.slots = list(layout.slots)
         if layout.spec is None:
-            raise RecoveryFailure(f"{cause}: no replica can run any more under --policy {self.policy}")
+            # a process that crashed (not an injected fault) says why: often the reason all died
+            said = [f"process {p}: {self._error_of(p)}" for p in failed_now if Path(self.err_dir, f"{p}.txt").exists()]
+            why = f" ({said[0]}{' and others' if len(said) > 1 else ''})" if said else ""
+            raise RecoveryFailure(f"{cause}{why}: no replica can run any more under --policy {self.policy}")
         # the committed state is held in gen n's layout once every rank of it has its state in place
         ranks = range(gen.layout.spec.world_size)
         if all(self.store.check([f"g{n}/times/{r}"]) for r in ranks):
             self.state_gen = n
-        held = self.gens[self.state_gen]
+        self._check_fruitless(n, bool(failed_now or repaired))
+        held = None if self.state_gen is None else self.gens[self.state_gen]
         interrupted = self._committed()
         start, consumed, source, ckpt, note = interrupted, self._consumed(), "memory", None, ""
         moves = None
-        if self.policy == "restart":
+        if held is None:
+            start, consumed, source = 0, 0, "init"
+            note = "no layout had its state in place yet, so from the initial weights"
+        elif self.policy == "restart":
             source = "checkpoint"
         else:
             moves = plan_moves(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
@@ -400,9 +462,44 @@ class Coordinator:
 
     _t_last: float | None = None
 
+    def _check_fruitless(self, n: int, lost_one: bool) -> None:
+        """Processes that keep leaving generations with nobody failed and no step committed (a
+        collective timeout too short for this machine, say) would re-plan forever: the third
+        such re-plan in a row ends the run, with the reasons they gave."""
+        committed = self._committed()
+        fruitless = not lost_one and committed == getattr(self, "_committed_before", None)
+        self._fruitless = self._fruitless + 1 if fruitless else 0
+        self._committed_before = committed
+        if self._fruitless >= 3:
+            keys = [f"g{n}/left/{p}" for p in self.gens[n].layout.procs]
+            why = sorted({json.loads(self.store.get(k))["why"] for k in keys if self.store.check([k])})
+            raise RecoveryFailure(
+                f"processes left {self._fruitless + 1} layouts in a row with none failed and no step committed "
+                f"({why[0] if why else 'no reason given'}); a --timeout of {self.cfg.timeout_s:g} s may be too "
+                "short for this machine"
+            )
+
     def _consumed(self) -> int:
         eff = self._effective()
         return eff[-1]["consumed"] + eff[-1]["batch"] if eff else 0
+
+    def _cut_short(self, n: int, t_notice: float) -> None:
+        """Close the events whose generation ``n`` fails before it finished their recovery (a
+        process died while the state moved, or before the step was redone): each part is what the
+        ranks that got there reported, the regroup of those that did not lasts until the failure
+        was noticed, and the redo is the time from the state in place until then."""
+        for event in [e for e in self.pending if e["generation"] == n]:
+            keys = [f"g{n}/times/{r}" for r in range(self.gens[n].layout.spec.world_size)]
+            times = [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]
+            complete = len(times) == len(keys)
+            start = self._published[n]
+            event["regroup_s"] = max(t["regroup_s"] for t in times) if complete else t_notice - start
+            event["move_state_s"] = max((t["move_s"] for t in times), default=0.0) if complete else 0.0
+            ready = max(t["t"] for t in times) if complete else t_notice
+            event["redo_s"] = 0.0 if event["event"] == "repair" else max(0.0, t_notice - ready)
+            event["total_s"] = sum(event[p] for p in PARTS)
+            event["note"] = (event["note"] + "; " if event["note"] else "") + "cut short by the next failure"
+            self.pending.remove(event)
 
     def _finish_events(self) -> None:
         """Fill in an event's regroup, move and redo times once its generation has redone the
@@ -418,8 +515,8 @@ class Coordinator:
             event["move_state_s"] = max(t["move_s"] for t in times)
             ready = max(t["t"] for t in times)
             target = event["redo_to"]
-            if event["event"] == "repair":
-                event["redo_s"] = 0.0  # stopped at a step boundary: nothing to redo
+            if event["event"] == "repair" or target >= self.cfg.steps:
+                event["redo_s"] = 0.0  # stopped at a step boundary, or every step was done: nothing to redo
             else:
                 done = [r for r in self.records if r["generation"] == n and r["step"] == target]
                 if not done:
@@ -468,11 +565,15 @@ def launch_live(plan, shrunk, policy: str = "ntp", faults=(), repairs=(), spares
     """Run ``shrunk`` (of ``plan``) live with injected ``faults`` and ``repairs``, recovering under
     ``policy``; compare the final state with one process fed the samples the run committed.
     Returns (``launch.Result``, ``LiveRun``)."""
+    from ntp_planner.executor import rank_checkpoint
     from ntp_planner.executor.holders import compare
     from ntp_planner.executor.launch import Result
     from ntp_planner.executor.model import zero_gradient_params
     from ntp_planner.executor.runtime import reference_run
 
+    if checkpoint_dir and rank_checkpoint.complete_steps(checkpoint_dir):
+        # a fallback loads the newest complete checkpoint there: another run's would pass for this one's
+        raise ValueError(f"checkpoint folder {checkpoint_dir} already holds checkpoints; give an empty one")
     shrunk = replace(shrunk, spec=live_spec(shrunk.spec))
     spec = shrunk.spec
     cfg = LiveConfig(
@@ -485,7 +586,8 @@ def launch_live(plan, shrunk, policy: str = "ntp", faults=(), repairs=(), spares
         checkpoint_dir=checkpoint_dir,
     )
     run = Coordinator(RunReplanner(plan, shrunk, spares), policy, cfg, spares, tuple(repairs), tick).run()
-    ref = reference_run(spec, [(r["consumed"], r["batch"]) for r in run.steps], run.grad_step)
+    grad_step = -1 if run.grad_step is None else run.grad_step  # -1: no step's gradients
+    ref = reference_run(spec, [(r["consumed"], r["batch"]) for r in run.steps], grad_step)
     losses = [r["loss"] for r in run.steps]
     zero = zero_gradient_params(spec.cfg)
     noise = frozenset(k for k in ref["grads"] if k.rsplit(".", 1)[-1] in zero)

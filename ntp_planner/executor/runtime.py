@@ -70,7 +70,7 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=spec.world_size, timeout=timedelta(seconds=timeout_s)
     )
-    comm = Comm(spec, rank, progress)
+    comm = Comm(spec, rank, progress, timedelta(seconds=timeout_s))
     replica, s = spec.locate(rank)
     ref = Reference(spec.cfg, seed=spec.seed)
     shapes = {k: v.shape for k, v in ref.named_parameters()}

@@ -39,12 +39,45 @@ def plan(tmp_path_factory):
         (["--fail", "1@1", "--checkpoint-dir", "ck"], "--checkpoint-dir needs --checkpoint-every"),
         (["--policy", "dp-drop"], "shape a live recovery; add --fail RANK@STEP"),
         (["--fail", "1@1", "--backend", "nccl"], "without --replan, --profile, --inject-fault or --backend nccl"),
+        (["--fail", "1@0", "--repair", "1@1", "--repair", "1@2"], "--repair 1@2 repairs a process that has not"),
+        (["--fail", "1@0", "--fail", "1@2"], "which failed in step 0 and is not repaired before"),
+        (["--fail", "1@0", "--repair", "1@0"], "has not failed before step 0"),
+        (["--fail", "8@1", "--spares", 0], "names process 8 but the run has 8 processes (0..7)"),
+        (["--fail", "9@1", "--spares", 1], "and 1 spares (0..8)"),
+        (["--fail", "1@1", "--spares", -1], "Invalid value for '--spares'"),
+        (["--fail", "1@1", "--spares", 10**6], "Invalid value for '--spares'"),
+        (["--fail", "1@1", "--checkpoint-every", -2], "Invalid value for '--checkpoint-every'"),
+        (["--fail", "1@1", "--checkpoint-every", 10**9], "Invalid value for '--checkpoint-every'"),
+        (["--fail", "1@99999999"], "is not RANK@STEP"),
+        (["--fail", "1@-1"], "is not RANK@STEP"),
+        (["--fail", "-1@1"], "is not RANK@STEP"),
+        (["--repair", " @ "], "is not RANK@STEP"),
     ],
 )
 def test_live_input_errors_are_one_sentence_before_any_process_starts(plan, args, message):
     r = run("validate", plan, "--nproc", 8, "--steps", 3, *args)
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split()) and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("file", "is not a folder"),
+        ("file/sub", "is a file, not a folder"),
+        ("old", "already holds checkpoints (step-00000001, ...)"),
+    ],
+)
+def test_a_checkpoint_dir_the_run_cannot_use_is_refused_and_nothing_is_written(plan, tmp_path, where, message):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "old" / "step-00000001").mkdir(parents=True)
+    (tmp_path / "old" / "step-00000001" / "manifest.json").write_text("{}")
+    before = sorted(tmp_path.rglob("*"))
+    r = run("validate", plan, "--nproc", 8, "--steps", 3, "--fail", "1@1", "--checkpoint-every", 1,
+            "--checkpoint-dir", tmp_path / where)  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split()) and "Traceback" not in r.output
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from cost_models.catalogue import MODELS
 from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
 from ntp_planner.executor.faults import Fault, Repair
-from ntp_planner.executor.recovery import PARTS, launch_live, recovery_costs
+from ntp_planner.executor.recovery import PARTS, RecoveryFailure, launch_live, recovery_costs
 from ntp_planner.executor.shrink import shrink
 from ntp_planner.plan import Plan
 from ntp_planner.solver.planner import plan_from_layout
@@ -148,3 +148,96 @@ def test_a_spare_process_stands_in_and_pulls_every_row_from_its_peers():
     (e,) = live.timeline
     # process 4 (the spare) takes base rank 1: the same layout, the full batch, its rows moved to it
     assert e["layout"].startswith("TP2 + TP2") and e["batch"] == live.steps[0]["batch"] and e["bytes_moved"] > 0
+
+
+def test_a_kill_in_the_final_gather_regathers_the_committed_state():
+    # every step is committed when process 3 dies in the gather of the holdings (a fault at step
+    # ``steps``): the next generation runs no step, its ranks carry the state and gather again
+    result, live = run(2, 2, steps=3, policy="ntp", faults=(Fault(3, 3),))
+    assert_exact_and_accounted(result, live, 3, 1)
+    (e,) = live.timeline
+    assert e["procs"] == [3] and e["step"] == 3 and e["redo_s"] == 0.0 and e["source"] == "memory"
+    assert live.grad_step is None and result.worst_grad_holder == "no holding carries a gradient"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_process_dying_while_the_state_moves_after_another_failure():
+    # process 1 dies in step 1; as replica 0 (process 0 alone, at TP1) fetches its rows, process 0
+    # dies too: replica 1's ranks may have their state in place already, but the coordinator
+    # carries from the layout before (the last with every rank in place), which they must keep
+    result, live = run(2, 2, steps=4, policy="ntp", faults=(Fault(1, 1), Fault(0, 1, "carry")))
+    assert_exact_and_accounted(result, live, 4, 2)
+    assert [e["procs"] for e in live.timeline] == [[1], [0]] and live.timeline[1]["source"] == "memory"
+    assert live.steps[-1]["batch"] == 2 and not live.lost
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_repaired_process_failing_in_its_first_step_back():
+    # the newcomer waits idle for step 3; its fault in step 3 fires in that step once it is back
+    # (it was killed as an idle process before it rejoined: the repair then failed the run)
+    result, live = run(2, 2, steps=5, policy="ntp", faults=(Fault(1, 1), Fault(1, 3)), repairs=(Repair(1, 3),))
+    assert_exact_and_accounted(result, live, 5, 3)
+    assert [(e["event"], e["step"], e["procs"]) for e in live.timeline] == [
+        ("failure", 1, [1]),
+        ("repair", 3, [1]),
+        ("failure", 3, [1]),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_idle_spare_dying_is_on_the_timeline_and_changes_nothing():
+    result, live = run(2, 2, steps=3, policy="spares", spares=1, faults=(Fault(4, 1),))
+    assert_exact_and_accounted(result, live, 3, 1)
+    (e,) = live.timeline
+    assert (e["event"], e["procs"], e["total_s"]) == ("idle failure", [4], 0.0)
+    assert recovery_costs(live.timeline) == {}  # it costs the run nothing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_hang_and_a_kill_in_one_step_fail_only_those_two():
+    # process 0 waits on hung process 1 in their TP group: the group's collective timeout (5 s)
+    # frees it; with the 30-minute default of a new group it stayed blocked, was killed at the
+    # agreement's deadline as if it had failed, and replica 0's rows were lost with it
+    result, live = run(2, 2, steps=4, policy="ntp", faults=(Fault(1, 1, "hang"), Fault(2, 1)), timeout_s=5)
+    failed = sorted(p for e in live.timeline for p in e["procs"])
+    assert failed == [1, 2] and all(e["source"] == "memory" for e in live.timeline) and not live.lost
+    assert_exact_and_accounted(result, live, 4, len(live.timeline))
+
+
+@pytest.mark.timeout(240)
+def test_every_process_crashing_on_the_same_error_ends_in_a_sentence_with_that_error(tmp_path):
+    # the checkpoint folder is a file: every rank fails to save after step 0, and all die
+    (tmp_path / "ck").write_text("x")
+    with pytest.raises(RecoveryFailure, match=r"\(process \d: ValueError: cannot write checkpoint file .*no replica"):
+        run(2, 2, steps=2, policy="ntp", checkpoint_every=1, checkpoint_dir=str(tmp_path / "ck"))
+
+
+@pytest.mark.timeout(240)
+def test_a_collective_timeout_too_short_ends_in_a_sentence_not_a_loop():
+    # every generation times out as it forms, nobody dies: the state was never in place (the
+    # next layout carried from nowhere: KeyError), and re-planning the same layout went on forever
+    with pytest.raises(RecoveryFailure, match=r"none failed and no step committed .*--timeout of 0.001 s may be too"):
+        run(2, 2, steps=2, policy="ntp", timeout_s=0.001)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_lone_process_that_hangs_ends_the_run():
+    # after three failures process 3 runs alone (TP1, no collective), then hangs: nobody waits
+    # on it inside a collective, so only the lack of progress tells, and the run must end
+    faults = (Fault(0, 1), Fault(1, 1), Fault(2, 2), Fault(3, 3, "hang"))
+    with pytest.raises(RecoveryFailure, match="a process hung: no replica can run any more"):
+        run(2, 2, steps=5, policy="ntp", faults=faults, timeout_s=5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_repaired_spare_comes_back_idle():
+    # spare process 4 has no base slot: the repair crashed the launcher with an IndexError
+    result, live = run(2, 2, steps=4, policy="ntp", spares=1, faults=(Fault(4, 0),), repairs=(Repair(4, 2),))
+    assert_exact_and_accounted(result, live, 4, 2)
+    assert [(e["event"], e["procs"]) for e in live.timeline] == [("idle failure", [4]), ("repair", [4])]
