@@ -242,10 +242,33 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         store.set(f"g{n}/left/{proc}", json.dumps({"why": why[:300], "t": time.time(), "step": step}))
         store.add(f"g{n}/left", 1)
+        _wake_peers(rank, spec.world_size)
         return snapshot(model, opt) if installed else None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _wake_peers(rank: int, world: int) -> None:
+    """Send every peer of the generation a one-element message before leaving it. gloo does not
+    always wake a point-to-point receive whose peer leaves gracefully (a pipeline neighbour then
+    waits out the whole collective timeout); such a receive takes this message instead, so its
+    rank moves on and soon leaves too. The generation is aborted: whatever a peer computes from
+    the message is never committed. Peers that are gone make the send fail, which is ignored."""
+    if not dist.is_initialized():
+        return
+    works = []
+    for peer in range(world):
+        if peer != rank:
+            try:
+                works.append(dist.isend(torch.zeros(1), peer))
+            except Exception:  # noqa: BLE001 - a peer already gone: nothing to wake
+                pass
+    for w in works:
+        try:
+            w.wait(timedelta(seconds=0.2))
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _vote(store, n: int, step: int, rank: int, world: int, share: float, consumed: int, batch: int, timeout_s):

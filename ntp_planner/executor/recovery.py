@@ -384,6 +384,9 @@ class Coordinator:
                 pending = set()
             time.sleep(0.005)
         t_agree = time.time()
+        left = {p: json.loads(self.store.get(f"g{n}/left/{p}")) for p in gen.layout.procs if p not in self.dead
+                and self.store.check([f"g{n}/left/{p}"])}  # fmt: skip
+        last = max(left, key=lambda p: left[p]["t"], default=None)
         self._read_log()
         self._cut_short(n, t_notice)
         fails = [json.loads(self.store.get(f"fail/{p}")) for p in sorted(self.dead) if self.store.check([f"fail/{p}"])]
@@ -452,6 +455,7 @@ class Coordinator:
             "agree_s": t_agree - t_notice,
             "replan_s": replan_s,
             "bytes_moved": 0 if moves is None else moves.bytes_moved,
+            "last_to_leave": None if last is None else {"proc": last, "why": left[last]["why"]},
             "redo_from": start,
             "redo_to": interrupted if boundary is None else boundary,
         }
