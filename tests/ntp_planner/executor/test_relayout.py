@@ -166,7 +166,8 @@ def test_a_pipeline_plan_narrows_only_the_stage_that_lost_a_process_under_ntp_pw
     ntp = RunReplanner(plan, s).relayout(tuple(range(16)), without(9, n=16), "ntp")
     assert ntp.replicas[0].widths == (3, 3) and ntp.idle == (3,)
     assert ranks(ntp.spec) == [[(0, 1, 2), (7, 8, 9)], [(3, 4, 5, 6), (10, 11, 12, 13)]]
-    plan_micro = RunReplanner(plan, s).replanner.decide("ntp", [4, 3]).sequences  # micro-batch 1: sequences = micro-batches
+    # micro-batch 1: the sequences the Replanner keeps are its micro-batches
+    plan_micro = RunReplanner(plan, s).replanner.decide("ntp", [4, 3]).sequences
     assert ntp.replicas[0].micro_batches == scaled_micro_batches(plan_micro / 8, 4, 1) < 4
 
 
