@@ -264,9 +264,10 @@ def _wake_peers(rank: int, world: int) -> None:
                 works.append(dist.isend(torch.zeros(1), peer))
             except Exception:  # noqa: BLE001 - a peer already gone: nothing to wake
                 pass
+    deadline = time.monotonic() + 0.02  # in all: a peer that is not receiving must not hold this rank up
     for w in works:
         try:
-            w.wait(timedelta(seconds=0.2))
+            w.wait(timedelta(seconds=max(0.001, deadline - time.monotonic())))
         except Exception:  # noqa: BLE001
             pass
 
