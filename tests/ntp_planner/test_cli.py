@@ -147,6 +147,12 @@ def test_cli_surface_is_frozen():
                 "--inject-fault",
                 "--json",
                 "--dtype",
+                "--fail",
+                "--repair",
+                "--policy",
+                "--spares",
+                "--checkpoint-every",
+                "--checkpoint-dir",
             ]
         ),
         "calibrate": sorted(["runs_file", "--profile", "--output", "--json"]),

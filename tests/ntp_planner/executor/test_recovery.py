@@ -72,6 +72,7 @@ def test_tp4_dp2_loses_a_rank_mid_run_and_keeps_training(policy):
     assert [r["consumed"] for r in live.steps[:4]] == [0, 4, 8, 8 + after]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_kill_during_the_gradient_sync_redoes_the_step_once():
     result, live = run(2, 2, steps=4, policy="ntp", faults=(Fault(3, 1, "sync"),))
@@ -150,6 +151,7 @@ def test_a_spare_process_stands_in_and_pulls_every_row_from_its_peers():
     assert e["layout"].startswith("TP2 + TP2") and e["batch"] == live.steps[0]["batch"] and e["bytes_moved"] > 0
 
 
+@pytest.mark.slow
 def test_a_kill_in_the_final_gather_regathers_the_committed_state():
     # every step is committed when process 3 dies in the gather of the holdings (a fault at step
     # ``steps``): the next generation runs no step, its ranks carry the state and gather again
@@ -208,6 +210,7 @@ def test_a_hang_and_a_kill_in_one_step_fail_only_those_two():
     assert_exact_and_accounted(result, live, 4, len(live.timeline))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_every_process_crashing_on_the_same_error_ends_in_a_sentence_with_that_error(tmp_path):
     # the checkpoint folder is a file: every rank fails to save after step 0, and all die
@@ -216,6 +219,7 @@ def test_every_process_crashing_on_the_same_error_ends_in_a_sentence_with_that_e
         run(2, 2, steps=2, policy="ntp", checkpoint_every=1, checkpoint_dir=str(tmp_path / "ck"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_collective_timeout_too_short_ends_in_a_sentence_not_a_loop():
     # every generation times out as it forms, nobody dies: the state was never in place (the

@@ -316,6 +316,7 @@ def _reference_states() -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_carry_on_gloo_shrink_then_a_newcomer(tmp_path):
     import torch.multiprocessing as mp
