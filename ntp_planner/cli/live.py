@@ -221,6 +221,7 @@ def timeline_view(run):
         times.add_row(str(e["step"]), *("" if e.get(k) is None else f"{e[k]:.3f}" for k in keys))
         if e.get("note"):
             notes.append(f"step {e['step']}: {e['note']}")
+        notes += [f"step {e['step']}: {why}" for why in e.get("replicas", [])]
     log = "; ".join(f"step {r['step']}: samples {r['consumed']}..{r['consumed'] + r['batch'] - 1}" for r in run.steps)
     lost = f" Rolled back: steps {', '.join(str(r['step']) for r in run.lost)}." if run.lost else ""
     return Group(events, times, *(escape(n) for n in notes), escape(f"Samples committed: {log}.{lost}"))

@@ -451,6 +451,10 @@ class Coordinator:
             "batch": layout.batch,
             "source": source,
             "note": note,
+            # why each replica that changed runs as it does (the Replanner's reasons): e.g. dropped for memory
+            "replicas": [
+                f"replica {i} {x.status}: {x.reason}" for i, x in enumerate(layout.replicas) if x.status != "healthy"
+            ],
             "detect_s": 0.0 if repaired else max(0.0, t_notice - t_fail),
             "agree_s": t_agree - t_notice,
             "replan_s": replan_s,

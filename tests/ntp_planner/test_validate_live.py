@@ -89,6 +89,10 @@ def test_validate_fail_recovers_live_and_reports_the_timeline_and_the_samples(pl
     assert data["passed"] and data["steps_committed"] == 4 and data["max_rel_error_params"] <= 1e-5
     (event,) = data["timeline"]
     assert event["procs"] == [1] and event["source"] == "memory" and event["layout"].startswith("TP3 + TP4")
+    assert event["replicas"] == [
+        "replica 0 degraded: runs at TP 3, the fewest survivors of its TP groups; 6 of 8 micro-batches fit the "
+        "healthy step"
+    ]
     # the sample stream: 4 per step before the failure, 3 after (replica 0 at TP3 keeps 1 of 2 micro-batches)
     assert [(s["consumed"], s["batch"]) for s in data["samples"]] == [(0, 4), (4, 3), (7, 3), (10, 3)]
     assert data["samples"][1]["replicas"] == [[4, 5], [5, 7]]
