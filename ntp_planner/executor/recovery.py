@@ -362,30 +362,11 @@ class Coordinator:
 
     # ---- the re-plan ------------------------------------------------------------------------
     def _reconfigure(self, cause: str, repaired: tuple[int, ...] = (), boundary: int | None = None) -> None:
-        from ntp_planner.executor import rank_checkpoint
-        from ntp_planner.executor.state import plan_moves
-
         t_notice = time.time()
         gen = self.gens[-1]
         n = gen.number
-        self.store.set(f"g{n}/abort", "1")
-        pending = {p for p in gen.layout.procs if p not in self.dead}
-        deadline = time.monotonic() + self.cfg.timeout_s + 10
-        while pending:
-            for p in list(pending):
-                if self.procs[p].exitcode is not None:
-                    self.dead.add(p)
-                    pending.discard(p)
-                elif self.store.check([f"g{n}/left/{p}"]):
-                    pending.discard(p)
-            if pending and time.monotonic() > deadline:
-                for p in pending:
-                    self._kill(p)
-                pending = set()
-            time.sleep(0.005)
+        left = self._await_leavers(gen)
         t_agree = time.time()
-        left = {p: json.loads(self.store.get(f"g{n}/left/{p}")) for p in gen.layout.procs if p not in self.dead
-                and self.store.check([f"g{n}/left/{p}"])}  # fmt: skip
         last = max(left, key=lambda p: left[p]["t"], default=None)
         self._read_log()
         self._cut_short(n, t_notice)
@@ -410,34 +391,9 @@ class Coordinator:
         if all(self.store.check([f"g{n}/times/{r}"]) for r in ranks):
             self.state_gen = n
         self._check_fruitless(n, bool(failed_now or repaired))
-        held = None if self.state_gen is None else self.gens[self.state_gen]
         interrupted = self._committed()
-        start, consumed, source, ckpt, note = interrupted, self._consumed(), "memory", None, ""
-        moves = None
-        if held is None:
-            start, consumed, source = 0, 0, "init"
-            note = "no layout had its state in place yet, so from the initial weights"
-        elif self.policy == "restart":
-            source = "checkpoint"
-        else:
-            moves = plan_moves(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
-            if moves.missing:
-                source = "checkpoint"
-                names = sorted({m[0] for m in moves.missing})
-                note = f"no live copy of rows of {len(names)} parameters ({names[0]}, ...): "
-        if source == "checkpoint":
-            ckpt = rank_checkpoint.latest(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
-            if ckpt is None:
-                start, consumed, source = 0, 0, "init"
-                note += "no checkpoint yet, so from the initial weights"
-            else:
-                meta = rank_checkpoint.info(self.cfg.checkpoint_dir, ckpt)
-                start, consumed = ckpt + 1, int(meta["consumed_samples"])
-                note += f"from the checkpoint of step {ckpt}"
-            for r in self.records:
-                if not r.get("lost") and r["step"] >= start:
-                    r["lost"] = True
-                    self.lost.append(r)
+        start, consumed, source, ckpt, note, moves = self._state_source(layout)
+        held = None if self.state_gen is None else self.gens[self.state_gen]
         previous = (self.state_gen, held.layout.spec, held.layout.procs) if source == "memory" else None
         self._publish(Generation(n + 1, layout, start, consumed, source, ckpt, previous))
         t_fail = min((f["t"] for f in fails if f["t"] >= (self._t_last or 0)), default=t_notice)
@@ -467,6 +423,64 @@ class Coordinator:
         self._start_repairs()
         self.timeline.append(event)
         self.pending.append(event)
+
+    def _await_leavers(self, gen: Generation) -> dict[int, dict]:
+        """Abort generation ``gen`` and wait until each live process of it has left it or died (one
+        that does neither within the collective timeout is killed); what each survivor said."""
+        n = gen.number
+        self.store.set(f"g{n}/abort", "1")
+        pending = {p for p in gen.layout.procs if p not in self.dead}
+        deadline = time.monotonic() + self.cfg.timeout_s + 10
+        while pending:
+            for p in list(pending):
+                if self.procs[p].exitcode is not None:
+                    self.dead.add(p)
+                    pending.discard(p)
+                elif self.store.check([f"g{n}/left/{p}"]):
+                    pending.discard(p)
+            if pending and time.monotonic() > deadline:
+                for p in pending:
+                    self._kill(p)
+                pending = set()
+            time.sleep(0.005)
+        keys = {p: f"g{n}/left/{p}" for p in gen.layout.procs if p not in self.dead}
+        return {p: json.loads(self.store.get(k)) for p, k in keys.items() if self.store.check([k])}
+
+    def _state_source(self, layout: Layout):
+        """Where the next layout's state comes from, and from which step it runs: (start step,
+        samples consumed before it, source, checkpoint step, note, the move plan). From memory when
+        every row has a live up-to-date holder; else (and always under restart) from the last
+        complete checkpoint, or the initial weights when there is none; the committed steps after
+        it are marked lost."""
+        from ntp_planner.executor import rank_checkpoint
+        from ntp_planner.executor.state import plan_moves
+
+        held = None if self.state_gen is None else self.gens[self.state_gen]
+        start, consumed, source, ckpt, note, moves = self._committed(), self._consumed(), "memory", None, "", None
+        if held is None:
+            return 0, 0, "init", None, "no layout had its state in place yet, so from the initial weights", None
+        if self.policy == "restart":
+            source = "checkpoint"
+        else:
+            moves = plan_moves(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
+            if moves.missing:
+                source = "checkpoint"
+                names = sorted({m[0] for m in moves.missing})
+                note = f"no live copy of rows of {len(names)} parameters ({names[0]}, ...): "
+        if source == "checkpoint":
+            ckpt = rank_checkpoint.latest(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else None
+            if ckpt is None:
+                start, consumed, source = 0, 0, "init"
+                note += "no checkpoint yet, so from the initial weights"
+            else:
+                meta = rank_checkpoint.info(self.cfg.checkpoint_dir, ckpt)
+                start, consumed = ckpt + 1, int(meta["consumed_samples"])
+                note += f"from the checkpoint of step {ckpt}"
+            for r in self.records:
+                if not r.get("lost") and r["step"] >= start:
+                    r["lost"] = True
+                    self.lost.append(r)
+        return start, consumed, source, ckpt, note, moves
 
     _t_last: float | None = None
 
