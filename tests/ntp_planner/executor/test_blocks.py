@@ -72,6 +72,7 @@ def test_selective_recompute_runs_the_core_attention_again_in_backward(monkeypat
         torch.testing.assert_close(recomputed, plain, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_gpt_blocks_ntp_tp3_beside_tp2_with_cut_kv_heads_and_their_biases():
     # TP3 deals 8 heads 3/3/2 over 2 KV heads: both KV heads (and their K/V biases) live on two

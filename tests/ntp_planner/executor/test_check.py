@@ -40,6 +40,7 @@ def test_a_clean_run_compares_every_holder_and_is_exact(clean):
     assert clean.losses[2] < clean.losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_doubled_gradient_on_copy_1_is_caught_and_named(monkeypatch, clean):
     monkeypatch.setenv(VARIABLE, "doubled-grad-copy1")
@@ -51,6 +52,7 @@ def test_a_doubled_gradient_on_copy_1_is_caught_and_named(monkeypatch, clean):
     assert result.max_rel_error_grads > 1e8 * clean.max_rel_error_grads
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_an_embedding_mask_off_by_one_is_caught(monkeypatch, clean):
     monkeypatch.setenv(VARIABLE, "embed-mask-off-by-one")

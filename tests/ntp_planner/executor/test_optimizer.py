@@ -85,6 +85,7 @@ def test_distributed_optimizer_beside_ntp_tp4_and_tp3_is_exact():
     assert_exact(launch(spec, timeout_s=200))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_zero3_pp2_dp2_1f1b_with_recompute_is_exact_and_holds_parameter_shards():
     # 4 micro-batches: stage 0 holds two in flight; each block's parameters are gathered before its

@@ -28,6 +28,7 @@ def per_layer_cp_plan():
     return plan_from_layout(HALF, TrainingSpec(seq_len=4096, global_batch=16), cluster, lay)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_degraded_per_layer_cp_replica_runs_the_ntp_sync_exactly():
     pytest.importorskip("torch", reason="torch is not installed")
