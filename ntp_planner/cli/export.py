@@ -267,7 +267,9 @@ def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance,
     from ntp_planner.report import validate_json, validate_view
 
     fails, repairs, policy, spares, every, folder = how
-    if under_torchrun_env():
+    from ntp_planner.executor.launch import under_torchrun
+
+    if under_torchrun():
         raise InputError("--fail runs every process on this host under one launcher; run it without torchrun")
     n = nproc if nproc is not None else 16
     shrunk, cuts = _shrunk_run(plan, n, None, steps, seed, seq_len, dtype, json_out)
@@ -281,12 +283,6 @@ def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance,
         show(timeline_view(run))
     if not data["passed"]:
         raise typer.Exit(1)
-
-
-def under_torchrun_env() -> bool:
-    from ntp_planner.executor.launch import under_torchrun
-
-    return under_torchrun()
 
 
 def _replan_coverage(replan, shrunk, nproc: int) -> dict:

@@ -73,6 +73,13 @@ class Result:
     vocab_ids_missing: int = 0  # vocabulary ids that the batch lacks as an input or as a target (``batch``)
 
 
+def error_line(exc: BaseException) -> str:
+    """'ValueError: the first line of its message (file.py:123)': a rank's error, said in one line."""
+    last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" ({Path(last.filename).name}:{last.lineno})" if last else ""
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}"
+
+
 def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault) -> None:
     # gloo on loopback: every rank of a local run is on this host (set in the child, so the
     # caller's environment stays as it was)
@@ -81,10 +88,7 @@ def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, prog
         run_rank(rank, spec, init_method, backend, out_file, timeout_s, progress, fault)
     except BaseException as exc:  # report why, then leave at once (no hanging in teardown)
         collective = isinstance(exc, dist.DistError) or "gloo" in str(exc).lower() or "nccl" in str(exc).lower()
-        last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        where = f" ({Path(last.filename).name}:{last.lineno})" if last else ""
-        text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}"
-        Path(err_dir, f"{rank}.json").write_text(json.dumps({"collective": collective, "error": text}))
+        Path(err_dir, f"{rank}.json").write_text(json.dumps({"collective": collective, "error": error_line(exc)}))
         os._exit(1)
     os._exit(0)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import time
 from dataclasses import dataclass
@@ -151,8 +152,6 @@ def _await_generation(store, n: int) -> Generation:
     key = f"layout/{n}"
     while not store.check([key]):
         time.sleep(0.01)
-    import pickle
-
     return pickle.loads(store.get(key))
 
 

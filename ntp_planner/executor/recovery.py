@@ -32,6 +32,7 @@ its full degree and the newcomer pulls its rows from its peers.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import tempfile
 import time
@@ -44,6 +45,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ntp_planner.executor.faults import Repair
+from ntp_planner.executor.launch import error_line
 from ntp_planner.executor.live import Generation, LiveConfig, serve
 from ntp_planner.executor.relayout import Layout, RunReplanner
 
@@ -69,17 +71,12 @@ class LiveRun:
 
 
 def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress, first_generation: int) -> None:
-    import os
-    import traceback
-
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s + 60))
         serve(proc, store, cfg, progress, first_generation)
     except BaseException as exc:  # this process is broken: say why and die; the others recover
-        last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        where = f" ({Path(last.filename).name}:{last.lineno})" if last else ""
-        Path(err_dir, f"{proc}.txt").write_text(f"{type(exc).__name__}: {str(exc).strip()[:300]}{where}")
+        Path(err_dir, f"{proc}.txt").write_text(error_line(exc))
         os._exit(1)
     os._exit(0)
 
