@@ -81,6 +81,13 @@ def synthetic_batch(spec: RunSpec) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
+def sample_rows(spec: RunSpec, first: int, count: int) -> torch.Tensor:
+    """Rows of the synthetic batch (the sample pool of a live run) that samples first .. first +
+    count - 1 are: sample ``s`` is row ``s mod total_sequences``, so a stream of steps of any batch
+    size walks the pool in order. The live run and its single-process reference both read it."""
+    return (torch.arange(first, first + count) % spec.total_sequences).long()
+
+
 def missing_ids(spec: RunSpec) -> tuple[list[int], list[int]]:
     """Vocabulary ids that the batch does not have as an input, and those it lacks as a target."""
     tokens, targets = synthetic_batch(spec)

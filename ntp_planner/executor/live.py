@@ -38,7 +38,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ntp_planner.executor.batch import synthetic_batch
+from ntp_planner.executor.batch import sample_rows, synthetic_batch
 from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.faults import Fault
 from ntp_planner.executor.holders import holdings
@@ -97,12 +97,6 @@ def is_peer_loss(exc: BaseException) -> bool:
         return False
     text = str(exc).lower()
     return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out"))
-
-
-def sample_rows(base: RunSpec, consumed: int, count: int) -> torch.Tensor:
-    """Rows of the sample pool (the base run's synthetic batch) of samples consumed .. consumed +
-    count - 1: sample ``s`` is pool row ``s mod pool size`` (as ``runtime.reference_run`` reads them)."""
-    return (torch.arange(consumed, consumed + count) % base.total_sequences).long()
 
 
 class _ProcView:

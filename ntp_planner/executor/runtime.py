@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ntp_planner.executor.batch import synthetic_batch
+from ntp_planner.executor.batch import sample_rows, synthetic_batch
 from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.holders import holdings
 from ntp_planner.executor.measure import ActivationMeter, StepClock, gather_rows, rank_memory
@@ -129,7 +129,7 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
 def reference_run(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad_step: int = 0) -> dict:
     """The same training in one process on the whole batch (mean over its tokens). With
     ``samples``, one step per (first sample, count) on exactly those samples of the pool (a live
-    run's log: ``live.sample_rows``), and the gradients reported are those of step ``grad_step``. In mixed
+    run's log: ``batch.sample_rows``), and the gradients reported are those of step ``grad_step``. In mixed
     precision (bf16) the model is a bf16 copy of fp32 master weights: its gradients become fp32,
     AdamW updates the masters and the copy is cast from them again; parameters are reported as
     the copy's, in fp32."""
@@ -151,7 +151,7 @@ def _reference(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad
         samples = [(0, spec.total_sequences)] * spec.steps
     losses, grads = [], {}
     for step, (first, count) in enumerate(samples):
-        rows = (torch.arange(first, first + count) % spec.total_sequences).long()
+        rows = sample_rows(spec, first, count)
         model.zero_grad()
         loss = model.loss(tokens[rows], targets[rows])
         loss.backward()
