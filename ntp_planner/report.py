@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich import box
 from rich.console import Group
 from rich.markup import escape
@@ -416,12 +418,14 @@ def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dic
             {"process": process, "plan_rank": plan_rank, "gpu": gpu, "replica": replica, "stage": stage, "local": local}
         )
     return {
-        "passed": max(errors) <= tolerance and all(c["match"] for c in cuts or []),
+        # NaN <= tolerance is false, so a NaN error fails too; a non-finite error prints as null
+        "passed": max(errors) <= tolerance and all(c["match"] for c in cuts or []) and not result.problems,
+        "problems": list(result.problems),
         "tolerance": tolerance,
         "dtype": spec.dtype,
-        "max_rel_error_loss": result.max_rel_error_loss,
-        "max_rel_error_grads": result.max_rel_error_grads,
-        "max_rel_error_params": result.max_rel_error_params,
+        "max_rel_error_loss": _finite(result.max_rel_error_loss),
+        "max_rel_error_grads": _finite(result.max_rel_error_grads),
+        "max_rel_error_params": _finite(result.max_rel_error_params),
         "worst_param": result.worst_param,
         "worst_param_holder": result.worst_param_holder,
         "worst_grad": result.worst_grad,
@@ -430,16 +434,16 @@ def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dic
         "cuts_match": all(c["match"] for c in cuts or []),
         "cuts": cuts or [],
         "vocabulary_ids_missing": result.vocab_ids_missing,
-        "max_rel_error_params_per_pipeline": result.per_replica_error,
-        "max_elementwise_error_params": result.max_elementwise_error_params,
+        "max_rel_error_params_per_pipeline": [_finite(e) for e in result.per_replica_error],
+        "max_elementwise_error_params": _finite(result.max_elementwise_error_params),
         "step_time_s": result.step_time_s,
         "step_time_median_s": result.step_time_median_s,
         "time_split_s": result.time_split_s,
         "stage_step_time_s": result.stage_step_time_s,
         "stage_memory_bytes": result.stage_memory_bytes,
         "wall_s": result.wall_s,
-        "losses": result.losses,
-        "reference_losses": result.reference_losses,
+        "losses": [_finite(v) for v in result.losses],
+        "reference_losses": [_finite(v) for v in result.reference_losses],
         "backend": backend,
         "processes": spec.world_size,
         "steps": spec.steps,
@@ -453,6 +457,16 @@ def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dic
         "notes": list(spec.notes),
         "ranks": ranks,
     }
+
+
+def _finite(x: float) -> float | None:
+    """``x``, or None (JSON null) when it is NaN or infinite: JSON has no such numbers."""
+    return x if math.isfinite(x) else None
+
+
+def _error_text(x: float) -> str:
+    """'3.1e-15', or 'not finite' for a NaN or infinite error (the problems say where)."""
+    return f"{x:.1e}" if math.isfinite(x) else "not finite"
 
 
 def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str, cuts: list[dict] | None = None) -> Group:
@@ -472,16 +486,16 @@ def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str, cu
     for col in ("step", "distributed", "one process", "relative error"):
         losses.add_column(col, justify="right")
     for i, (a, b) in enumerate(zip(result.losses, result.reference_losses, strict=True), 1):
-        losses.add_row(str(i), f"{a:.7f}", f"{b:.7f}", f"{abs(a - b) / abs(b):.1e}")
+        losses.add_row(str(i), f"{a:.7f}", f"{b:.7f}", _error_text(abs(a - b) / abs(b) if b else math.inf))
     verdict = Table(show_header=False, box=None)
-    verdict.add_row("max relative error, loss", f"{result.max_rel_error_loss:.1e}")
+    verdict.add_row("max relative error, loss", _error_text(result.max_rel_error_loss))
     verdict.add_row(
         "max relative error, first-step gradients",
-        f"{result.max_rel_error_grads:.1e} ({result.worst_grad} on {result.worst_grad_holder})",
+        f"{_error_text(result.max_rel_error_grads)} ({result.worst_grad} on {result.worst_grad_holder})",
     )
     verdict.add_row(
         "max relative error, parameters",
-        f"{result.max_rel_error_params:.1e} ({result.worst_param} on {result.worst_param_holder})",
+        f"{_error_text(result.max_rel_error_params)} ({result.worst_param} on {result.worst_param_holder})",
     )
     verdict.add_row("compared", f"{result.holdings_compared} holdings (every rank's copy of every parameter)")
     if cuts is not None:
@@ -494,8 +508,11 @@ def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str, cu
         else Text(f"{missing} of {spec.cfg.vocab} ids missing as input or target: lengthen --seq-len", style="yellow"),
     )
     verdict.add_row("step time (slowest rank)", f"{result.step_time_s:.3f} s")
+    for problem in result.problems:
+        verdict.add_row("problem", Text(problem, style="red"))
     ok = data["passed"]
     fail = f"FAIL (above {tolerance:g})" if data["cuts_match"] else "FAIL (shard cuts differ from the planner's)"
+    fail = f"FAIL ({result.problems[0]})" if result.problems else fail
     verdict.add_row(
         "verdict",
         Text(f"PASS ({spec.dtype}, all <= {tolerance:g})" if ok else fail, style="green" if ok else "red"),

@@ -272,9 +272,14 @@ def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance,
     if under_torchrun():
         raise InputError("--fail runs every process on this host under one launcher; run it without torchrun")
     n = nproc if nproc is not None else 16
-    shrunk, cuts = _shrunk_run(plan, n, None, steps, seed, seq_len, dtype, json_out)
+    shrunk, cuts = _shrunk_run(plan, n, None, steps, seed, seq_len, dtype, json_out, len(fails))
     check_live(fails, repairs, policy, spares, steps, shrunk.spec.world_size, every, folder)
     result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
+    # every layout the run reached had its cuts checked (a mismatch ends the run); all are shown
+    seen = {(c["unit"], c["degree"]) for c in cuts}
+    units = ["heads", "kv_heads", "ffn", "vocab"]  # ``cuts.compare_cuts``'s order
+    cuts = sorted([*cuts, *(c for c in run.cuts if (c["unit"], c["degree"]) not in seen)],
+                  key=lambda c: (units.index(c["unit"]), c["degree"]))  # fmt: skip
     data = validate_json(shrunk, result, tolerance, "gloo", cuts) | live_json(result, run, tolerance)
     if json_out:
         show_json(data)
@@ -298,17 +303,19 @@ def _replan_coverage(replan, shrunk, nproc: int) -> dict:
     return {"degraded_replicas_run": [r for r in picked if status[r] == "degraded"], "replan_warning": warning}
 
 
-def _shrunk_run(plan, n: int, replan_result, steps: int, seed: int, seq_len: int, dtype: str, quiet: bool):
+def _shrunk_run(plan, n: int, replan_result, steps: int, seed: int, seq_len: int, dtype: str, quiet: bool,
+                failures: int = 0):  # fmt: skip
     """The shrunk run in ``dtype``, its sequences lengthened until its batch holds every vocabulary
     id, and its shard cuts against the planner's shares; a mismatch ends the command (exit 1)
-    before any process starts: the run would check a sharding the planner did not plan."""
+    before any process starts: the run would check a sharding the planner did not plan.
+    ``failures``: processes a live run loses (the shrink keeps the widths they lead to)."""
     from ntp_planner.executor.batch import covering_seq_len, covers_vocabulary
     from ntp_planner.executor.cuts import compare_cuts, mismatches
     from ntp_planner.executor.shrink import shrink
 
-    shrunk = shrink(plan, n, replan_result, steps, seed, seq_len)
+    shrunk = shrink(plan, n, replan_result, steps, seed, seq_len, failures)
     if not covers_vocabulary(shrunk.spec):
-        shrunk = shrink(plan, n, replan_result, steps, seed, covering_seq_len(shrunk.spec))
+        shrunk = shrink(plan, n, replan_result, steps, seed, covering_seq_len(shrunk.spec), failures)
     shrunk = replace(shrunk, spec=replace(shrunk.spec, dtype=dtype))
     cuts = compare_cuts(shrunk.spec, plan.model)
     if mismatches(cuts):

@@ -93,3 +93,47 @@ def missing_ids(spec: RunSpec) -> tuple[list[int], list[int]]:
     tokens, targets = synthetic_batch(spec)
     everything = set(range(spec.cfg.vocab))
     return sorted(everything - set(tokens.flatten().tolist())), sorted(everything - set(targets.flatten().tolist()))
+
+
+def stream_draws(steps: list[dict], total_steps: int, batches: list[int]) -> tuple[list[tuple[int, int]], list[str]]:
+    """The samples the reference draws, step by step, from the stream, and how a live run's
+    committed log (``steps``: step, generation, consumed, batch, in commit order) differs from it.
+
+    The reference does not take the run's word for which samples a step used: step k draws the
+    next ``batches[generation]`` samples (the sequences per step of the layout the coordinator
+    published for that generation) after those of steps 0..k-1. The run's log must be that
+    stream: steps 0..total_steps-1, each once and in order, each starting where the one before
+    ended, with its layout's batch; anything else (a sample skipped or used twice, a step lost
+    or applied twice) is a sentence of the returned list, and fails the run.
+
+    >>> log = [dict(step=0, generation=0, consumed=0, batch=4), dict(step=1, generation=1, consumed=4, batch=3)]
+    >>> stream_draws(log, 2, [4, 3])
+    ([(0, 4), (4, 3)], [])
+    >>> stream_draws([log[0], dict(log[1], consumed=5)], 3, [4, 3])[1]  # doctest: +NORMALIZE_WHITESPACE
+    ['the run committed steps 0-1, not steps 0-2 once each in order',
+     'step 1 committed samples 5..7, but the stream continues at sample 4 with 3 samples']
+    """
+    draws, problems, first = [], [], 0
+    got = [r["step"] for r in steps]
+    if got != list(range(total_steps)):
+        problems.append(f"the run committed {_step_list(got)}, not {_step_list(list(range(total_steps)))} "
+                        "once each in order")  # fmt: skip
+    for r in steps:
+        batch = batches[r["generation"]]
+        draws.append((first, batch))
+        if (r["consumed"], r["batch"]) != (first, batch) and len(problems) < 3:
+            problems.append(
+                f"step {r['step']} committed samples {r['consumed']}..{r['consumed'] + r['batch'] - 1}, but the "
+                f"stream continues at sample {first} with {batch} samples"
+            )
+        first += batch
+    return draws, problems
+
+
+def _step_list(steps: list[int]) -> str:
+    """'steps 0-3', 'steps 0, 1, 1, 2' or 'no step'."""
+    if not steps:
+        return "no step"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    return "steps " + ", ".join(map(str, steps))

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ntp_planner.executor.batch import missing_ids
-from ntp_planner.executor.holders import compare
+from ntp_planner.executor.holders import compare, loss_errors, non_finite_losses
 from ntp_planner.executor.measure import summarize
 from ntp_planner.executor.model import zero_gradient_params
 from ntp_planner.executor.runtime import reference_run, run_rank
@@ -71,6 +71,9 @@ class Result:
     worst_grad_holder: str = ""  # where that gradient is held
     holdings_compared: int = 0  # (rank, parameter) pairs compared with the reference
     vocab_ids_missing: int = 0  # vocabulary ids that the batch lacks as an input or as a target (``batch``)
+    # what fails the run whatever the errors say, a sentence each: a value that is not finite (and
+    # where), a live run's sample log that is not the stream's, a process that died of its own error
+    problems: list[str] = field(default_factory=list)
 
 
 def error_line(exc: BaseException) -> str:
@@ -219,18 +222,19 @@ def _diagnose(spec, codes, progress, errs: Path, timeout_s: float | None = None)
 
 def _compare(spec: RunSpec, got: dict, ref: dict, wall_s: float) -> Result:
     losses, ref_losses = got["losses"], ref["losses"]
-    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
     # a parameter with no gradient in exact arithmetic (``model.zero_gradient_params``) cannot
     # change the loss; AdamW turns its rounding-noise gradient into steps of about lr, different
     # in every run, so its values are not compared and its gradient is on the scale of the rest
     zero = zero_gradient_params(spec.cfg)
     noise = frozenset(k for k in ref["grads"] if k.rsplit(".", 1)[-1] in zero)
+    held = compare(got["holders"], ref["params"], ref["grads"], noise)
+    held["problems"] = non_finite_losses(losses, ref_losses) + held["problems"]
     return Result(
         losses=losses,
         reference_losses=ref_losses,
-        max_rel_error_loss=loss_err,
+        max_rel_error_loss=loss_errors(losses, ref_losses),
         wall_s=wall_s,
         vocab_ids_missing=len(set().union(*missing_ids(spec))),
-        **compare(got["holders"], ref["params"], ref["grads"], noise),
+        **held,
         **summarize(spec, got["rank_stats"]),
     )

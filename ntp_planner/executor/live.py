@@ -43,6 +43,7 @@ from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.faults import Fault
 from ntp_planner.executor.holders import holdings
 from ntp_planner.executor.model import Reference
+from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.optimizer import ADAMW
 from ntp_planner.executor.relayout import Layout
 from ntp_planner.executor.runtime import loss_scale
@@ -198,6 +199,8 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
             consumed = gen.consumed + (step - gen.start_step) * batch
             rows = sample_rows(cfg.base, consumed, batch)
             comm.fault = _injector(cfg.faults, proc, step, store)
+            if planted("live-crash-proc3") and proc == 3 and step == 1:  # a bug of ours, not a --fail
+                raise RuntimeError("planted bug: process 3 crashes in step 1")
             opt.zero_grad()
             share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens[rows], targets[rows]), scale)
             share += model.take_aux()

@@ -26,7 +26,10 @@ def contiguous(units: int, degree: int) -> tuple[tuple[int, int], ...]:
     """[start, end) of each rank's block of ``units``, fuller ranks first."""
     out, start = [], 0
     shares = uneven_shares(units, degree)
-    for n in shares[::-1] if planted("cuts-reversed") else shares:
+    # planted bugs: fuller ranks last, at every degree or only at odd ones (those a TP4 run's
+    # re-plan reaches after one failure, never its base layout)
+    reversed_ = planted("cuts-reversed") or (planted("cuts-reversed-odd") and degree % 2 == 1)
+    for n in shares[::-1] if reversed_ else shares:
         out.append((start, start + n))
         start += n
     return tuple(out)

@@ -36,7 +36,7 @@ import os
 import pickle
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -47,6 +47,7 @@ import torch.multiprocessing as mp
 from ntp_planner.executor.faults import Repair
 from ntp_planner.executor.launch import error_line
 from ntp_planner.executor.live import Generation, LiveConfig, serve
+from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.relayout import Layout, RunReplanner
 
 PARTS = ("detect_s", "agree_s", "replan_s", "regroup_s", "move_state_s", "redo_s")
@@ -68,6 +69,8 @@ class LiveRun:
     grad_step: int | None  # index in ``steps`` of the step whose synced gradients ``holders`` carry (None: none)
     wall_s: float
     layouts: list[str]  # each generation's layout, described
+    batches: list[int] = field(default_factory=list)  # sequences per step of each generation's layout (0: none runs)
+    cuts: list[dict] = field(default_factory=list)  # every layout's shard cuts against the planner's (``cuts``)
 
 
 def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress, first_generation: int) -> None:
@@ -95,6 +98,8 @@ class Coordinator:
         tick=None,
     ):
         self.replanner, self.policy, self.cfg = replanner, policy, cfg
+        self.cuts: dict[tuple[str, int], dict] = {}  # (unit, degree) -> the row, over every layout published
+        self._spawned_t: dict[int, float] = {}  # when each process (its latest incarnation) was started
         self.repairs = sorted(repairs, key=lambda r: r.step)
         self.tick = tick
         base = replanner.base()
@@ -151,12 +156,15 @@ class Coordinator:
             grad_step=grad_step,
             wall_s=time.perf_counter() - start,
             layouts=[g.layout.describe() for g in self.gens if g.layout is not None and g.layout.spec is not None],
+            batches=[0 if g.layout is None else g.layout.batch for g in self.gens],
+            cuts=list(self.cuts.values()),
         )
 
     def _spawn(self, proc: int) -> None:
         # a process started later (a repair) joins at the next generation, never an old one
         args = (proc, self.store.port, self.cfg, str(self.err_dir), self.progress, len(self.gens))
         p = self.ctx.Process(target=_worker, args=args, daemon=True)
+        self._spawned_t[proc] = time.time()
         p.start()
         self.procs[proc] = p
         self.dead.discard(proc)
@@ -172,7 +180,20 @@ class Coordinator:
                 p.kill()
                 p.join(5)
 
+    def _check_cuts(self, gen: Generation) -> None:
+        """Refuse to run a layout whose shard cuts differ from the planner's shares of the plan's
+        model: a re-plan's new degree (TP3 after TP4 lost a GPU) is checked as the base's is."""
+        from ntp_planner.executor.cuts import compare_cuts, mismatches
+
+        rows = compare_cuts(gen.layout.spec, self.replanner.plan.model)
+        for row in rows:
+            self.cuts.setdefault((row["unit"], row["degree"]), row)
+        if mismatches(rows):
+            raise RecoveryFailure(f"generation {gen.number} ({gen.layout.describe()}): {mismatches(rows)}")
+
     def _publish(self, gen: Generation) -> None:
+        if gen.layout is not None and gen.layout.spec is not None:
+            self._check_cuts(gen)
         self.gens.append(gen)
         self._published.append(time.time())
         if gen.layout is not None:
@@ -203,7 +224,7 @@ class Coordinator:
             self._idle_faults()
             for proc, p in self.procs.items():
                 if p.exitcode is not None and proc not in self.dead and not self.store.check(["done"]):
-                    self.dead.add(proc)
+                    self._mark_dead(proc)
                     if proc in self.layout.procs:
                         self._reconfigure(f"process {proc} died")
                         break
@@ -270,7 +291,7 @@ class Coordinator:
         if len(outside) == len(procs) and still > 2 * self.cfg.timeout_s:
             culprits = outside
         for p in culprits:
-            self._kill(p)
+            self._kill(p, f"it hung: no progress for {still:.0f} s outside any collective")
         return bool(culprits)
 
     def _error_of(self, proc: int) -> str:
@@ -281,10 +302,31 @@ class Coordinator:
         code = self.procs[proc].exitcode
         return "still running" if code is None else f"exit code {code}"
 
-    def _kill(self, proc: int) -> None:
+    def _kill(self, proc: int, why: str = "") -> None:
+        """Kill ``proc`` (``why``: what it did that it had to be killed, e.g. it hung)."""
         self.procs[proc].kill()
         self.procs[proc].join(5)
+        self._mark_dead(proc, why)
+
+    def _injected(self, proc: int) -> bool:
+        """Whether the death of ``proc`` was an injected fault: one fired in its latest incarnation
+        (``fail/<proc>``, written by the fault itself or by ``_idle_faults`` before it kills)."""
+        key = f"fail/{proc}"
+        if not self.store.check([key]):
+            return False
+        return json.loads(self.store.get(key))["t"] >= self._spawned_t.get(proc, 0.0)
+
+    def _mark_dead(self, proc: int, why: str = "") -> None:
+        """Count ``proc`` as dead. A death that no --fail injected is the executor's own bug (or
+        the machine's): recovering around it would pass a run that is wrong, so the run fails,
+        naming the process and its error."""
         self.dead.add(proc)
+        if not self._injected(proc):
+            said = why or self._error_of(proc)
+            raise RecoveryFailure(
+                f"process {proc} died of its own error, not of an injected --fail ({said}); a live run recovers "
+                "only from the failures it injects, so this run fails"
+            )
 
     def _idle_faults(self) -> None:
         """A fault of a process outside the layout (idle) fires when its step is reached. A
@@ -422,23 +464,37 @@ class Coordinator:
         self.pending.append(event)
 
     def _await_leavers(self, gen: Generation) -> dict[int, dict]:
-        """Abort generation ``gen`` and wait until each live process of it has left it or died (one
-        that does neither within the collective timeout is killed); what each survivor said."""
+        """Abort generation ``gen`` and wait until each live process of it has left it or died;
+        what each survivor said. A process is killed as hung only when it shows it: its state in
+        place, outside any collective and without progress for the collective timeout (counted
+        from before the abort, so a hang the survivors timed out on is not waited for again). A
+        process still inside a collective, or making progress, is waiting on a peer or working:
+        it is given a second timeout before it is taken for hung too."""
         n = gen.number
         self.store.set(f"g{n}/abort", "1")
+        ranks = {p: r for r, p in enumerate(gen.layout.procs)}
         pending = {p for p in gen.layout.procs if p not in self.dead}
-        deadline = time.monotonic() + self.cfg.timeout_s + 10
+        seen = {p: (self.progress[3 * p + 1], self.progress[3 * p + 2]) for p in pending}
+        since = {p: self._progress_changed[p] for p in pending}
+        start = time.monotonic()
         while pending:
+            now = time.monotonic()
             for p in list(pending):
                 if self.procs[p].exitcode is not None:
-                    self.dead.add(p)
                     pending.discard(p)
+                    self._mark_dead(p)
                 elif self.store.check([f"g{n}/left/{p}"]):
                     pending.discard(p)
-            if pending and time.monotonic() > deadline:
-                for p in pending:
-                    self._kill(p)
-                pending = set()
+                    continue
+                entered, left = self.progress[3 * p + 1], self.progress[3 * p + 2]
+                if (entered, left) != seen.get(p):
+                    seen[p], since[p] = (entered, left), now
+                still = now - since[p]
+                in_place = self.store.check([f"g{n}/times/{ranks[p]}"])
+                hung = in_place and entered == left and still > self.cfg.timeout_s
+                if p in pending and (hung or now - start > 2 * self.cfg.timeout_s + 10):
+                    pending.discard(p)
+                    self._kill(p, f"it hung: no progress for {still:.0f} s after its generation was aborted")
             time.sleep(0.005)
         keys = {p: f"g{n}/left/{p}" for p in gen.layout.procs if p not in self.dead}
         return {p: json.loads(self.store.get(k)) for p, k in keys.items() if self.store.check([k])}
@@ -500,7 +556,8 @@ class Coordinator:
 
     def _consumed(self) -> int:
         eff = self._effective()
-        return eff[-1]["consumed"] + eff[-1]["batch"] if eff else 0
+        skip = 1 if planted("skip-a-sample") else 0  # a planted bug: the next layout skips a sample
+        return eff[-1]["consumed"] + eff[-1]["batch"] + skip if eff else 0
 
     def _cut_short(self, n: int, t_notice: float) -> None:
         """Close the events whose generation ``n`` fails before it finished their recovery (a
@@ -585,7 +642,8 @@ def launch_live(plan, shrunk, policy: str = "ntp", faults=(), repairs=(), spares
     ``policy``; compare the final state with one process fed the samples the run committed.
     Returns (``launch.Result``, ``LiveRun``)."""
     from ntp_planner.executor import rank_checkpoint
-    from ntp_planner.executor.holders import compare
+    from ntp_planner.executor.batch import stream_draws
+    from ntp_planner.executor.holders import compare, loss_errors, non_finite_losses
     from ntp_planner.executor.launch import Result
     from ntp_planner.executor.model import zero_gradient_params
     from ntp_planner.executor.runtime import reference_run
@@ -606,18 +664,22 @@ def launch_live(plan, shrunk, policy: str = "ntp", faults=(), repairs=(), spares
     )
     run = Coordinator(RunReplanner(plan, shrunk, spares), policy, cfg, spares, tuple(repairs), tick).run()
     grad_step = -1 if run.grad_step is None else run.grad_step  # -1: no step's gradients
-    ref = reference_run(spec, [(r["consumed"], r["batch"]) for r in run.steps], grad_step)
+    # the reference draws its samples from the stream itself; the run's log must be that stream
+    draws, stream_problems = stream_draws(run.steps, spec.steps, run.batches)
+    ref = reference_run(spec, draws, grad_step)
     losses = [r["loss"] for r in run.steps]
     zero = zero_gradient_params(spec.cfg)
     noise = frozenset(k for k in ref["grads"] if k.rsplit(".", 1)[-1] in zero)
     pairs = zip(run.steps, run.steps[1:], strict=False)
     gaps = [b["t"] - a["t"] for a, b in pairs if a["generation"] == b["generation"]]
+    held = compare(run.holders, ref["params"], ref["grads"], noise)
+    held["problems"] = stream_problems + non_finite_losses(losses, ref["losses"]) + held["problems"]
     result = Result(
         losses=losses,
         reference_losses=ref["losses"],
-        max_rel_error_loss=max(abs(a - b) / abs(b) for a, b in zip(losses, ref["losses"], strict=True)),
+        max_rel_error_loss=loss_errors(losses, ref["losses"]),
         wall_s=run.wall_s,
         step_time_s=sum(gaps) / len(gaps) if gaps else 0.0,
-        **compare(run.holders, ref["params"], ref["grads"], noise),
+        **held,
     )
     return result, run

@@ -95,9 +95,13 @@ def shrink(
     steps: int = 3,
     seed: int = 0,
     seq_len: int = SEQ_LEN,
+    failures: int = 0,
 ) -> Shrunk:
     """The run that stands for ``plan`` on ``nproc`` processes, with notes on what changed.
-    ``seq_len``: tokens per sequence of the run (longer ones make a timing run compute-bound)."""
+    ``seq_len``: tokens per sequence of the run (longer ones make a timing run compute-bound).
+    ``failures``: processes a live run will lose; the widths its re-plans can reach (a stage of
+    width w that loses k runs every block at w - k, ``relayout``) join the degrees whose
+    remainders the model keeps, so those layouts cut as the planner deals too."""
     lay, model = plan.layout, plan.model
     w = lay.tp
     if replan is not None:
@@ -140,6 +144,7 @@ def shrink(
         m = max(m, 2 * unit)
     run_micro = [scaled_micro_batches(r, m, unit) for r in ratios]
     degrees = {t for d in chunk_degrees for t in d} | {x for ws in widths for x in ws}
+    degrees |= {x - k for ws in widths for x in ws for k in range(1, min(failures, x - 1) + 1)}
     modulus = math.lcm(*degrees)
     head_dim = 4 if model.num_heads <= 32 else 2
     # every cp chunk needs a token, and a token per rank under sequence parallelism

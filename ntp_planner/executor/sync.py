@@ -71,6 +71,10 @@ def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, sha
         for *_, bs, p in model.named_parameters():
             if bs.copy == 1:
                 p.grad = p.grad * 2
+    if planted("nan-grad-copy1"):  # one NaN in every synced gradient of copy 1 (AdamW spreads it)
+        for *_, bs, p in model.named_parameters():
+            if bs.copy == 1:
+                p.grad.view(-1)[0] = float("nan")
 
 
 def _ntp_sync(model, spec, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:

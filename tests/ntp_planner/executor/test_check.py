@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 from cost_models.catalogue import resolve_model  # noqa: E402
 from ntp_planner.executor.batch import boundary_ids, covers_vocabulary, missing_ids, synthetic_batch  # noqa: E402
 from ntp_planner.executor.cuts import compare_cuts, mismatches  # noqa: E402
+from ntp_planner.executor.holders import compare  # noqa: E402
 from ntp_planner.executor.launch import launch  # noqa: E402
 from ntp_planner.executor.mutations import VARIABLE  # noqa: E402
 from ntp_planner.executor.spec import TinyConfig, make_spec  # noqa: E402
@@ -60,6 +61,42 @@ def test_an_embedding_mask_off_by_one_is_caught(monkeypatch, clean):
     # ids 22 and 43 (replica 0) and 32 (replica 1) also get the row before them
     assert result.max_rel_error_loss > 1e-6 and result.max_rel_error_grads > 1e-3
     assert result.max_rel_error_params > 1e4 * clean.max_rel_error_params
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_nan_on_copy_1_fails_the_run_and_names_its_holder(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "nan-grad-copy1")
+    result = launch(rich_spec(), timeout_s=120)
+    # NaN compares false with everything: the scan used to skip it and report the clean holders' 1e-15
+    assert result.max_rel_error_grads == float("inf") and result.max_rel_error_params == float("inf")
+    assert result.worst_grad_holder == "rank 1 (replica 0, stage 0, copy 1, TP rank 0)"
+    assert any("not finite on rank 1 (replica 0, stage 0, copy 1, TP rank 0)" in p for p in result.problems)
+
+
+def holding(name, values, rank=0, grad=None):
+    return {"name": name, "rank": rank, "replica": rank, "stage": 0, "copy": 0, "tp_rank": 0, "index": [],
+            "param": torch.tensor(values, dtype=torch.float64), "grad": grad}  # fmt: skip
+
+
+def test_compare_fails_on_a_nan_or_inf_anywhere_and_names_the_first_holder():
+    ref = {"w": torch.tensor([1.0, 2.0], dtype=torch.float64), "b": torch.tensor([3.0], dtype=torch.float64)}
+    grads = {k: torch.ones_like(v) for k, v in ref.items()}
+    clean = [holding("w", [1.0, 2.0], 0), holding("b", [3.0], 0), holding("w", [1.0, 2.0], 1)]
+    assert compare(clean, ref, grads)["problems"] == [] and compare(clean, ref, grads)["max_rel_error_params"] == 0
+    # a NaN on rank 1 among exact holdings: the old scan (err >= worst) skipped it and passed at 0
+    bad = [*clean[:2], holding("w", [float("nan"), 2.0], 1)]
+    got = compare(bad, ref, grads)
+    assert got["max_rel_error_params"] == float("inf") and got["worst_param_holder"].startswith("rank 1 ")
+    assert got["problems"] == ["w's value is not finite on rank 1 (replica 1, stage 0, copy 0, TP rank 0)"]
+    # every holding NaN used to crash the comparison (no worst holder); inf in a gradient, and in the reference
+    every = [holding("w", [float("nan")] * 2, 0), holding("b", [float("nan")], 0, grad=torch.tensor([float("inf")]))]
+    got = compare(every, ref, grads)
+    assert got["worst_param"] == "w" and len(got["problems"]) == 3
+    assert "b's gradient is not finite on rank 0" in got["problems"][2]
+    got = compare(clean[:1], {"w": torch.tensor([1.0, float("nan")], dtype=torch.float64)}, grads)
+    assert got["problems"] == ["w's value is not finite on the reference (the part rank 0 (replica 0, stage 0, "
+                               "copy 0, TP rank 0) holds)"]  # fmt: skip
 
 
 def test_the_batch_has_every_vocabulary_id_and_the_boundaries_first():

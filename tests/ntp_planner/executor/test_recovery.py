@@ -13,9 +13,9 @@ from cost_models.catalogue import MODELS
 from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
 from ntp_planner.executor.faults import Fault, Repair
+from ntp_planner.executor.mutations import VARIABLE
 from ntp_planner.executor.recovery import PARTS, RecoveryFailure, launch_live, recovery_costs
 from ntp_planner.executor.shrink import shrink
-from ntp_planner.plan import Plan
 from ntp_planner.solver.planner import plan_from_layout
 from topologies.cluster import Cluster
 from topologies.cluster_catalogue import CLUSTERS
@@ -24,22 +24,23 @@ TOLERANCE = 1e-9  # float64: a clean run errs near 1e-15
 
 
 @cache
-def planned(tp: int, dp: int, pp: int = 1, steps: int = 6, model: str = "llama3-8b") -> tuple[Plan, object]:
+def planned(tp: int, dp: int, pp: int = 1, steps: int = 6, model: str = "llama3-8b", failures: int = 0):
     """``model`` on 8 H100s at TP x PP (and the DP that fills them), shrunk to ``dp`` replicas: tp * pp
-    * dp processes, in float64."""
+    * dp processes, in float64, keeping the cuts of the widths ``failures`` lost processes lead to."""
     from dataclasses import replace
 
     n = tp * pp * dp
     cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
     lay = ParallelLayout(tp=tp, pp=pp, dp=8 // (tp * pp), global_batch=16)
     plan = plan_from_layout(MODELS[model], TrainingSpec(seq_len=2048, global_batch=16), cluster, lay)
-    s = shrink(plan, n, steps=steps)
+    s = shrink(plan, n, steps=steps, failures=failures)
     return plan, replace(s, spec=replace(s.spec, dtype="float64"))
 
 
 def run(tp, dp, pp=1, steps=6, **kw):
     # a small model at TP2 so that a replica losing a GPU still fits at TP1 (llama3-8b does not)
-    plan, s = planned(tp, dp, pp, steps, "llama3-8b" if tp > 2 else "megatron-1.7b")
+    failures = len(kw.get("faults", ()))
+    plan, s = planned(tp, dp, pp, steps, "llama3-8b" if tp > 2 else "megatron-1.7b", failures)
     return launch_live(plan, s, timeout_s=kw.pop("timeout_s", 30.0), **kw)
 
 
@@ -215,7 +216,9 @@ def test_a_hang_and_a_kill_in_one_step_fail_only_those_two():
 def test_every_process_crashing_on_the_same_error_ends_in_a_sentence_with_that_error(tmp_path):
     # the checkpoint folder is a file: every rank fails to save after step 0, and all die
     (tmp_path / "ck").write_text("x")
-    with pytest.raises(RecoveryFailure, match=r"\(process \d: ValueError: cannot write checkpoint file .*no replica"):
+    # the first to die did of its own error, not of a --fail: the run fails there, naming it
+    with pytest.raises(RecoveryFailure, match=r"process \d died of its own error, not of an injected --fail "
+                       r"\(ValueError: cannot write checkpoint file"):  # fmt: skip
         run(2, 2, steps=2, policy="ntp", checkpoint_every=1, checkpoint_dir=str(tmp_path / "ck"))
 
 
@@ -245,3 +248,51 @@ def test_a_repaired_spare_comes_back_idle():
     result, live = run(2, 2, steps=4, policy="ntp", spares=1, faults=(Fault(4, 0),), repairs=(Repair(4, 2),))
     assert_exact_and_accounted(result, live, 4, 2)
     assert [(e["event"], e["procs"]) for e in live.timeline] == [("idle failure", [4]), ("repair", [4])]
+
+
+@pytest.mark.timeout(120)
+def test_a_kill_mid_step_recovers_exact_fast():
+    # the one live case in ``make test``: TP2 x DP2, process 1 SIGKILLed at its first collective of
+    # step 1; replica 0 goes on at TP1 on process 0, fetching the rows process 1 held from replica 1
+    result, live = run(2, 2, steps=3, policy="ntp", faults=(Fault(1, 1),), timeout_s=20)
+    assert_exact_and_accounted(result, live, 3, 1)
+    assert not result.problems and live.batches[:2] == [4, 3]
+    (e,) = live.timeline
+    assert (e["event"], e["procs"], e["source"], e["redo_from"]) == ("failure", [1], "memory", 1)
+    assert e["bytes_moved"] > 0 and e["layout"].startswith("TP1 + TP2")
+    # the stream the reference drew: 4 samples, then 3 (TP1 keeps fewer micro-batches), contiguous
+    assert [(r["consumed"], r["batch"]) for r in live.steps] == [(0, 4), (4, 3), (7, 3)]
+    # the layout after the failure had its cuts checked too: degree 1 beside the base's 2
+    assert {(c["unit"], c["degree"]) for c in live.cuts} >= {("heads", 1), ("heads", 2), ("vocab", 1)}
+
+
+# Planted bugs that a live run used to PASS with (``mutations``): each must now fail it.
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_crash_of_our_own_code_fails_the_run_even_when_recovery_could_go_on(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "live-crash-proc3")  # process 3 raises in step 1; nothing injected it
+    with pytest.raises(RecoveryFailure, match=r"process 3 died of its own error, not of an injected --fail "
+                       r"\(RuntimeError: planted bug: process 3 crashes in step 1"):  # fmt: skip
+        run(2, 2, steps=3, policy="ntp", faults=(Fault(1, 2),))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_recovery_that_skips_a_sample_fails_the_run(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "skip-a-sample")  # the layout after the failure starts one sample late
+    result, live = run(2, 2, steps=3, policy="ntp", faults=(Fault(1, 1),))
+    # the ranks used and logged samples 5..7: fed that log the reference would agree; it draws 4..6
+    assert live.steps[1]["consumed"] == 5
+    assert "step 1 committed samples 5..7, but the stream continues at sample 4 with 3 samples" in result.problems
+    assert result.max_rel_error_params > 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_wrong_cut_at_a_degree_only_the_re_plan_reaches_fails_the_run(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "cuts-reversed-odd")  # TP4 cuts right; TP3 (after the failure) reversed
+    with pytest.raises(RecoveryFailure, match=r"generation 1 \(TP3 \+ TP4.*heads at degree 3: executor 10/11/11, "
+                       r"planner 11/11/10"):  # fmt: skip
+        run(4, 2, steps=3, policy="ntp", faults=(Fault(1, 1),))
