@@ -397,9 +397,11 @@ def _run(shrunk, backend: str, timeout: float, injected, torchrun: bool, steps: 
 
     try:
         if torchrun:
-            return run_as_torchrun_rank(shrunk.spec, backend, timeout)
+            return run_as_torchrun_rank(shrunk.spec, backend, timeout, injected)
         return with_step_progress(lambda tick: launch(shrunk.spec, backend, timeout, injected, tick), steps, quiet)
     except RankFailure as exc:
+        if not exc.report:  # under torchrun another rank says it: one sentence, one JSON object
+            raise typer.Exit(1) from None
         if quiet:
             show_json({"passed": False, "failure": str(exc)})
         typer.echo(f"error: {exc}", err=True)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -34,7 +36,10 @@ STARTUP_S = 60.0  # extra patience before every rank has entered its first colle
 
 
 class RankFailure(RuntimeError):
-    """A rank died, raised or hung; the message names it."""
+    """A rank died, raised or hung; the message names it. ``report``: whether this process is
+    the one to say it (under torchrun every failing rank raises one; one of them reports)."""
+
+    report = True
 
 
 @dataclass
@@ -90,8 +95,8 @@ def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, prog
     try:
         run_rank(rank, spec, init_method, backend, out_file, timeout_s, progress, fault)
     except BaseException as exc:  # report why, then leave at once (no hanging in teardown)
-        collective = isinstance(exc, dist.DistError) or "gloo" in str(exc).lower() or "nccl" in str(exc).lower()
-        Path(err_dir, f"{rank}.json").write_text(json.dumps({"collective": collective, "error": error_line(exc)}))
+        report = {"collective": _is_collective(exc), "error": error_line(exc)}
+        Path(err_dir, f"{rank}.json").write_text(json.dumps(report))
         os._exit(1)
     os._exit(0)
 
@@ -145,26 +150,139 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def run_as_torchrun_rank(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0) -> Result | None:
+def run_as_torchrun_rank(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault=None) -> Result | None:
     """Be rank $RANK of a run that torchrun launched (across hosts): the same training as
-    ``launch``; rank 0 compares with the reference and returns the result, the others None.
-    torchrun watches the processes; the collective timeout ends a run whose peer is gone."""
+    ``launch`` (``fault`` as there); rank 0 compares with the reference and returns the result,
+    the others None. torchrun watches the processes; the collective timeout ends a run whose
+    peer is gone. A failed run raises one RankFailure naming the rank that failed
+    (``torchrun_failure``); only one rank's has ``report`` set, so the run says it once."""
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != spec.world_size:
         raise ValueError(f"torchrun started {world} processes but the run needs {spec.world_size}")
     start = time.perf_counter()
+    store = _agent_store(timeout_s)
+    if store is not None:
+        store.set(_key(f"pid/{rank}"), json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     with tempfile.TemporaryDirectory(prefix="ntp-validate-") as tmp:
         out = Path(tmp, "out.pt")
         try:
-            run_rank(rank, spec, "env://", backend, str(out), timeout_s)
-        except Exception as exc:  # a lost peer or this rank's own error: one line, torchrun stops the rest
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise RankFailure(f"{describe_rank(spec, rank)} failed: {type(exc).__name__}: {first}") from None
+            run_rank(rank, spec, "env://", backend, str(out), timeout_s, _StoreSteps(store, rank), fault)
+        except Exception as exc:  # a lost peer or this rank's own error: one line, said by one rank
+            raise torchrun_failure(spec, rank, exc, store) from None
         if rank != 0:
             return None
         got = torch.load(out)
     return _compare(spec, got, reference_run(spec), time.perf_counter() - start)
+
+
+# Under torchrun the ranks tell each other, through the agent's store (it outlives any rank), which
+# step each has entered, their process ids and, when they fail, why; keys under this prefix.
+def _key(name: str) -> str:
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    return f"ntp-validate/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
+
+
+def _agent_store(timeout_s: float):
+    """A client of torchrun's agent store, or None when the store is rank 0's (a launcher that
+    is not torchrun's elastic agent): it would die with rank 0, so it cannot carry reports."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    try:
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=min(timeout_s, 30.0)))
+    except (RuntimeError, ValueError, KeyError):  # no agent store after all: each rank speaks for itself
+        return None
+
+
+class _StoreSteps:
+    """``run_rank``'s progress for a torchrun rank: only the step it has entered (slot 3 rank),
+    into the agent store; the per-collective counts a local launcher watches are not sent."""
+
+    def __init__(self, store, rank: int):
+        self.store, self.rank = store, rank
+
+    def __setitem__(self, i: int, value: int) -> None:
+        if self.store is not None and i == 3 * self.rank:
+            self.store.set(_key(f"step/{self.rank}"), str(value))
+
+    def __getitem__(self, i: int) -> int:
+        return 0
+
+
+def _is_collective(exc: BaseException) -> bool:
+    """Whether an exception is a collective that lost a peer, not the rank's own error."""
+    text = str(exc).lower()
+    return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out"))
+
+
+def _gone(info: dict) -> bool:
+    """Whether the process in ``info`` (host, pid) is known to have ended: on this host, its pid
+    is gone or a zombie. A process on another host cannot be looked at: not known gone."""
+    if info["host"] != socket.gethostname():
+        return False
+    try:
+        state = Path(f"/proc/{info['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def _during(spec: RunSpec, ranks: list[int], steps: dict) -> str:
+    """'rank 5 (replica 1, stage 0, local rank 1), during step 2': ranks and the step each entered."""
+    return "; ".join(f"{describe_rank(spec, r)}, during step {steps.get(r, '?')}," for r in ranks).rstrip(",")
+
+
+REPORT_GRACE_S = 2.0  # how long a rank that lost a peer looks for the rank that failed
+
+
+def torchrun_failure(spec: RunSpec, rank: int, exc: BaseException, store) -> RankFailure:
+    """The failure of a torchrun run, said once: a rank's own error names that rank; a rank that
+    lost a peer names the ranks that are gone (their processes ended, on this host) or that said
+    why they failed, and what step each had entered. The first rank to claim the report says it
+    (``report``); the others stay quiet, so ``--json`` prints one object."""
+    mine = describe_rank(spec, rank)
+    if not _is_collective(exc):
+        sentence = f"{mine} failed: {error_line(exc)}"
+    else:
+        sentence = f"{mine} lost contact with a peer ({error_line(exc)})"
+    failure = RankFailure(sentence)
+    failure.report = True
+    if store is None:
+        return failure
+    try:
+        store.set(_key(f"report/{rank}"), json.dumps({"collective": _is_collective(exc), "error": error_line(exc)}))
+        if _is_collective(exc):
+            failure = RankFailure(_blame(spec, rank, store) or sentence)
+        failure.report = store.compare_set(_key("reporter"), "", str(rank)).decode() == str(rank)
+    except (RuntimeError, ValueError):  # the store went away: say what this rank saw
+        failure.report = True
+    return failure
+
+
+def _blame(spec: RunSpec, rank: int, store) -> str:
+    """Who failed, as a rank that lost a peer finds out: a rank that reported its own error, else
+    the ranks whose processes are gone; '' when neither shows within REPORT_GRACE_S."""
+    world = spec.world_size
+    deadline = time.monotonic() + REPORT_GRACE_S
+    while True:
+        reports = {r: json.loads(store.get(_key(f"report/{r}"))) for r in range(world)
+                   if store.check([_key(f"report/{r}")])}  # fmt: skip
+        steps = {r: store.get(_key(f"step/{r}")).decode() for r in range(world) if store.check([_key(f"step/{r}")])}
+        own = [r for r, rep in reports.items() if not rep["collective"]]
+        if own:
+            r = own[0]
+            return f"{describe_rank(spec, r)} failed during step {steps.get(r, '?')}: {reports[r]['error']}"
+        pids = {r: json.loads(store.get(_key(f"pid/{r}"))) for r in range(world) if store.check([_key(f"pid/{r}")])}
+        gone = [r for r in range(world) if r != rank and r not in reports and r in pids and _gone(pids[r])]
+        if gone:
+            return f"{_during(spec, gone, steps)} died without a word; the other ranks lost contact and stopped"
+        if time.monotonic() > deadline:
+            silent = [r for r in range(world) if r not in reports]
+            if not silent:
+                return ""
+            return f"{_during(spec, silent, steps)} stopped responding; the other ranks lost contact and stopped"
+        time.sleep(0.05)
 
 
 def _watch(spec, procs, progress, errs: Path, timeout_s: float, tick) -> None:

@@ -46,10 +46,9 @@ from ntp_planner.executor.comm import Comm
 from ntp_planner.executor.model import Reference
 from ntp_planner.executor.moe import EXPERT_KEYS
 from ntp_planner.executor.mutations import planted
-from ntp_planner.executor.reshard import reshard_plan
 from ntp_planner.executor.spec import RunSpec, dp_groups, expert_dp_group
 from ntp_planner.executor.stage import StageModel
-from ntp_planner.executor.sync import _with_cut_kv_summed
+from ntp_planner.executor.sync import _with_cut_kv_summed, ntp_core, ntp_spread
 from ntp_planner.executor.tp_slices import param_index, rank_slice
 
 ADAMW = {"weight_decay": 0.01}
@@ -203,15 +202,7 @@ class ShardedOptimizer:
             comm.all_reduce(grad, bs.tp_ranks)
         if not s.ntp:
             return _with_cut_kv_summed(cfg, s.key, bs, grad, comm, s.full_shape)
-        comm.all_reduce(grad, model.stage.copy_dp_groups(t)[j])  # the replica's gradient: its copies add up
-        if idx is None:
-            return grad if s.group is not None else None
-        grad = _with_cut_kv_summed(cfg, s.key, bs, grad, comm, s.full_shape)
-        if bs.copy:
-            return None
-        n = self._smallest(s)
-        rows_n = len(param_index(cfg, s.key, n, j)[1]) if j < n else None
-        return comm.move(grad, reshard_plan(cfg, s.key, t, n), j, bs.tp_ranks, idx[0], rows_n, grad)
+        return ntp_core(model, self.spec, s.key, bs, grad, comm, s.full_shape)  # the all-reduce's path too
 
     def _reduce_scatter(self, s: Slot, core: torch.Tensor) -> torch.Tensor:
         flat = core.reshape(-1).to(_master(self.spec))
@@ -276,26 +267,10 @@ class ShardedOptimizer:
     def _distribute(self, s: Slot, core: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
         """``core`` (the updated parameter, or the summed gradient) into ``out`` (default: the
         parameter) on every rank holding the slice: resharded n -> t and broadcast under NTP."""
-        comm, bs, stage = self.comm, s.bs, self.model.stage
         out = s.param.detach() if out is None else out
         if not s.ntp:
             return out.copy_(core.view(out.shape))
-        t, j = bs.block.degree, bs.tp_rank
-        idx = param_index(self.cfg, s.key, t, j)
-        if idx is None:
-            if core is not None:
-                out.copy_(core)
-            return comm.broadcast(out, stage.ranks[0], stage.ranks)
-        if bs.copy == 0:
-            n = self._smallest(s)
-            moved = comm.move(core, reshard_plan(self.cfg, s.key, n, t), j, bs.tp_ranks, idx[0], len(idx[1]), out)
-            out.copy_(moved)
-        return comm.broadcast(out, stage.ranks[j], stage.copy_dp_groups(t)[j])
-
-    def _smallest(self, s: Slot) -> int:
-        stage = self.spec.locate(self.comm.rank)[1]
-        b = self.model.blocks.index(s.bs)
-        return min(rep.stages[stage].blocks[b].degree for rep in self.spec.replicas)
+        return ntp_spread(self.model, self.spec, s.key, s.bs, core, out, self.comm)  # as the all-reduce's
 
     def materialize(self) -> None:
         """ZeRO-3: every full parameter gathered into the model (for the final comparison)."""

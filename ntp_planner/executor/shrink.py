@@ -63,9 +63,10 @@ def block_style(model: ModelSpec) -> dict:
 
 def wanted_replicas(lay) -> int:
     """Replicas the shrink of a plan (no re-plan) starts from: two for the data-parallel sync,
-    or as many as an expert-parallel group spans (ep pipelines, cp of them per replica: ``_ep``);
-    never more than the plan's dp."""
-    return min(max(2, -(-lay.ep // lay.cp)), lay.dp)
+    three under ZeRO (a group of 3 divides none of the run's tensor sizes, which are even, so the
+    shards' padding runs: ``optimizer.shard_bounds``), or as many as an expert-parallel group
+    spans (ep pipelines, cp of them per replica: ``_ep``); never more than the plan's dp."""
+    return min(max(3 if lay.zero else 2, -(-lay.ep // lay.cp)), lay.dp)
 
 
 def scaled_micro_batches(ratio: float, m: int, unit: int) -> int:
@@ -300,8 +301,10 @@ def _ep(lay, picks: list, cp: int, replan) -> tuple[int, list]:
 
 
 def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) -> dict:
-    """TinyConfig's MoE fields: at most MAX_EXPERTS experts, a whole number per EP rank, top-k
-    kept (at most the experts), widths with the plan's remainders modulo every degree."""
+    """TinyConfig's MoE fields: at most MAX_EXPERTS experts, a whole number per EP rank and at
+    least two (with one, a rank's tokens never need sorting among its experts, so that code would
+    go unchecked: Mixtral's 8 at ep 8 run as 16), top-k kept (at most the experts), widths with
+    the plan's remainders modulo every degree."""
     if not model.num_experts or not moe_layers:
         return {}
     style = block_style(model)
@@ -311,8 +314,8 @@ def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) 
             + (" and linear biases" if style["bias"] else "")
             + "; ntp validate runs experts as SwiGLU without biases (Mixtral's, DeepSeek's), so it cannot run this plan"
         )
-    cut = max(ep, MAX_EXPERTS - MAX_EXPERTS % ep)  # ep divides the plan's experts, so cut <= them
-    experts = model.num_experts if model.num_experts <= MAX_EXPERTS else cut
+    # ep divides the plan's experts, so min(experts, MAX_EXPERTS) // ep is whole experts of each
+    experts = ep * max(2, min(model.num_experts, MAX_EXPERTS) // ep)
     shared = model.moe_shared_ffn_hidden_size
     return {
         "experts": experts,
@@ -330,7 +333,13 @@ def _moe_notes(model, lay, cfg, picks, cp: int, ep: int) -> tuple[list[str], lis
     kept = (
         f"experts {model.num_experts} -> {cfg.experts} (top-{cfg.top_k}"
         + (" kept" if cfg.top_k == model.moe_top_k else f", the plan's top-{model.moe_top_k} cut to the experts")
-        + ", dropless), "
+        + ", dropless"
+        + (
+            ", two per EP rank so each rank's tokens are sorted among its experts"
+            if cfg.experts > model.num_experts
+            else ""
+        )
+        + "), "
         f"expert width {model.moe_ffn_hidden_size} -> {cfg.expert_ffn}"
         + (f", shared expert {model.moe_shared_ffn_hidden_size} -> {cfg.shared_ffn}" if cfg.shared_ffn else "")
         + f", MoE layers {', '.join(map(str, cfg.moe_layers)) or 'none'} of the run's {cfg.layers}"
@@ -364,7 +373,7 @@ def _notes(
         + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
         + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
         f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
-        + replicas_why(lay.dp, len(picks), replan, nproc, wanted_replicas(lay), ep),
+        + replicas_why(lay.dp, len(picks), replan, nproc, wanted_replicas(lay), ep, zero or 0),
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
         f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
         + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))

@@ -44,7 +44,7 @@ def stages_why(run_pp: int, plan_pp: int, nproc: int | None) -> str:
 
 
 def replicas_why(
-    plan_dp: int, kept: int, replan: ReplanResult | None, nproc: int | None, wanted: int = 2, ep: int = 1
+    plan_dp: int, kept: int, replan: ReplanResult | None, nproc: int | None, wanted: int = 2, ep: int = 1, zero: int = 0
 ) -> str:
     """Why the run has the replicas it has: of a plan (no re-plan), the shrink wants ``wanted``
     (``shrink.wanted_replicas``: two, or the plan's ep) and runs ``kept`` at the run's ``ep``.
@@ -55,6 +55,8 @@ def replicas_why(
     ': 4 hold an expert-parallel group of ep 4 (and run the data-parallel sync), more add nothing new'
     >>> replicas_why(8, 2, None, 6, wanted=4, ep=2)
     ': 4 (an expert-parallel group) need more than 6 processes; the 2 kept run ep 2'
+    >>> replicas_why(8, 3, None, 16, wanted=3, zero=1)
+    ': three make a ZeRO group that divides no tensor evenly (shard padding runs), more add nothing new'
     """
     if replan is not None:
         kinds = len(_kinds(replan))
@@ -69,10 +71,14 @@ def replicas_why(
             )
         return f": one of each of the re-plan's {kinds} kinds (stage widths, micro-batches)"
     wanted = min(wanted, plan_dp)
+    ep_wants = ep > 1 and wanted > 2 and not (zero and wanted == 3)
     if kept < wanted:
-        need = "two" if wanted == 2 else f"{wanted} (an expert-parallel group)"
+        need = "two" if wanted == 2 else f"{wanted} (an expert-parallel group)" if ep_wants else "three (a ZeRO group)"
         groups = f"; the {kept} kept run ep {ep}" if ep > 1 else ""
         return f": {need} need more than {nproc} processes{groups}"
+    if kept == 3 and zero and not ep_wants:
+        more = ", more add nothing new" if plan_dp > kept else ""
+        return f": three make a ZeRO group that divides no tensor evenly (shard padding runs){more}"
     if kept > 2:
         return f": {kept} hold an expert-parallel group of ep {ep} (and run the data-parallel sync)" + (
             ", more add nothing new" if plan_dp > kept else ""

@@ -78,21 +78,59 @@ def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, sha
 
 
 def _ntp_sync(model, spec, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:
-    """NTP's sync of one parameter between replicas of different degrees (n = the smallest)."""
+    """NTP's sync of one parameter between replicas of different degrees (n = the smallest): the
+    replica's gradient to the core layout (``ntp_core``), summed 1:1 between core rank j of every
+    replica, and back to every holder (``ntp_spread``). The sharded optimizer (``optimizer``)
+    runs the same two pieces around its reduce-scatter and all-gather instead of the all-reduce."""
+    j = bs.tp_rank
+    core = ntp_core(model, spec, key, bs, grad, comm, shape)
+    if core is not None:
+        comm.all_reduce(core, groups[0] if param_index(spec.cfg, key, bs.block.degree, j) is None else groups[j])
+    return ntp_spread(model, spec, key, bs, core, grad, comm)
+
+
+def smallest_degree(model: StageModel, spec: RunSpec, bs, comm: Comm) -> int:
+    """n: the smallest degree any replica runs block ``bs`` (of this rank's stage) at."""
+    b, stage = model.blocks.index(bs), spec.locate(comm.rank)[1]
+    return min(rep.stages[stage].blocks[b].degree for rep in spec.replicas)
+
+
+def ntp_core(model, spec, key, bs, grad, comm, shape) -> torch.Tensor | None:
+    """A replica's gradient of one parameter in the core layout, that of the smallest degree n:
+    its copies summed, the parts of a cut KV head summed, and on copy 0 resharded t -> n
+    (point-to-point inside the TP group, ``reshard``). Returns the core slice on core rank j < n of
+    copy 0 (a replicated norm: the whole gradient on core rank 0), None on every other rank."""
     cfg, stage = spec.cfg, model.stage
-    t, j, n = bs.block.degree, bs.tp_rank, min(degrees)
+    t, j = bs.block.degree, bs.tp_rank
     comm.all_reduce(grad, stage.copy_dp_groups(t)[j])  # the replica's gradient: its copies add up
     idx = param_index(cfg, key, t, j)
     if idx is None:  # replicated: core rank 0 speaks for the replica
-        if bs.copy == 0 and j == 0:
-            comm.all_reduce(grad, groups[0])
-        return comm.broadcast(grad, stage.ranks[0], stage.ranks)
+        return grad if bs.copy == 0 and j == 0 else None
     grad = _with_cut_kv_summed(cfg, key, bs, grad, comm, shape)
+    if bs.copy:
+        return None
+    n = smallest_degree(model, spec, bs, comm)
+    rows_n = len(param_index(cfg, key, n, j)[1]) if j < n else None
+    core = comm.move(grad, reshard_plan(cfg, key, t, n), j, bs.tp_ranks, idx[0], rows_n, grad)  # t -> n layout
+    if core is not None and j == 0 and planted("ntp-core-doubled"):  # a planted bug in the shared path
+        core = core * 2
+    return core
+
+
+def ntp_spread(model, spec, key, bs, core, out, comm) -> torch.Tensor:
+    """The core (the summed gradient, or the updated parameter) back into ``out`` on every holder
+    of the slice: on copy 0 resharded n -> t, then broadcast to the other copies (a replicated
+    norm: from core rank 0 to the whole stage)."""
+    cfg, stage = spec.cfg, model.stage
+    t, j = bs.block.degree, bs.tp_rank
+    idx = param_index(cfg, key, t, j)
+    if idx is None:
+        if core is not None and core is not out:
+            out.copy_(core)
+        return comm.broadcast(out, stage.ranks[0], stage.ranks)
     if bs.copy == 0:
-        dim = idx[0]
-        rows_n = len(param_index(cfg, key, n, j)[1]) if j < n else None
-        mine = comm.move(grad, reshard_plan(cfg, key, t, n), j, bs.tp_ranks, dim, rows_n, grad)  # t -> n layout
-        if mine is not None:
-            comm.all_reduce(mine, groups[j])  # 1:1 between core rank j of every replica
-        grad = comm.move(mine, reshard_plan(cfg, key, n, t), j, bs.tp_ranks, dim, len(idx[1]), grad)  # n -> t
-    return comm.broadcast(grad.contiguous(), stage.ranks[j], stage.copy_dp_groups(t)[j])  # to the other copies
+        n = smallest_degree(model, spec, bs, comm)
+        moved = comm.move(core, reshard_plan(cfg, key, n, t), j, bs.tp_ranks, idx[0], len(idx[1]), out)  # n -> t
+        if moved is not out:
+            out.copy_(moved)
+    return comm.broadcast(out.contiguous(), stage.ranks[j], stage.copy_dp_groups(t)[j])  # to the other copies

@@ -140,3 +140,24 @@ def test_the_same_command_runs_under_torchrun(plans):
     data = json.loads(out.stdout)  # only rank 0 prints
     assert data["passed"] and data["processes"] == 7
     assert [x["replica"] for x in data["ranks"]] == [0, 0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_rank_killed_under_torchrun_is_named_once(plans):
+    """Rank 5 of 8 exits at the start of step 2 (``--inject-fault``, which torchrun runs used to
+    ignore): every rank fails, one of them says so, naming rank 5, not itself; one JSON object."""
+    bin_dir = Path(sys.executable).parent
+    torchrun, ntp = bin_dir / "torchrun", bin_dir / "ntp"
+    if not torchrun.exists() or not ntp.exists():
+        pytest.skip("torchrun or ntp is not installed next to this Python")
+    env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    argv = [torchrun, "--standalone", "--nproc_per_node", "8", ntp, "validate", plans / "dp.json"]
+    extra = ["--inject-fault", "5:die:1", "--timeout", "20", "--json"]
+    out = subprocess.run([*map(str, argv), *extra], capture_output=True, text=True, timeout=170, env=env)
+    assert out.returncode != 0
+    data = json.loads(out.stdout)  # one object: a second would make this fail
+    assert data["passed"] is False
+    assert data["failure"].startswith("rank 5 (replica 1, stage 0, local rank 1), during step 2, died without a word")
+    said = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert said == [f"error: {data['failure']}"]

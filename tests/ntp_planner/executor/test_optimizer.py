@@ -77,6 +77,19 @@ def test_distributed_optimizer_beside_ntp_tp2_and_tp1_is_exact():
     assert healthy_rank1 == 2 * 8 * (342 + 86 + 86 + 342 + 3 * 512 + 11 + 11)
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("zero", [0, 1])
+def test_a_bug_in_the_ntp_core_path_is_caught_with_and_without_zero(monkeypatch, zero):
+    # ZeRO-1 used to reshard on its own: a bug planted in the NTP sync never reached its runs.
+    # Both now take ``sync.ntp_core``, where core rank 0 doubles its replica's part of the sum
+    monkeypatch.setenv(VARIABLE, "ntp-core-doubled")
+    spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 1), ([1], 1)], 2, 8, width=2, dtype="float64", zero=zero)
+    result = launch(spec, timeout_s=120)
+    # n = 1: core rank 0 of both replicas doubles, so the synced gradient is twice the reference's
+    # (AdamW is nearly scale-free: the parameters err by about 1e-7, still far above 1e-9)
+    assert result.max_rel_error_grads == pytest.approx(1.0, rel=1e-6) and result.max_rel_error_params > 1e-8
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_distributed_optimizer_beside_ntp_tp4_and_tp3_is_exact():

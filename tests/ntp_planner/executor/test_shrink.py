@@ -193,7 +193,13 @@ def test_the_plans_zero_level_is_kept(zero):
     )
     s = shrink(plan, nproc=16)
     assert (s.spec.zero, s.spec.reshard_after_forward) == (zero, zero != 3)
-    assert not [n for n in s.spec.notes if "ZeRO" in n]  # nothing about it left unexecuted
+    assert not [n for n in s.spec.notes if n.startswith("not executed") and "ZeRO" in n]  # nothing left out
+    # three replicas when the processes allow: a ZeRO group of 3 pads the shards of every tensor
+    # (their sizes are even), so the padding is exercised; 16 processes hold only two TP8 replicas
+    assert len(s.spec.replicas) == 2 and "three (a ZeRO group) need more than 16 processes" in " ".join(s.spec.notes)
+    wide = shrink(plan, nproc=24).spec
+    assert len(wide.replicas) == 3 and wide.zero == zero
+    assert wide.cfg.hidden % 3 and wide.cfg.vocab % 3  # the norms' and embedding columns' shards are padded
     if zero == 3:  # a re-plan's degraded replica runs at another degree: its gathers cannot pair up
         replanned = shrink(plan, nproc=16, replan=Replanner(plan).replan(frozenset({3}), "ntp"))
         assert replanned.spec.zero == 2
