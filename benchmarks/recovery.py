@@ -36,17 +36,18 @@ OUT = Path(__file__).with_name("recovery_costs.json")
 SIMULATOR_DEFAULTS_S = {"detection_s": 60.0, "reconfigure_s": 180.0, "restart_s": 600.0}
 
 
-def planned(tp: int, pp: int = 1, steps: int = 6):
+def planned(tp: int, pp: int = 1, steps: int = 6, failures: int = 0):
     model = "llama3-8b" if tp > 2 else "megatron-1.7b"  # TP1 of a TP2 replica must fit memory
     lay = ParallelLayout(tp=tp, pp=pp, dp=8 // (tp * pp), global_batch=16)
     cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
     plan = plan_from_layout(MODELS[model], TrainingSpec(seq_len=2048, global_batch=16), cluster, lay)
-    s = shrink(plan, tp * pp * 2, steps=steps)
+    # the model keeps the remainders of the widths the failures lead to (their cuts are checked)
+    s = shrink(plan, tp * pp * 2, steps=steps, failures=failures)
     return plan, s
 
 
 def live(tp=4, pp=1, steps=6, **kw):
-    plan, s = planned(tp, pp, steps)
+    plan, s = planned(tp, pp, steps, len(kw.get("faults", ())))
     return launch_live(plan, s, timeout_s=kw.pop("timeout_s", 30.0), **kw)
 
 
