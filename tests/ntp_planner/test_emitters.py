@@ -94,7 +94,7 @@ def check_golden(folder: Path, files: dict[str, str], update: bool) -> None:
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_golden_files(case, fmt):
     plan, replan = frozen(case)
-    out = export(plan, fmt, replan=replan)
+    out = export(plan, fmt, replan=replan if fmt == "megatron" else None)  # only Megatron takes one
     check_golden(GOLDEN / case, {name: pinned(name, text, plan) for name, text in out.files.items()}, UPDATE)
 
 
@@ -117,7 +117,8 @@ def test_the_same_plan_exports_the_same_bytes():
     plan, replan = frozen("ntp_replanned")
     again = Plan.model_validate_json(plan.model_dump_json())
     for fmt in FORMATS:
-        assert export(again, fmt, replan=replan).files == export(plan, fmt, replan=replan).files
+        r = replan if fmt == "megatron" else None
+        assert export(again, fmt, replan=r).files == export(plan, fmt, replan=r).files
 
 
 def _ntp_case():
@@ -296,7 +297,7 @@ def test_export_bad_input(tmp_path):
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     bad = runner.invoke(app, ["export", str(path), "-o", str(blocked / "sub")])
-    assert bad.exit_code == 2 and "cannot create output folder" in bad.stderr and "Traceback" not in bad.output
+    assert bad.exit_code == 2 and f"{blocked} is a file, not a folder" in bad.stderr and "Traceback" not in bad.output
     wrong = tmp_path / "r.json"
     wrong.write_text("{}")
     bad = runner.invoke(app, ["export", str(path), "--replan", str(wrong)])
