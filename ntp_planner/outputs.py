@@ -97,12 +97,15 @@ def write_files(files: dict[Path, Content], executable: Iterable[str] = ()) -> N
         raise
 
 
-def write_folder(folder, files: dict[str, Content], executable: Iterable[str] = ()) -> None:
+def write_folder(
+    folder, files: dict[str, Content], executable: Iterable[str] = (), replaces: Iterable[str] = ()
+) -> None:
     """Write the set ``files`` (name -> content) into ``folder``, all or nothing. The set is
     written whole into a temp folder first. A folder that does not exist yet, or holds only
-    files of this set, is then swapped with it in one rename (Linux ``renameat2`` exchange), so a
-    reader or a kill sees the old set or the new one, never a mix, and no file of an older set
-    stays behind. A folder holding other files too gets the new files renamed in one by one."""
+    files of this set and ``replaces`` (the other names an earlier set of the kind may hold), is
+    then swapped with it in one rename (Linux ``renameat2`` exchange), so a reader or a kill sees
+    the old set or the new one, never a mix, and no file of the older set stays behind. A folder
+    holding other files too gets the new files renamed in one by one, after all are written."""
     folder = Path(folder)
     parent = _folder(folder)
     try:
@@ -112,7 +115,7 @@ def write_folder(folder, files: dict[str, Content], executable: Iterable[str] = 
     remove_stale(parent)
     if folder.is_dir():
         remove_stale(folder)
-    if not _swappable(folder, files):
+    if not _swappable(folder, {*files, *replaces}):
         write_files({folder / name: content for name, content in files.items()}, executable)
         return
     try:
@@ -275,14 +278,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _swappable(folder: Path, files: dict) -> bool:
+def _swappable(folder: Path, names: set[str]) -> bool:
     """True when the whole folder may be replaced: it does not exist yet, or holds nothing but
-    files of the set (an earlier export of the same kind)."""
+    ``names`` (an earlier set of the same kind)."""
     if not folder.exists():
         return True
     if os.path.samefile(folder, ".") or os.path.ismount(folder):
         return False
-    return set(os.listdir(folder)) <= set(files)
+    return set(os.listdir(folder)) <= names
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -128,7 +128,7 @@ def export_cmd(
     \b
     Example: ntp export plan.json --format megatron -o launch/
     """
-    from ntp_planner.emitters import check_options, export
+    from ntp_planner.emitters import EXPORT_FILES, check_options, export
     from ntp_planner.outputs import check_output_folder, write_folder
     from ntp_planner.plan import Plan
 
@@ -137,7 +137,8 @@ def export_cmd(
     replan_result = None if replan_file is None else _load_replan(replan_file, p, "export")
     result = export(p, fmt, replan_result, data_path, save_dir)
     check_output_folder(out_dir, "--output", result.files, [plan_file, replan_file])
-    write_folder(out_dir, result.files, executable=[n for n in result.files if n.endswith(".sh")])  # all or none
+    scripts = [n for n in result.files if n.endswith(".sh")]
+    write_folder(out_dir, result.files, scripts, replaces=EXPORT_FILES[fmt])  # all files or none
     for w in result.warnings:
         typer.echo(f"warning: {w}", err=True)
     if json_out:

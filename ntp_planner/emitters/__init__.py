@@ -14,6 +14,14 @@ FORMATS = {
     "bridge": bridge.emit,
     "json": json_plan.emit,
 }
+# Every file a target may write: an export replaces an earlier one of the same target whole.
+EXPORT_FILES = {
+    "megatron": ("launch_megatron.sh", "megatron_args.json", "nonuniform_tp.json"),
+    "nemo": ("nemo_config.yaml",),
+    "nemo2": ("nemo2_recipe.py",),
+    "bridge": ("bridge_override.yaml",),
+    "json": ("plan_export.json",),
+}
 # What each target does with the export options: the field it writes them to, or, where it has
 # none, why the option is refused (an option is never dropped without a word).
 OPTION_FIELDS = {
@@ -83,4 +91,4 @@ def export(plan, fmt: str, replan=None, data_path: str | None = None, save_dir: 
     return FORMATS[fmt](plan, replan=replan, data_path=data_path, save_dir=save_dir)
 
 
-__all__ = ["FORMATS", "OPTION_FIELDS", "Export", "check_format", "check_options", "export"]
+__all__ = ["EXPORT_FILES", "FORMATS", "OPTION_FIELDS", "Export", "check_format", "check_options", "export"]

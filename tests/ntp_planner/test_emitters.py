@@ -590,3 +590,16 @@ def test_a_format_the_clusters_gpu_cannot_run_is_refused_by_every_target():
     with pytest.raises(InputError, match="it runs fp16, bf16, fp8"):
         export(mx, "nemo2")
     assert export(plan, "nemo2").files  # bf16 on the same GPU exports
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_exported_file_is_one_its_target_lists(case):
+    # an export replaces an earlier export of its target whole only if it knows all of its names
+    from ntp_planner.emitters import EXPORT_FILES
+
+    plan, replan = frozen(case)
+    for fmt in FORMATS:
+        names = export(plan, fmt, replan=replan if fmt == "megatron" else None).files
+        assert set(names) <= set(EXPORT_FILES[fmt]) and names
+    plan, replan = _ntp_case()
+    assert set(export(plan, "megatron", replan=replan).files) == set(EXPORT_FILES["megatron"])
