@@ -281,6 +281,8 @@ def _alive(pid: int) -> bool:
 def _swappable(folder: Path, names: set[str]) -> bool:
     """True when the whole folder may be replaced: it does not exist yet, or holds nothing but
     ``names`` (an earlier set of the same kind)."""
+    if folder.is_symlink():  # swapping would replace the link (check_output_folder refuses one anyway)
+        return False
     if not folder.exists():
         return True
     if os.path.samefile(folder, ".") or os.path.ismount(folder):
