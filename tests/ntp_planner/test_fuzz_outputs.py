@@ -134,6 +134,18 @@ def test_bad_output_paths_are_refused_and_left_alone(plan_bytes, tmp_path_factor
     assert _state(root) == before  # nothing replaced, nothing written, no temp file
 
 
+@pytest.mark.parametrize("command", sorted(FILE_OUTPUTS))
+def test_every_command_refuses_to_write_over_its_own_input(plan_bytes, tmp_path, monkeypatch, command):
+    # the cases, each always run: replan P -o P, sweep P --plot P, calibrate R -o R,
+    # profile -m cfg.json -o cfg.json, validate P --record P (each wrote over its input, exit 0)
+    monkeypatch.chdir(tmp_path)
+    Path("p.json").write_bytes(plan_bytes)
+    argv, option = FILE_OUTPUTS[command]
+    code, _, err = run([a.replace("{in}", "p.json").replace("{out}", "p.json") for a in argv])
+    assert code == 2 and err.startswith(f"error: cannot write {option} p.json: it is the command's input p.json"), err
+    assert Path("p.json").read_bytes() == plan_bytes and sorted(os.listdir()) == ["p.json"]
+
+
 @settings(FUZZ, max_examples=12)  # each writes a file (a PNG for sweep): 0.5 s
 @given(data=st.data(), command=st.sampled_from(["replan", "sweep"]), size=st.integers(200, 255))
 def test_long_legal_names_are_written_and_leave_no_temp_file(plan_bytes, tmp_path_factory, monkeypatch, data, size,
