@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from cost_models.layout import ParallelLayout, check_layout
 from cost_models.model import ModelSpec
 from cost_models.step import StepCost
 from cost_models.training import TrainingSpec
+from ntp_planner.outputs import write_atomic  # Plan.save, and callers that import it from here
 from topologies.bounds import show
 from topologies.cluster import MAX_GPUS, Cluster
 from topologies.cluster_catalogue import ClusterSpec, first_error
@@ -301,42 +300,3 @@ def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs
         separators=(",", ":"),
     )
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def check_writable(path, what: str = "", example: str = "plan.json") -> Path:
-    """``path`` as a Path if a file can be written there, else InputError before any work is
-    done. ``what`` names the file in the message ("plot"), ``example`` a file name to suggest."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    name = f"{what} {path}" if what else str(path)
-    if path.is_dir():
-        raise InputError(f"cannot write {name}: it is a folder; give a file name, e.g. {path / example}")
-    if not folder.is_dir():
-        raise InputError(f"cannot write {name}: folder {folder} does not exist; create it or pick another")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"cannot write {name}: folder {folder} is not writable; pick another")
-    return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"cannot write {path}: folder {folder} does not exist.")
-    if path.is_dir():
-        raise InputError(f"cannot write {path}: it is a folder; give a file name, e.g. {path / 'plan.json'}")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror.lower()} in {folder}; pick a writable folder") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file a plain open()'s mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -6,19 +6,19 @@ each function, with the non-interactive Agg backend, so the rest of ntp runs wit
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ntp_planner.outputs import write_atomic, write_folder
 from topologies.errors import InputError
 
 if TYPE_CHECKING:
     from ntp_planner.failures.goodput import StrategyResult, Trace
     from ntp_planner.failures.sweep import SweepRow
 
+SIMULATION_PLOTS = ("throughput_over_time.png", "goodput_distribution.png", "failed_fraction.png")
 SMOOTH_H = 6  # moving average of the throughput plot: restarts every hour or two blur it otherwise
 
 
@@ -34,27 +34,17 @@ def _pyplot():
     return plt
 
 
-def check_plot_path(path) -> Path:
-    """``path`` as a Path if a PNG can be written there, else InputError (before any work)."""
-    from ntp_planner.plan import check_writable
+def _png(plt, fig):
+    """The function that writes ``fig`` as a PNG at a path (the file name need not end in .png)."""
 
-    return check_writable(path, "plot", "plot.png")
+    def write(path: Path) -> None:
+        try:
+            fig.tight_layout()
+            fig.savefig(path, format="png")
+        finally:
+            plt.close(fig)
 
-
-def _save(plt, fig, path) -> None:
-    """Write ``fig`` to ``path`` through a temporary file and a rename: never half a PNG."""
-    path = check_plot_path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.tight_layout()
-        fig.savefig(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    finally:
-        plt.close(fig)
+    return write
 
 
 def plot_simulation(trace: Trace, results: dict[str, StrategyResult], folder, title: str) -> list[Path]:
@@ -62,16 +52,11 @@ def plot_simulation(trace: Trace, results: dict[str, StrategyResult], folder, ti
     trials, failed share over time (trial 0)."""
     plt = _pyplot()
     folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot make the plot folder {folder}: {exc.strerror.lower()}; pick another") from None
     days = np.arange(len(trace.failed_fraction)) * trace.bin_h / 24
-    paths = []
+    pngs = {}
 
     def save(fig, name):
-        _save(plt, fig, folder / name)
-        paths.append(folder / name)
+        pngs[name] = _png(plt, fig)
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     window = max(1, round(SMOOTH_H / trace.bin_h))
@@ -94,7 +79,8 @@ def plot_simulation(trace: Trace, results: dict[str, StrategyResult], folder, ti
     ax.set(xlabel="day", ylabel="GPUs down (%)", title=f"{title}: failed share, one trial")
     ax.grid(alpha=0.3)
     save(fig, "failed_fraction.png")
-    return paths
+    write_folder(folder, pngs)  # all three or none: drawn first, moved into place together
+    return [folder / name for name in pngs]
 
 
 def plot_sweep(rows: list[SweepRow], path, title: str) -> None:
@@ -111,7 +97,7 @@ def plot_sweep(rows: list[SweepRow], path, title: str) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    _save(plt, fig, path)
+    write_atomic(path, _png(plt, fig))
 
 
 def plot_spares(rows: list[dict], path, title: str) -> None:
@@ -119,10 +105,6 @@ def plot_spares(rows: list[dict], path, title: str) -> None:
     domains, one line per strategy: the NTP study's spares figure."""
     plt = _pyplot()
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot make the plot folder {path.parent}: {exc.strerror.lower()}; pick another") from None
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), dpi=120, sharex=True)
     for strategy in dict.fromkeys(r["strategy"] for r in rows):
         mine = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["spares"])
@@ -137,4 +119,4 @@ def plot_spares(rows: list[dict], path, title: str) -> None:
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     top.legend()
-    _save(plt, fig, path)
+    write_folder(path.parent, {path.name: _png(plt, fig)})  # the folder is made when missing

@@ -29,8 +29,9 @@ def calibrate(runs_file: RunsArg, profile: BaseProfileOpt, output: CalibratedOut
     from cost_models.calibrate import calibrate as fit
     from cost_models.calibrate import read_runs
     from cost_models.profile import load_profile, profile_json
-    from ntp_planner.plan import write_atomic
+    from ntp_planner.outputs import check_output, write_atomic
 
+    check_output(output, "--output", [runs_file, profile], "profile.json")
     calibrated = fit(load_profile(profile), read_runs(runs_file))
     write_atomic(output, profile_json(calibrated))
     cal = calibrated.calibration

@@ -127,6 +127,10 @@ def estimate(
     """
     from cost_models import estimate_step
     from ntp_planner.cli.options import profile_efficiency
+    from ntp_planner.outputs import check_output
+
+    if output:
+        check_output(output, "--output", [model, cluster, profile])
 
     inputs = plan_inputs(
         model,

@@ -128,20 +128,17 @@ def export_cmd(
     \b
     Example: ntp export plan.json --format megatron -o launch/
     """
-    from ntp_planner.emitters import export
-    from ntp_planner.plan import Plan, write_atomic
+    from ntp_planner.emitters import EXPORT_FILES, check_options, export
+    from ntp_planner.outputs import check_output_folder, write_folder
+    from ntp_planner.plan import Plan
 
+    check_options(fmt, replan=replan_file, data_path=data_path, save_dir=save_dir)
     p = Plan.load(plan_file)
     replan_result = None if replan_file is None else _load_replan(replan_file, p, "export")
     result = export(p, fmt, replan_result, data_path, save_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create output folder {out_dir}: {exc.strerror}; choose another -o") from None
-    for name, text in result.files.items():
-        write_atomic(out_dir / name, text)
-        if name.endswith(".sh"):
-            (out_dir / name).chmod(0o755)
+    check_output_folder(out_dir, "--output", result.files, [plan_file, replan_file])
+    scripts = [n for n in result.files if n.endswith(".sh")]
+    write_folder(out_dir, result.files, scripts, replaces=EXPORT_FILES[fmt])  # all files or none
     for w in result.warnings:
         typer.echo(f"warning: {w}", err=True)
     if json_out:
@@ -204,10 +201,10 @@ def validate(
     if record is not None and profile is None:
         raise InputError("--record stores predicted against measured step times; give --profile too")
     if record is not None:
-        from ntp_planner.plan import check_writable
+        from ntp_planner.outputs import check_output
         from topologies.files import read_text
 
-        check_writable(record, "runs file", "runs.jsonl")  # before the run, not after
+        check_output(record, "--record", [plan_file, replan_file, profile], "runs.jsonl")  # before the run
         if record.exists():
             read_text(record, "runs file")  # a folder, a device or an oversized file: said before the run too
     fails = parse_events(fail, "--fail", HOWS)

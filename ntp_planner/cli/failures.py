@@ -24,6 +24,7 @@ from ntp_planner.cli.options import (
     parse_list,
 )
 from ntp_planner.cli.output import progress, show, show_json
+from ntp_planner.outputs import check_output, check_output_folder, write_atomic
 from topologies.errors import InputError
 
 FailedOpt = Annotated[str | None, typer.Option("--failed", help="Failed GPU ids, e.g. 17,803,4410.")]
@@ -116,6 +117,8 @@ def replan(
 
     if (failed is None) == (failed_fraction is None):
         raise InputError("give exactly one of --failed (GPU ids) or --failed-fraction (a share of GPUs)")
+    if output:
+        check_output(output, "--output", [plan_file], "replan.json")
     p = Plan.load(plan_file)
     cluster = p.cluster.build()
     down = frozenset()
@@ -126,8 +129,6 @@ def replan(
         down = lost_domains(cluster, lost, blast)
     result = Replanner(p, max_power).replan(lost, policy, spares, fallback, batch, domains_down=down)
     if output:
-        from ntp_planner.plan import write_atomic
-
         write_atomic(output, result.model_dump_json(indent=1))
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=1) + "\n")
@@ -171,9 +172,7 @@ def sweep(
     p = Plan.load(plan_file)
     _need_matplotlib(plot)
     if plot is not None:
-        from ntp_planner.plots import check_plot_path
-
-        check_plot_path(plot)  # before the sweep's work, not after
+        check_output(plot, "--plot", [plan_file], "loss.png")  # before the sweep's work, not after
     rng = np.random.default_rng(seed)
     with progress("failure samples", samples * len(shares), json_out) as advance:
         rows = run_sweep(p, shares, samples, names, rng, spares, fallback, batch, blast, max_power, progress=advance)
@@ -260,6 +259,11 @@ def simulate(
     )
     check_pool_sweep(pools, cfg, len(names))
     _need_matplotlib(plot)
+    if plot is not None:
+        from ntp_planner.plots import SIMULATION_PLOTS
+
+        pngs = ["spares.png"] if len(pools) > 1 else list(SIMULATION_PLOTS)
+        check_output_folder(plot, "--plot", pngs, [plan_file, recovery_from])  # before the trials, not after
     p = Plan.load(plan_file)
     settings = _settings_json(cfg, sources, recovery_from)
     title = f"{p.model.name} on {p.cluster.num_gpus} GPUs"

@@ -109,8 +109,12 @@ def plan(
                --seq-len 8192 -o plan.json
     """
     from ntp_planner.cli.options import profile_efficiency
+    from ntp_planner.outputs import check_output
     from ntp_planner.solver.planner import make_plan
     from ntp_planner.solver.search import SearchSpace
+
+    if output:
+        check_output(output, "--output", [model, cluster, profile])  # before the search, not after
 
     inputs = plan_inputs(
         model,

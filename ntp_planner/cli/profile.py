@@ -74,13 +74,14 @@ def profile(
     \b
     Example: ntp profile --device cpu --nproc 2 --quick -o profile.json
     """
-    from ntp_planner.plan import check_writable
+    from ntp_planner.outputs import check_output
 
     cluster_out = cluster_out or output.with_name(f"{output.stem}.cluster.json")
     if cluster_out.resolve() == output.resolve():
         raise InputError(f"--cluster-out {cluster_out} is the profile's own path; give the cluster file another name")
-    for path in (output, cluster_out):
-        check_writable(path, example="profile.json")  # before minutes of measuring, not after
+    # before minutes of measuring, not after; -m may name a config.json
+    check_output(output, "--output", [model], "profile.json")
+    check_output(cluster_out, "--cluster-out", [model], "profile.cluster.json")
     mbs = None if micro_batches is None else tuple(parse_list(micro_batches, "--micro-batches", int, "1,2,4"))
     tps = None if tp is None else tuple(parse_list(tp, "--tp", int, "1,2,4,8"))
     if any(v < 1 for v in (*(mbs or ()), *(tps or ()))):
@@ -91,7 +92,7 @@ def profile(
         raise InputError("`ntp profile` measures with PyTorch, which is not installed here; install it with: "
                          "pip install 'ntp-planner[torch]'") from None  # fmt: skip
     from cost_models.profile import profile_json
-    from ntp_planner.plan import write_atomic
+    from ntp_planner.outputs import write_files
     from ntp_planner.profiler.cluster import local_cluster
     from ntp_planner.profiler.collectives import MeasureFailure
     from ntp_planner.profiler.machine import profile_machine, resolve_settings, task_count
@@ -104,8 +105,8 @@ def profile(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     cluster = local_cluster(result)
-    write_atomic(output, profile_json(result))
-    write_atomic(cluster_out, cluster.model_dump_json(indent=1, exclude_defaults=False) + "\n")
+    cluster_json = cluster.model_dump_json(indent=1, exclude_defaults=False) + "\n"
+    write_files({output: profile_json(result), cluster_out: cluster_json})  # both files or neither
     if json_out:
         show_json(profile_summary(result) | {"profile": str(output), "cluster": str(cluster_out)})
     else:

@@ -184,19 +184,26 @@ def megatron_args(
         ]
         if m.moe_shared_ffn_hidden_size:
             args += ["--moe-shared-expert-intermediate-size", str(m.moe_shared_ffn_hidden_size)]
-    args += ["--data-path", data_path] if data_path else ["--mock-data"]
-    args += [
-        "--save",
-        save_dir or f"checkpoints/{m.name}",
-        "--load",
-        save_dir or f"checkpoints/{m.name}",
-        *TRAINING_HYPERPARAMETERS,
-    ]
+    args += user_value("--data-path", data_path) if data_path else ["--mock-data"]
+    checkpoints = save_dir or f"checkpoints/{m.name}"
+    args += [*user_value("--save", checkpoints), *user_value("--load", checkpoints), *TRAINING_HYPERPARAMETERS]
     return args
 
 
+def user_value(flag: str, value: str) -> list[str]:
+    """A flag and a value the user typed: two arguments, or one ``--flag=value`` when the value
+    starts with a dash, which argparse would otherwise read as the next option.
+
+    >>> user_value("--data-path", "/data/corpus"), user_value("--data-path", "--x")
+    (['--data-path', '/data/corpus'], ['--data-path=--x'])
+    """
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
 def launch_script(plan: Plan, args: list[str]) -> str:
-    """torchrun on every host; every value is shell-quoted."""
+    """torchrun on every host, then ``args`` as they are: every one is shell-quoted, so the
+    program receives exactly this argument vector whatever a value holds (``;``, ``$(...)``,
+    quotes, newlines). Flags start lines, for reading only."""
     hosts, per_host = launch_geometry(plan)
     header = (
         f"# ntp-planner plan {plan.inputs_hash[:12]}: {plan.model.name} on {plan.cluster.num_gpus} x "
@@ -216,15 +223,12 @@ def launch_script(plan: Plan, args: list[str]) -> str:
         f'torchrun --nproc_per_node {per_host} --nnodes "$NNODES" --node_rank "$NODE_RANK" \\',
         '    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$MEGATRON_LM/pretrain_gpt.py" \\',
     ]
-    body = []
-    i = 0
-    while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            body.append(f"    {args[i]} {shlex.quote(args[i + 1])}")
-            i += 2
-        else:
-            body.append(f"    {args[i]}")
-            i += 1
+    words: list[list[str]] = []  # one line per flag and its value
+    for arg in args:
+        if not words or arg.startswith("--") or len(words[-1]) == 2:
+            words.append([])
+        words[-1].append(shlex.quote(arg))
+    body = ["    " + " ".join(line) for line in words]
     return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
 
 

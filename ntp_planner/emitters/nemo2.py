@@ -60,11 +60,13 @@ def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | 
         if recipe
         else f"None  # no NeMo recipe is known for {plan.model.name!r}: pass yours to configure()"
     )
+    data = _data_and_checkpoint_lines(data_path, save_dir)
+    imports = "import nemo_run as run\n" if data_path else ""
     title = comment_safe(f"{plan.model.name}, {layout.describe()}").replace("\\", "/").replace('"', "'")
     text = f'''"""NeMo 2.0 recipe settings from ntp-planner plan {plan.inputs_hash[:12]}: {title}."""
 
 import torch
-from nemo.collections import llm
+{imports}from nemo.collections import llm
 
 
 def configure(recipe):
@@ -74,7 +76,7 @@ def configure(recipe):
     strategy = recipe.trainer.strategy
 {strategy}
     strategy.pipeline_dtype = {dtype}
-    recipe.data.micro_batch_size = {layout.micro_batch}
+{data}    recipe.data.micro_batch_size = {layout.micro_batch}
     recipe.data.global_batch_size = {layout.global_batch}
     recipe.data.seq_length = {plan.training.seq_len}
     return recipe
@@ -86,3 +88,18 @@ if __name__ == "__main__":
         configure(recipe)
 '''
     return Export(files={"nemo2_recipe.py": text}, warnings=warnings)
+
+
+def _data_and_checkpoint_lines(data_path: str | None, save_dir: str | None) -> str:
+    """Recipe lines for ``--data-path`` (the recipe's mock data module replaced by NeMo's
+    PreTrainingDataModule over that path, keeping the recipe's tokenizer) and ``--save-dir``
+    (NeMoLogger's log_dir, under which NeMo writes the checkpoints); values as Python literals."""
+    lines = []
+    if data_path:
+        lines.append(
+            f"    recipe.data = run.Config(llm.PreTrainingDataModule, paths=[{data_path!r}], "
+            "tokenizer=recipe.data.tokenizer)"
+        )
+    if save_dir:
+        lines.append(f"    recipe.log.log_dir = {save_dir!r}")
+    return "".join(line + "\n" for line in lines)
