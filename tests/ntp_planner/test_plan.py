@@ -72,7 +72,7 @@ def test_plans_older_than_gpus_per_domain_still_load(plan, tmp_path):
     assert old.cluster.gpus_per_domain is None and old.cluster.build().used_per_domain == 8
     assert old.inputs_hash == plan.inputs_hash  # unset, the field leaves the hash as it was
     partial = plan.cluster.model_copy(update={"gpus_per_domain": 8})
-    assert inputs_hash(plan.model, plan.training, partial) != plan.inputs_hash
+    assert inputs_hash(plan.model, plan.training, partial, plan.layout) != plan.inputs_hash
 
 
 def test_schema_and_garbage_are_rejected(plan, tmp_path):
@@ -228,7 +228,7 @@ INCONSISTENT = [
     (("predicted", "step_time_s"), float("nan"), "predicted.step_time_s is nan"),
     (("predicted", "step_time_s"), float("inf"), "predicted.step_time_s is inf"),
     (("predicted", "memory_per_gpu_bytes"), float("nan"), "predicted.memory_per_gpu_bytes is nan"),
-    (("predicted", "mfu"), float("inf"), "predicted holds a number that is not finite"),
+    (("predicted", "mfu"), float("inf"), "predicted.mfu is inf; it must be a fraction in (0, 1]"),
     (("megatron", "step_time_s"), 0, "megatron.step_time_s: 0 must be a finite number above 0"),
     (("megatron", "step_time_s"), float("nan"), "megatron.step_time_s: Input should be a finite number"),
     (("headroom",), 1.5, "headroom: 1.5 must lie in [0, 1)"),
@@ -310,4 +310,4 @@ def test_committed_plans_keep_their_inputs_hash(name):
     """Fields added to the inputs later (gpus_per_domain, a cluster's custom_gpu) leave older
     plans' hashes, and the hashes their exported configs carry, as they were."""
     plan = Plan.load(Path(__file__).parent / "plans" / f"{name}.json")
-    assert inputs_hash(plan.model, plan.training, plan.cluster) == plan.inputs_hash
+    assert inputs_hash(plan.model, plan.training, plan.cluster, plan.layout) == plan.inputs_hash
