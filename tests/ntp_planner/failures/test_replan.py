@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -19,8 +20,9 @@ from cost_models.degraded import (
 from ntp_planner.cli import app
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.failures.sampling import explicit_failures, lost_domains, random_failures
+from ntp_planner.plan import Plan
 from ntp_planner.solver.planner import plan_from_layout
-from topologies import CLUSTERS, Cluster
+from topologies import CLUSTERS, Cluster, InputError
 
 # A model whose heads (56) and FFN columns (28,672) split evenly over 8 and over 7 GPUs, so one
 # failure in a TP8 group means exactly 8/7 more work per surviving GPU.
@@ -246,7 +248,11 @@ def test_cli_replan_and_sweep(plan_file, tmp_path):
     [
         (["--failed", "3,999"], "outside 0..255"),
         (["--failed", "3,3"], "listed more than once"),
-        (["--failed-fraction", "1.5"], "must lie in [0, 1)"),
+        (
+            ["--failed-fraction", "1.5"],
+            "Invalid value for '--failed-fraction': Input should be less than or equal to 1",
+        ),
+        (["--failed-fraction", "1"], "must lie in [0, 1)"),
         (["--failed", "x"], "must be comma-separated whole numbers"),
         ([], "give exactly one of --failed"),
         (["--failed", "3", "--policy", "magic"], "'magic' is not one of 'dp-drop', 'ntp'"),
@@ -344,7 +350,9 @@ def test_every_replan_option_reaches_the_result(plan_file, command, option):
 
 def test_sweep_validates_max_power(plan_file):
     result = CliRunner().invoke(app, ["sweep", str(plan_file), "--samples", "2", "--max-power", "0.5"])
-    assert result.exit_code == 2 and "max_power 0.5 must be a finite number of at least 1" in result.stderr
+    assert result.exit_code == 2 and "'--max-power': Input should be greater than or equal to 1" in result.stderr
+    with pytest.raises(InputError, match=re.escape("max_power 2.5 must lie in [1, 2.0]")):
+        Replanner(Plan.load(plan_file), max_power=2.5)
 
 
 # ---- in-domain spares: jobs that use part of each NVLink domain ---------------------------------
