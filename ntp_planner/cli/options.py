@@ -44,10 +44,22 @@ MAX_PROCS = 4096  # local processes one machine runs (validate, profile)
 
 # ---- the three inputs and the training spec (plan, estimate) -------------------------------
 ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Catalogue name (see `ntp models`) or a config.json / YAML path.")
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Catalogue name (see `ntp models`) or a config.json / YAML path; a catalogue name wins over a "
+        "same-named file or folder here (write ./NAME for it).",
+    ),
 ]
 ClusterOpt = Annotated[
-    str, typer.Option("--cluster", "-c", help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path.")
+    str,
+    typer.Option(
+        "--cluster",
+        "-c",
+        help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path; a catalogue name wins over a "
+        "same-named file here (write ./NAME for it).",
+    ),
 ]
 GpusOpt = Annotated[
     int, typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="Number of GPUs, a multiple of the host size.")
