@@ -632,3 +632,44 @@ def test_the_entry_point_reports_usage_errors_in_one_line(argv, code, message, m
         assert "Usage:" in out and "simulate" in out and err == ""
     else:
         assert err.startswith(message) and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["explain"],
+        ["replan", "--failed", "3"],
+        ["sweep", "--samples", "1"],
+        ["simulate", "--trials", "2", "--days", "1"],
+        ["export", "--format", "json", "-o", "{out}"],
+        ["validate", "--nproc", "2"],
+    ],
+)
+def test_every_command_refuses_a_plan_edited_after_it_was_predicted(command, small_plan, tmp_path):
+    """seq_len edited by hand: the old prediction must not be explained, re-planned, simulated,
+    exported or validated as if it were the new one's."""
+    data = json.loads(open(small_plan).read())
+    data["training"]["seq_len"] = 2048
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    argv = [command[0], str(edited), *(a.replace("{out}", str(tmp_path / "out")) for a in command[1:])]
+    result = ntp(*argv)
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith(f"error: {edited} was edited after it was predicted") and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_hw_share_0_means_software_failures_only(small_plan):
+    """--hw-share's help allows 0 (0<=x<=1); it was refused ("share: greater than 0")."""
+    result = ntp("simulate", small_plan, "--trials", "3", "--days", "1", "--hw-share", "0", "--json")
+    assert result.exit_code == 0, result.output
+    assert "nan" not in result.stdout and json.loads(result.stdout)["ntp"]["goodput"] > 0
+
+
+def test_a_catalogue_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama3-8b").mkdir()
+    assert run("estimate", *SMALL, "--tp", "8").exit_code == 0  # the catalogue's llama3-8b
+    result = ntp("estimate", *[a if a != "llama3-8b" else "./llama3-8b" for a in SMALL], "--tp", "8")
+    assert result.exit_code == 2 and "cannot read model file llama3-8b: it is a folder" in result.stderr

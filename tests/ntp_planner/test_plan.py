@@ -254,6 +254,58 @@ def test_inconsistent_plans_fail_on_load(small, tmp_path, path, value, message):
     assert "--" not in text and "ntp plan" not in text  # library terms, no CLI flags
 
 
+EDITED_INPUTS = [
+    (("model", "hidden_size"), 8192),
+    (("model", "vocab_size"), 32000),
+    (("training", "seq_len"), 8192),
+    (("training", "fp8_recipe"), "current"),
+    (("cluster", "spec", "nvlink_bw_bytes_per_s"), 9e11),
+    (("layout", "recompute"), "full"),
+    (("layout", "sequence_parallel"), True),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), EDITED_INPUTS)
+def test_a_plan_whose_inputs_were_edited_is_refused(small, tmp_path, path, value):
+    """The prediction belongs to the inputs it was computed from: an input or layout edited by
+    hand (and still consistent) changes the hash, and the plan says so instead of being explained,
+    re-planned or exported under its old prediction."""
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps(_edited(small, path, value)))
+    with pytest.raises(InputError) as err:
+        Plan.load(file)
+    text = str(err.value)
+    assert text.startswith(f"{file} was edited after it was predicted") and "\n" not in text
+    assert f"inputs_hash {small['inputs_hash'][:12]}..." in text and "`ntp estimate ... -o`" in text
+
+
+PREDICTED_LIES = [
+    (("predicted", "mfu"), 5.0, "predicted.mfu is 5; it must be a fraction in (0, 1]"),
+    (("predicted", "mfu"), -0.5, "predicted.mfu is -0.5; it must be a fraction in (0, 1]"),
+    (("predicted", "mfu_causal"), 0, "predicted.mfu_causal is 0; it must be a fraction in (0, 1]"),
+    (("predicted", "stage_time_s"), [], "predicted.stage_time_s has 0 entries but the layout has pp 2 stages"),
+    (("predicted", "stage_time_s", 0), -1.0, "predicted.stage_time_s[0] is -1; it must be a finite number above 0"),
+    (("predicted", "stage_memory_bytes"), [1e9], "predicted.stage_memory_bytes has 1 entries but the layout has pp 2"),
+    (("predicted", "time_breakdown_s", "compute"), -0.1, "predicted.time_breakdown_s.compute is -0.1"),
+    (("predicted", "tflops_per_gpu"), 0, "predicted.tflops_per_gpu is 0"),
+    (("predicted", "bottleneck_stage"), 2, "predicted.bottleneck_stage is 2; it must be a stage, 0..1"),
+    (("objective",), "banana", "objective: Input should be 'step-time' or 'goodput'"),
+    (("source",), "me", "source: Input should be 'search' or 'user'"),
+    (("goodput_strategy",), "pray", "goodput_strategy: Input should be 'restart'"),
+    (("training", "dtype"), "mxfp8", "H100-SXM (hopper) has no mxfp8 tensor cores"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), PREDICTED_LIES)
+def test_predictions_a_step_cannot_have_are_refused(small, tmp_path, path, value, message):
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps(_edited(small, path, value)))
+    with pytest.raises(InputError) as err:
+        Plan.load(file)
+    text = str(err.value)
+    assert "\n" not in text and str(file) in text and message in text, text
+
+
 def test_the_unedited_small_plan_loads(small, tmp_path):
     file = tmp_path / "plan.json"
     file.write_text(json.dumps(small))
