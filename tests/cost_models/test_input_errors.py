@@ -83,7 +83,10 @@ MOE_CFG = {**LLAMA_CFG, "n_routed_experts": 64, "moe_intermediate_size": 1408, "
         ({"num_key_value_heads": 0}, "cfg.json: num_key_value_heads: Input should be greater than 0"),
         ({"num_key_value_heads": False}, "num_key_value_heads is false (a boolean); it must be a whole number"),
         ({"head_dim": 0}, "cfg.json: head_dim: Input should be greater than 0"),
-        ({"decoder_sparse_step": 0, **MOE_CFG}, "cfg.json: decoder_sparse_step: Input should be greater than or equal to 1"),
+        (
+            {"decoder_sparse_step": 0, **MOE_CFG},
+            "cfg.json: decoder_sparse_step: Input should be greater than or equal to 1",
+        ),
         ({**MOE_CFG, "moe_intermediate_size": 0}, "moe_intermediate_size is 0 but the model has 64 experts"),
         # strings and booleans are refused where numbers or booleans belong, not converted
         ({"hidden_size": "4096"}, "hidden_size is '4096' (a string); it must be a whole number"),
