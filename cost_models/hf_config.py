@@ -118,7 +118,9 @@ def _moe_fields(cfg: dict[str, Any], experts: int, layers: int, where: str, keys
     moe_ffn, keys["moe_ffn_hidden_size"] = _first(cfg, ("moe_intermediate_size", "intermediate_size"), where)
     if moe_ffn == 0:
         k = keys["moe_ffn_hidden_size"]
-        raise InputError(f"{where}: {k} is 0 but the model has {experts} experts; an expert needs a width of 1 or more.")
+        raise InputError(
+            f"{where}: {k} is 0 but the model has {experts} experts; an expert needs a width of 1 or more."
+        )
     freq, keys["moe_layer_freq"] = _first(cfg, ("decoder_sparse_step", "moe_layer_freq"), where, default=1)
     first_dense = _first(cfg, ("first_k_dense_replace",), where)[0]
     if layers > 0 and first_dense >= layers:
@@ -163,7 +165,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
         head_dim = _whole(cfg["head_dim"], "head_dim", where)
     act = cfg.get("hidden_act", cfg.get("activation_function", "silu"))
     if not isinstance(act, str):
-        raise InputError(f"{where}: hidden_act is {_shown(act)}; it must be an activation name, e.g. \"silu\".")
+        raise InputError(f'{where}: hidden_act is {_shown(act)}; it must be an activation name, e.g. "silu".')
     gated = act.lower() in _GATED_ACTS
     rms = "rms_norm_eps" in cfg or "layer_norm_eps" not in cfg and "layer_norm_epsilon" not in cfg
     experts, keys["num_experts"] = _experts(cfg, where)
