@@ -105,7 +105,9 @@ ValidateDtypeOpt = Annotated[
 ]
 ToleranceOpt = Annotated[
     float | None,
-    typer.Option("--tolerance", help="Largest relative error that passes, in (0, 1) (default: set by --dtype)."),
+    typer.Option(
+        "--tolerance", min=0, max=1, help="Largest relative error that passes, in (0, 1) (default: set by --dtype)."
+    ),
 ]
 # torch seeds are 64-bit: the batch generator takes seed + 1, so the largest signed 64-bit value is kept free
 WeightSeedOpt = Annotated[

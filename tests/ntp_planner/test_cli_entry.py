@@ -96,9 +96,12 @@ def test_the_entry_point_reports_a_bug_with_exit_1(monkeypatch, capsys):
 def test_a_library_field_error_names_the_option_that_set_it(tmp_path):
     plan = tmp_path / "p.json"
     assert run("estimate", *SMALL, "--tp", 8, "-o", plan).exit_code == 0
-    result = run("simulate", plan, "--failure-rate", "-1")
+    result = run("simulate", plan, "--failure-rate", "1e-320")  # within --failure-rate's 0..1, under SimConfig's floor
     assert result.exit_code == 2
-    assert result.stderr == "error: --failure-rate -1.0: Input should be greater than or equal to 0.\n"
+    assert result.stderr == (
+        "error: --failure-rate 1e-320: a rate of 1e-320 per GPU-hour is below 1e-12 (once per 10**8 GPU-years), "
+        "where the expected failure counts underflow; give 0 for none.\n"
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS)
