@@ -29,7 +29,7 @@ from topologies.errors import InputError
 # Upper (and lowest non-zero) bounds of the simulation's options; each mirrors SimConfig's field
 # bound (ntp_planner.failures.simulator, spelled here so `ntp --help` imports no numpy; a test
 # checks they agree).
-MAX_DAYS = 3650  # ten years
+MAX_DAYS = 1388  # SimConfig's 200,000 time bins of 600 s (its ten-year bound needs a coarser bin_s)
 MAX_TRIALS = 1_000_000  # a million trials of a month is hours of work
 MAX_SAMPLES = 100_000  # failure sets per fraction of a sweep
 MAX_RATE_PER_GPU_HOUR = 1.0  # every GPU failing every hour; Llama 3 saw 2e-5
@@ -193,6 +193,11 @@ def replan(
     if failed is not None:
         lost = explicit_failures(cluster, parse_list(failed, "--failed", int, "17,803,4410"))
     else:
+        if failed_fraction >= 1:
+            raise InputError(
+                f"--failed-fraction {failed_fraction:g} must lie in [0, 1): with every GPU failed nothing is left to "
+                "re-plan"
+            )
         lost = random_failures(cluster, failed_fraction, np.random.default_rng(seed), blast)
         down = lost_domains(cluster, lost, blast)
     result = Replanner(p, max_power).replan(lost, policy, spares, fallback, batch, domains_down=down)

@@ -104,7 +104,7 @@ FusedLossOpt = Annotated[
 FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention", help="Fused attention kernels.")]
 HeadroomOpt = Annotated[
     float,
-    typer.Option("--headroom", min=0, max=1, help="Fraction of HBM kept free (fragmentation, spikes)."),
+    typer.Option("--headroom", min=0, max=0.99, help="Fraction of HBM kept free (fragmentation, spikes), below 1."),
 ]
 
 # ---- output ------------------------------------------------------------------------------

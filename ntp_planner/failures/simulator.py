@@ -246,8 +246,9 @@ def check_workload(cfg: SimConfig, num_gpus: int, strategies: int) -> None:
     _check_cells(cfg, strategies)
     per_trial = cfg.expected_events_per_trial(num_gpus)
     arithmetic = (
-        f"(failure_rate_per_gpu_hour({cfg.failure_rate_per_gpu_hour:.3g}) x (days x 24 + {cfg.warm_h:g} h warm-up)"
-        f" + straggler_rate_per_gpu_hour({cfg.straggler_rate_per_gpu_hour:.3g}) x days x 24) x {num_gpus:,} GPUs"
+        f"(failure rate({cfg.failure_rate_per_gpu_hour:.3g} per GPU-hour) x (days({cfg.days:g}) x 24 + "
+        f"{cfg.warm_h:g} h warm-up) + straggler rate({cfg.straggler_rate_per_gpu_hour:.3g} per GPU-hour) x days x 24)"
+        f" x {num_gpus:,} GPUs"
         f" = {per_trial:.3g} events per trial"
     )
     if per_trial > MAX_EVENTS_PER_TRIAL:

@@ -245,7 +245,7 @@ BOUNDS = [
     (SIM, "--straggler-slowdown", 100, 101),
     (SIM, "--lemon-factor", 1000, 1001),
     (SIM, "--weibull-shape", 10, 11),
-    (SIM, "--days", None, 3651),
+    (SIM, "--days", None, 1389),
     (SIM, "--trials", None, 10**6 + 1),
     (SIM, "--seed", 2**63 - 1, 2**63),
     (REPLAN, "--spares", None, 2**63),

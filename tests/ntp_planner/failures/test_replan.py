@@ -253,7 +253,7 @@ def test_cli_replan_and_sweep(plan_file, tmp_path):
             ["--failed-fraction", "1.5"],
             "Invalid value for '--failed-fraction': Input should be less than or equal to 1",
         ),
-        (["--failed-fraction", "1"], "must lie in [0, 1)"),
+        (["--failed-fraction", "1"], "--failed-fraction 1 must lie in [0, 1): with every GPU failed nothing is left"),
         (["--failed", "x"], "must be comma-separated whole numbers"),
         ([], "give exactly one of --failed"),
         (["--failed", "3", "--policy", "magic"], "'magic' is not one of 'dp-drop', 'ntp'"),
