@@ -88,6 +88,11 @@ class RunnerUp(BaseModel):
     def _positive(cls, value: float) -> float:
         return _positive(value)
 
+    @field_validator("mfu")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        return _mfu(value)
+
 
 class GoodputEntry(BaseModel):
     """A candidate layout ranked by throughput under failures."""
@@ -95,14 +100,21 @@ class GoodputEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     layout: ParallelLayout
-    tokens_per_s: float = Field(description="Failure-free throughput.")
-    capacity_goodput: float = Field(description="Expected useful share under failures (short simulation).")
-    effective_tokens_per_s: float = Field(description="tokens_per_s x capacity_goodput.")
+    tokens_per_s: float = Field(gt=0, description="Failure-free throughput.")
+    capacity_goodput: float = Field(ge=0, le=1, description="Expected useful share under failures (short simulation).")
+    effective_tokens_per_s: float = Field(ge=0, description="tokens_per_s x capacity_goodput.")
 
 
 def _positive(value: float) -> float:
     if not (math.isfinite(value) and value > 0):
         raise InputError(f"{show(value)} must be a finite number above 0; {RE_PLAN}")
+    return value
+
+
+def _mfu(value: float) -> float:
+    """MFU is a share of the GPUs' peak: above 0 and at most 1."""
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise InputError(f"{show(value)} must be a fraction in (0, 1]; {RE_PLAN}")
     return value
 
 

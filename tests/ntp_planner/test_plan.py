@@ -289,6 +289,7 @@ PREDICTED_LIES = [
     (("predicted", "time_breakdown_s", "compute"), -0.1, "predicted.time_breakdown_s.compute is -0.1"),
     (("predicted", "tflops_per_gpu"), 0, "predicted.tflops_per_gpu is 0"),
     (("predicted", "bottleneck_stage"), 2, "predicted.bottleneck_stage is 2; it must be a stage, 0..1"),
+    (("megatron", "mfu"), 5.0, "megatron.mfu: 5 must be a fraction in (0, 1]"),
     (("objective",), "banana", "objective: Input should be 'step-time' or 'goodput'"),
     (("source",), "me", "source: Input should be 'search' or 'user'"),
     (("goodput_strategy",), "pray", "goodput_strategy: Input should be 'restart'"),
