@@ -230,6 +230,11 @@ class Plan(BaseModel):
         changes the hash, and the format must be one the cluster's GPU runs."""
         self.cluster.build().gpu.peak_flops_per_s(self.training.dtype)  # fp8 on an A100: one sentence
         if inputs_hash(self.model, self.training, self.cluster, self.layout) != self.inputs_hash:
+            if inputs_hash(self.model, self.training, self.cluster, None) == self.inputs_hash:
+                raise EditedPlan(
+                    f"was made before inputs_hash covered the layout, so an edit of its layout cannot be told: "
+                    f"{RE_PREDICT}"
+                )
             raise EditedPlan(
                 f"was edited after it was predicted (its model, training, cluster or layout no longer give its "
                 f"inputs_hash {self.inputs_hash[:12]}...): {RE_PREDICT}"
@@ -349,16 +354,20 @@ def _unset_later_fields(cluster: ClusterInputs) -> dict:
     return out
 
 
-def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs, layout: ParallelLayout) -> str:
+def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs, layout: ParallelLayout | None) -> str:
     """sha256 of what a prediction is computed from: the three inputs and the layout. A cluster
-    field added later is left out while it holds its default, so older plans keep their hash."""
+    field added later is left out while it holds its default, so older plans keep their hash.
+    ``layout=None`` gives the hash of plans made before it covered the layout (to tell them from
+    edited ones)."""
+    parts = {
+        "model": model.model_dump(mode="json"),
+        "training": training.model_dump(mode="json"),
+        "cluster": cluster.model_dump(mode="json", exclude=_unset_later_fields(cluster)),
+    }
+    if layout is not None:
+        parts["layout"] = layout.model_dump(mode="json")
     blob = json.dumps(
-        {
-            "model": model.model_dump(mode="json"),
-            "training": training.model_dump(mode="json"),
-            "cluster": cluster.model_dump(mode="json", exclude=_unset_later_fields(cluster)),
-            "layout": layout.model_dump(mode="json"),
-        },
+        parts,
         sort_keys=True,
         separators=(",", ":"),
     )

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -277,6 +278,20 @@ def test_a_plan_whose_inputs_were_edited_is_refused(small, tmp_path, path, value
     text = str(err.value)
     assert text.startswith(f"{file} was edited after it was predicted") and "\n" not in text
     assert f"inputs_hash {small['inputs_hash'][:12]}..." in text and "`ntp estimate ... -o`" in text
+
+
+def test_a_plan_from_before_the_layout_was_hashed_says_so(small, tmp_path):
+    """Its inputs_hash is that of model, training and cluster alone (the committed plans' old
+    hashes): not 'edited', but too old to tell an edited layout."""
+    from ntp_planner.plan import ClusterInputs
+
+    plan = Plan.model_validate(small)
+    old = inputs_hash(plan.model, plan.training, ClusterInputs.model_validate(small["cluster"]), None)
+    assert old != small["inputs_hash"]
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps({**small, "inputs_hash": old}))
+    with pytest.raises(InputError, match=re.escape(f"{file} was made before inputs_hash covered the layout")):
+        Plan.load(file)
 
 
 PREDICTED_LIES = [
