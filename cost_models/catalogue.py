@@ -147,7 +147,11 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A catalogue name, or a path to a HuggingFace ``config.json`` or a YAML file of its keys."""
+    """A catalogue name, or a path to a HuggingFace ``config.json`` or a YAML file of its keys.
+    A catalogue name wins over a file or folder of the same name in the working folder; write
+    ``./llama3-8b`` for the file."""
+    if name_or_path in MODELS:
+        return MODELS[name_or_path]
     path = Path(name_or_path)
     if path.suffix in {".json", ".yaml", ".yml"} or path.exists():
         from cost_models.hf_config import load_model_file

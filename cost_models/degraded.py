@@ -16,6 +16,11 @@ from cost_models.model import ModelSpec
 
 # perf/W loss(p) = A (p - 1) + B (p - 1)^2 through the paper's two points: 2.8% at 1.1x, 6.5% at 1.2x.
 _A, _B = 0.235, 0.45
+# The largest power multiplier taken: no GPU board lets its power limit reach twice its default
+# (an H100 SXM's default is its maximum, 700 W). The curve peaks at p = 1.4 (d/dp p (1 - A x - B x^2)
+# = 1 - A (x + p) - B (x^2 + 2 p x) is 0.001 there) and falls past it, staying above 0 up to
+# p = 2.25 (1 - A x - B x^2 = 0 at x = 1.25), so every multiplier up to this one has a speed.
+MAX_POWER = 2.0
 
 
 def uneven_shares(units: int, n: int) -> list[int]:

@@ -7,8 +7,12 @@ Mixtral (num_local_experts, num_experts_per_tok), Qwen-MoE (num_experts, moe_int
 decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size), DeepSeek
 (n_routed_experts, first_k_dense_replace, n_shared_experts).
 
-Every number is read strictly (a whole number for a count, a finite one for a probability) and
-``ModelSpec`` checks its bounds; a refusal names the config key, not the ModelSpec field.
+Every value is read strictly: a whole number for a count, a finite one for a probability, true
+or false for a flag; a string ("4096", "false") or a boolean where a number belongs is refused,
+not converted. A key written as 0 or false is read as written, never taken for absent (only an
+absent key, or null, gets the HuggingFace default), and ``ModelSpec`` checks the bounds. MoE
+settings that contradict each other (two expert counts, experts of width 0, a dense prefix that
+covers every layer) are refused. A refusal names the config key, not the ModelSpec field.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from topologies.files import read_mapping
 
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 _GATED_ACTS = {"silu", "swiglu", "swish"}
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek
 # ModelSpec field -> the config key it is read from, for messages
 _KEYS = {
     "ffn_hidden_size": "intermediate_size",
@@ -57,14 +62,14 @@ def _shown(value: Any) -> str:
 
 
 def _whole(value: Any, key: str, where: str) -> int:
-    """``value`` as an int if it is a whole number (4096, 4096.0, "4096"), else InputError."""
+    """``value`` as an int if it is a whole number (4096 or 4096.0), else InputError: a string
+    ("4096") or a boolean is refused, not converted, so a typo or a quoted number is caught."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 100:
-        return int(value)
-    raise InputError(f"{where}: {key} is {_shown(value)}; it must be a whole number, e.g. 32.")
+    kind = " (a string)" if isinstance(value, str) else " (a boolean)" if isinstance(value, bool) else ""
+    raise InputError(f"{where}: {key} is {_shown(value)}{kind}; it must be a whole number, e.g. 32.")
 
 
 def _number(value: Any, key: str, where: str) -> float:
@@ -76,12 +81,66 @@ def _number(value: Any, key: str, where: str) -> float:
     raise InputError(f"{where}: {key} is {_shown(value)}; it must be a number, e.g. 0.1.")
 
 
+def _flag(cfg: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    """A boolean key: ``default`` when absent, else exactly true or false ("false" is refused:
+    Python reads any non-empty string as true)."""
+    if key not in cfg:
+        return default
+    value = cfg[key]
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: {key} is {_shown(value)}; it must be true or false (unquoted).")
+    return value
+
+
 def _first(cfg: dict[str, Any], keys: tuple[str, ...], where: str, default: int = 0) -> tuple[int, str]:
-    """The first of ``keys`` set to a non-empty value, as a whole number, and the key it came from."""
+    """The first of ``keys`` present in the file (null counts as absent, as in HuggingFace), as a
+    whole number, and the key it came from; ``default`` and the first key when none is. A 0 or
+    false that is written is read, never taken for absent."""
     for key in keys:
-        if cfg.get(key):
+        if cfg.get(key) is not None:
             return _whole(cfg[key], key, where), key
     return default, keys[0]
+
+
+def _experts(cfg: dict[str, Any], where: str) -> tuple[int, str]:
+    """The routed experts and the key naming them; the keys of two families that disagree are
+    refused (a file with num_local_experts 8 and n_routed_experts 64 is not one model)."""
+    given = [(k, _whole(cfg[k], k, where)) for k in _EXPERT_KEYS if cfg.get(k) is not None]
+    if len({n for _, n in given}) > 1:
+        said = " and ".join(f"{k} {n}" for k, n in given)
+        raise InputError(f"{where}: {said} disagree; keep the one key your model family uses.")
+    return (given[0][1], given[0][0]) if given else (0, _EXPERT_KEYS[0])
+
+
+def _moe_fields(cfg: dict[str, Any], experts: int, layers: int, where: str, keys: dict[str, str]) -> dict:
+    """The MoE fields of an MoE config, refusing a setting that leaves it without MoE layers or
+    its experts without a width."""
+    moe_ffn, keys["moe_ffn_hidden_size"] = _first(cfg, ("moe_intermediate_size", "intermediate_size"), where)
+    if moe_ffn == 0:
+        k = keys["moe_ffn_hidden_size"]
+        raise InputError(
+            f"{where}: {k} is 0 but the model has {experts} experts; an expert needs a width of 1 or more."
+        )
+    freq, keys["moe_layer_freq"] = _first(cfg, ("decoder_sparse_step", "moe_layer_freq"), where, default=1)
+    first_dense = _first(cfg, ("first_k_dense_replace",), where)[0]
+    if layers > 0 and first_dense >= layers:
+        raise InputError(
+            f"{where}: first_k_dense_replace {first_dense} >= num_hidden_layers {layers} leaves no MoE layer, but "
+            f"the model has {experts} experts; lower first_k_dense_replace or drop the expert keys."
+        )
+    if "shared_expert_intermediate_size" in cfg and cfg["shared_expert_intermediate_size"] is not None:
+        shared = _whole(cfg["shared_expert_intermediate_size"], "shared_expert_intermediate_size", where)
+    else:  # DeepSeek: n_shared_experts experts of moe_intermediate_size each
+        shared = _first(cfg, ("n_shared_experts",), where)[0] * moe_ffn
+        keys["moe_shared_ffn_hidden_size"] = "n_shared_experts * moe_intermediate_size"
+    return dict(
+        num_experts=experts,
+        moe_top_k=_first(cfg, ("num_experts_per_tok",), where, default=2)[0],
+        moe_ffn_hidden_size=moe_ffn,
+        moe_layer_freq=freq,
+        moe_first_dense_layers=first_dense,
+        moe_shared_ffn_hidden_size=shared,
+    )
 
 
 def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") -> ModelSpec:
@@ -98,50 +157,40 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
     keys = dict(_KEYS)
     heads = _whole(cfg["num_attention_heads"], "num_attention_heads", where)
     hidden = _whole(cfg["hidden_size"], "hidden_size", where)
-    head_dim, _ = _first(cfg, ("head_dim",), where)
-    if not head_dim:
+    layers = _whole(cfg["num_hidden_layers"], "num_hidden_layers", where)
+    if cfg.get("head_dim") is None:  # absent: hidden / heads, as HuggingFace
         head_dim = hidden // heads if heads > 0 else 0
         keys["head_dim"] = "head_dim (hidden_size // num_attention_heads)"
-    act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
-    gated = act in _GATED_ACTS
+    else:  # written: read as written, 0 included (ModelSpec refuses it, naming head_dim)
+        head_dim = _whole(cfg["head_dim"], "head_dim", where)
+    act = cfg.get("hidden_act", cfg.get("activation_function", "silu"))
+    if not isinstance(act, str):
+        raise InputError(f'{where}: hidden_act is {_shown(act)}; it must be an activation name, e.g. "silu".')
+    gated = act.lower() in _GATED_ACTS
     rms = "rms_norm_eps" in cfg or "layer_norm_eps" not in cfg and "layer_norm_epsilon" not in cfg
-    experts, keys["num_experts"] = _first(cfg, ("num_local_experts", "num_experts", "n_routed_experts"), where)
+    experts, keys["num_experts"] = _experts(cfg, where)
     ffn, keys["ffn_hidden_size"] = _first(cfg, ("intermediate_size", "moe_intermediate_size"), where)
-    moe: dict[str, Any] = {}
-    if experts:
-        moe_ffn, keys["moe_ffn_hidden_size"] = _first(cfg, ("moe_intermediate_size", "intermediate_size"), where)
-        freq_key = "decoder_sparse_step" if "decoder_sparse_step" in cfg else "moe_layer_freq"
-        freq, keys["moe_layer_freq"] = _whole(cfg.get(freq_key) or 1, freq_key, where), freq_key
-        shared, _ = _first(cfg, ("shared_expert_intermediate_size",), where)
-        if not shared:  # DeepSeek: n_shared_experts experts of moe_intermediate_size each
-            shared = _first(cfg, ("n_shared_experts",), where)[0] * _first(cfg, ("moe_intermediate_size",), where)[0]
-            keys["moe_shared_ffn_hidden_size"] = "n_shared_experts * moe_intermediate_size"
-        moe = dict(
-            num_experts=experts,
-            moe_top_k=_whole(cfg.get("num_experts_per_tok", 2), "num_experts_per_tok", where),
-            moe_ffn_hidden_size=moe_ffn,
-            moe_layer_freq=freq,
-            moe_first_dense_layers=_whole(cfg.get("first_k_dense_replace", 0), "first_k_dense_replace", where),
-            moe_shared_ffn_hidden_size=shared,
-        )
+    moe = _moe_fields(cfg, experts, layers, where, keys) if experts else {}
+    bias = _flag(cfg, "attention_bias", where, _flag(cfg, "bias", where, not gated))
+    dropout = cfg.get("attention_dropout")
     try:
         return ModelSpec(
             name=name,
             family="llama" if gated else "gpt",
             hidden_size=hidden,
             ffn_hidden_size=ffn,
-            num_layers=_whole(cfg["num_hidden_layers"], "num_hidden_layers", where),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=_first(cfg, ("num_key_value_heads",), where, default=heads)[0],
             head_dim=head_dim,
             vocab_size=_whole(cfg["vocab_size"], "vocab_size", where),
             max_position_embeddings=_whole(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", not gated)),
+            tie_embeddings=_flag(cfg, "tie_word_embeddings", where, not gated),
             gated_mlp=gated,
             norm="rmsnorm" if rms else "layernorm",
             position="rope" if "rope_theta" in cfg or gated else "learned",
-            bias=bool(cfg.get("attention_bias", cfg.get("bias", not gated))),
-            dropout=_number(cfg.get("attention_dropout") or 0.0, "attention_dropout", where),
+            bias=bias,
+            dropout=0.0 if dropout is None else _number(dropout, "attention_dropout", where),
             **moe,
         )
     except ValidationError as exc:

@@ -10,6 +10,7 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -27,6 +28,13 @@ from topologies.files import read_mapping
 SCHEMA_VERSION = 2  # 2: ZeRO levels, model chunks, number formats (a version-1 plan must be re-made)
 MAX_PLAN_BYTES = 256 * 2**20  # a plan of MAX_GPUS GPUs: its placement is about 8 MB, its pipeline a few MB
 RE_PLAN = "re-plan it instead of editing it"
+RE_PREDICT = "re-run `ntp plan ... -o` or `ntp estimate ... -o` on the inputs you want"
+Objective = Literal["step-time", "goodput"]
+GoodputStrategy = Literal["restart", "dp-drop", "spares", "ntp", "ntp-pw"]
+
+
+class EditedPlan(InputError):
+    """A plan whose inputs (model, training, cluster, layout) no longer match its inputs_hash."""
 
 
 def _version_message(version) -> str:
@@ -79,6 +87,11 @@ class RunnerUp(BaseModel):
     def _positive(cls, value: float) -> float:
         return _positive(value)
 
+    @field_validator("mfu")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        return _mfu(value)
+
 
 class GoodputEntry(BaseModel):
     """A candidate layout ranked by throughput under failures."""
@@ -86,14 +99,21 @@ class GoodputEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     layout: ParallelLayout
-    tokens_per_s: float = Field(description="Failure-free throughput.")
-    capacity_goodput: float = Field(description="Expected useful share under failures (short simulation).")
-    effective_tokens_per_s: float = Field(description="tokens_per_s x capacity_goodput.")
+    tokens_per_s: float = Field(gt=0, description="Failure-free throughput.")
+    capacity_goodput: float = Field(ge=0, le=1, description="Expected useful share under failures (short simulation).")
+    effective_tokens_per_s: float = Field(ge=0, description="tokens_per_s x capacity_goodput.")
 
 
 def _positive(value: float) -> float:
     if not (math.isfinite(value) and value > 0):
         raise InputError(f"{show(value)} must be a finite number above 0; {RE_PLAN}")
+    return value
+
+
+def _mfu(value: float) -> float:
+    """MFU is a share of the GPUs' peak: above 0 and at most 1."""
+    if not (math.isfinite(value) and 0 < value <= 1):
+        raise InputError(f"{show(value)} must be a fraction in (0, 1]; {RE_PLAN}")
     return value
 
 
@@ -148,7 +168,10 @@ class Plan(BaseModel):
     model: ModelSpec
     training: TrainingSpec
     cluster: ClusterInputs
-    inputs_hash: str = Field(description="sha256 of the canonical JSON of model, training and cluster.")
+    inputs_hash: str = Field(
+        description="sha256 of the canonical JSON of model, training, cluster and layout: what ``predicted`` was "
+        "computed from. Checked on load, so an edited input is refused instead of explained under an old prediction."
+    )
     headroom: float = Field(description="Fraction of HBM kept free when the plan was made.")
     layout: ParallelLayout
     placement: list[int] = Field(description="GPU id of each rank, in the project's rank order.")
@@ -164,9 +187,11 @@ class Plan(BaseModel):
     megatron: RunnerUp | None = Field(
         default=None, description="Best layout Megatron-LM can run (one TP degree for all layers), when it differs."
     )
-    source: str = Field(description="'search' (ntp plan) or 'user' (ntp estimate -o).")
-    objective: str = Field(default="step-time", description="What the search maximised: step-time or goodput.")
-    goodput_strategy: str | None = Field(default=None, description="Failure strategy the goodput ranking assumed.")
+    source: Literal["search", "user"] = Field(description="'search' (ntp plan) or 'user' (ntp estimate -o).")
+    objective: Objective = Field(default="step-time", description="What the search maximised: step-time or goodput.")
+    goodput_strategy: GoodputStrategy | None = Field(
+        default=None, description="Failure strategy the goodput ranking assumed."
+    )
     goodput_ranking: list[GoodputEntry] = Field(
         default_factory=list, description="Candidates by effective tokens/s under failures (objective goodput)."
     )
@@ -190,13 +215,29 @@ class Plan(BaseModel):
         """The parts of a plan agree: a hand-edited or truncated plan fails here, on load."""
         self._check_layout()
         self._check_placement()
-        self._check_predicted()
         expected = chunk_placements(self.layout, self.model.num_layers)
         if not self.pipeline:
             object.__setattr__(self, "pipeline", expected)
         elif self.pipeline != expected:
             raise InputError(f"pipeline does not match the layout's chunks and degrees; {RE_PLAN}")
+        self._check_hash()
+        self._check_predicted()
         return self
+
+    def _check_hash(self) -> None:
+        """The prediction belongs to these inputs: an edited model, training, cluster or layout
+        changes the hash, and the format must be one the cluster's GPU runs."""
+        self.cluster.build().gpu.peak_flops_per_s(self.training.dtype)  # fp8 on an A100: one sentence
+        if inputs_hash(self.model, self.training, self.cluster, self.layout) != self.inputs_hash:
+            if inputs_hash(self.model, self.training, self.cluster, None) == self.inputs_hash:
+                raise EditedPlan(
+                    f"was made before inputs_hash covered the layout, so an edit of its layout cannot be told: "
+                    f"{RE_PREDICT}"
+                )
+            raise EditedPlan(
+                f"was edited after it was predicted (its model, training, cluster or layout no longer give its "
+                f"inputs_hash {self.inputs_hash[:12]}...): {RE_PREDICT}"
+            )
 
     def _check_layout(self) -> None:
         lay, gpus, L = self.layout, self.cluster.num_gpus, self.model.num_layers
@@ -241,15 +282,37 @@ class Plan(BaseModel):
             raise InputError(f"placement puts ranks on failed GPU(s) {failed[:5]}; {RE_PLAN}")
 
     def _check_predicted(self) -> None:
-        p = self.predicted
-        for name in ("step_time_s", "memory_per_gpu_bytes", "tokens_per_s", "hbm_bytes"):
-            value = getattr(p, name)
+        """Every predicted number is one a step can have: times and sizes finite and above 0 (a
+        breakdown part may be 0), MFU a fraction in (0, 1], one entry per pipeline stage."""
+        p, pp = self.predicted, self.layout.pp
+        positive = {"step_time_s": p.step_time_s, "memory_per_gpu_bytes": p.memory_per_gpu_bytes}
+        positive |= {"tokens_per_s": p.tokens_per_s, "hbm_bytes": p.hbm_bytes, "tflops_per_gpu": p.tflops_per_gpu}
+        positive |= {"model_flops_per_step": p.model_flops_per_step}
+        positive |= {f"stage_time_s[{i}]": v for i, v in enumerate(p.stage_time_s)}
+        positive |= {f"stage_memory_bytes[{i}]": v for i, v in enumerate(p.stage_memory_bytes)}
+        for name, value in positive.items():
             if not (math.isfinite(value) and value > 0):
                 raise InputError(f"predicted.{name} is {show(value)}; it must be a finite number above 0: {RE_PLAN}")
-        numbers = [p.mfu, p.mfu_causal, p.model_flops_per_step, p.tflops_per_gpu, *p.stage_time_s]
-        numbers += [*p.stage_memory_bytes, *p.time_breakdown_s.values(), *p.memory_breakdown_bytes.values()]
-        if not all(math.isfinite(x) for x in numbers):
-            raise InputError(f"predicted holds a number that is not finite (NaN or infinite); {RE_PLAN}")
+        parts = {f"time_breakdown_s.{k}": v for k, v in p.time_breakdown_s.items()}
+        parts |= {f"memory_breakdown_bytes.{k}": v for k, v in p.memory_breakdown_bytes.items()}
+        for name, value in parts.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise InputError(
+                    f"predicted.{name} is {show(value)}; it must be a finite number of 0 or more: {RE_PLAN}"
+                )
+        for name in ("mfu", "mfu_causal"):
+            value = getattr(p, name)
+            if not (math.isfinite(value) and 0 < value <= 1):
+                raise InputError(f"predicted.{name} is {show(value)}; it must be a fraction in (0, 1]: {RE_PLAN}")
+        for name in ("stage_time_s", "stage_memory_bytes"):
+            if len(getattr(p, name)) != pp:
+                raise InputError(
+                    f"predicted.{name} has {len(getattr(p, name))} entries but the layout has pp {pp} stages: {RE_PLAN}"
+                )
+        if not 0 <= p.bottleneck_stage < pp:
+            raise InputError(
+                f"predicted.bottleneck_stage is {show(p.bottleneck_stage)}; it must be a stage, 0..{pp - 1}: {RE_PLAN}"
+            )
 
     @property
     def megatron_gap(self) -> float:
@@ -274,6 +337,9 @@ class Plan(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
+            cause = exc.errors()[0].get("ctx", {}).get("error")
+            if isinstance(cause, EditedPlan):
+                raise InputError(f"{path} {cause}.") from None
             raise InputError(f"plan {path} is malformed: {first_error(exc)}.") from None
 
 
@@ -287,15 +353,20 @@ def _unset_later_fields(cluster: ClusterInputs) -> dict:
     return out
 
 
-def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs) -> str:
-    """sha256 of the inputs; a field added later is left out while it holds its default, so
-    the inputs of older plans keep their hash."""
+def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs, layout: ParallelLayout | None) -> str:
+    """sha256 of what a prediction is computed from: the three inputs and the layout. A cluster
+    field added later is left out while it holds its default, so older plans keep their hash.
+    ``layout=None`` gives the hash of plans made before it covered the layout (to tell them from
+    edited ones)."""
+    parts = {
+        "model": model.model_dump(mode="json"),
+        "training": training.model_dump(mode="json"),
+        "cluster": cluster.model_dump(mode="json", exclude=_unset_later_fields(cluster)),
+    }
+    if layout is not None:
+        parts["layout"] = layout.model_dump(mode="json")
     blob = json.dumps(
-        {
-            "model": model.model_dump(mode="json"),
-            "training": training.model_dump(mode="json"),
-            "cluster": cluster.model_dump(mode="json", exclude=_unset_later_fields(cluster)),
-        },
+        parts,
         sort_keys=True,
         separators=(",", ":"),
     )

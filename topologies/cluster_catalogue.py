@@ -165,7 +165,10 @@ def first_error(exc: ValidationError) -> str:
 
 
 def resolve_cluster_spec(name_or_path: str) -> ClusterSpec:
-    """A catalogue name, or a path to a ``.yaml``/``.yml``/``.json`` file."""
+    """A catalogue name, or a path to a ``.yaml``/``.yml``/``.json`` file. A catalogue name wins
+    over a file or folder of the same name in the working folder; write ``./dgx-h100`` for the file."""
+    if name_or_path in CLUSTERS:
+        return CLUSTERS[name_or_path]
     path = Path(name_or_path)
     if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
         return load_cluster_spec(path)

@@ -9,6 +9,7 @@ numpy, rich tables) happen inside commands so `ntp --help` stays fast; torch is 
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Annotated
 
@@ -74,6 +75,24 @@ def _root(
     """Plan how to parallelise LLM training over thousands of GPUs, and what failures cost."""
 
 
+def _range_message(exc: Exception) -> str | None:
+    """``--tp 0: Input should be greater than or equal to 1`` for a value outside an option's
+    ``min``/``max`` (typer checks it with pydantic and keeps the value only in the cause), and
+    ``--days nan: Input should be a finite number`` for nan or inf; None for other usage errors."""
+    from pydantic import ValidationError
+
+    cause, param = exc.__cause__ or exc.__context__, getattr(exc, "param", None)
+    if param is None or not isinstance(cause, ValidationError) or not param.opts:
+        return None
+    err = cause.errors()[0]
+    option, value = max(param.opts, key=len), err.get("input")
+    try:
+        finite = math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        finite = True
+    return f"{option} {value}: {err['msg'] if finite else 'Input should be a finite number'}"
+
+
 def main() -> None:
     """The ``ntp`` entry point. A usage error (an unknown option, a value out of range) ends in one
     line on stderr and exit code 2, like every other bad input; bare ``ntp`` prints the help."""
@@ -87,8 +106,8 @@ def main() -> None:
         code = 0
     except TyperException as exc:
         where = exc.ctx.command_path if getattr(exc, "ctx", None) else "ntp"
-        message = " ".join(exc.format_message().replace("Value error, ", "").split()).rstrip(".")
-        typer.echo(f"error: {message}; run `{where} --help` for the options.", err=True)
+        message = _range_message(exc) or " ".join(exc.format_message().replace("Value error, ", "").split())
+        typer.echo(f"error: {message.rstrip('.')}; run `{where} --help` for the options.", err=True)
         code = getattr(exc, "exit_code", 2)
     except typer.Abort:
         typer.echo("aborted.", err=True)

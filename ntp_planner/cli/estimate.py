@@ -9,6 +9,9 @@ from typing import Annotated
 import typer
 
 from ntp_planner.cli.options import (
+    MAX_GLOBAL_BATCH,
+    MAX_GPUS,
+    MAX_LAYERS,
     AttentionKernelOpt,
     BatchOpt,
     ClusterOpt,
@@ -33,13 +36,19 @@ from ntp_planner.cli.output import show
 from ntp_planner.cli.plan import plan_inputs
 from topologies.errors import InputError
 
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")]
-PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline stages.")]
-DpOpt = Annotated[int | None, typer.Option("--dp", help="Data-parallel degree (default: GPUs / (tp pp cp)).")]
-CpOpt = Annotated[int, typer.Option("--cp", help="Context-parallel degree.")]
-EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")]
-MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")]
-VppOpt = Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaving).")]
+# a degree is at most the GPU count, a micro-batch at most the batch, chunks per stage at most the layers
+_DEG = dict(min=1, max=MAX_GPUS)
+TpOpt = Annotated[int, typer.Option("--tp", **_DEG, help="Tensor-parallel degree.")]
+PpOpt = Annotated[int, typer.Option("--pp", **_DEG, help="Pipeline stages.")]
+DpOpt = Annotated[int | None, typer.Option("--dp", **_DEG, help="Data-parallel degree (default: GPUs / (tp pp cp)).")]
+CpOpt = Annotated[int, typer.Option("--cp", **_DEG, help="Context-parallel degree.")]
+EpOpt = Annotated[int, typer.Option("--ep", **_DEG, help="Expert-parallel degree (MoE).")]
+MicroBatchOpt = Annotated[
+    int, typer.Option("--micro-batch", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per micro-batch.")
+]
+VppOpt = Annotated[
+    int, typer.Option("--vpp", min=1, max=MAX_LAYERS, help="Virtual pipeline stages per rank (interleaving).")
+]
 PpLayersOpt = Annotated[str | None, typer.Option("--pp-layers", help="Layers per stage, e.g. 13,13,12,12.")]
 PpLayoutOpt = Annotated[
     str | None, typer.Option("--pp-layout", help="Megatron layout string, e.g. 'Et*3|(tt|)*29,t|L' (E, t, L, |, *n).")

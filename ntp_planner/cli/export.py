@@ -17,7 +17,7 @@ from ntp_planner.cli.live import (
     RepairOpt,
     parse_events,
 )
-from ntp_planner.cli.options import Backend, Format, JsonOpt, PlanArg
+from ntp_planner.cli.options import MAX_PROCS, Backend, Format, JsonOpt, PlanArg
 from ntp_planner.cli.output import show, show_json, with_step_progress
 from topologies.errors import InputError
 
@@ -36,7 +36,12 @@ ValidateReplanOpt = Annotated[
 ]
 NprocOpt = Annotated[
     int | None,
-    typer.Option("--nproc", min=1, help="Processes to run (default: 16 with gloo, one per GPU with nccl)."),
+    typer.Option(
+        "--nproc",
+        min=1,
+        max=MAX_PROCS,
+        help="Processes to run, at most one machine's worth (default: 16 with gloo, one per GPU with nccl).",
+    ),
 ]
 BackendOpt = Annotated[Backend, typer.Option("--backend", help="gloo (CPU) or nccl (CUDA GPUs).")]
 MAX_STEPS = 1000  # a check needs a few steps, timing about 10; a thousand tiny steps take minutes
@@ -100,7 +105,9 @@ ValidateDtypeOpt = Annotated[
 ]
 ToleranceOpt = Annotated[
     float | None,
-    typer.Option("--tolerance", help="Largest relative error that passes, in (0, 1) (default: set by --dtype)."),
+    typer.Option(
+        "--tolerance", min=0, max=1, help="Largest relative error that passes, in (0, 1) (default: set by --dtype)."
+    ),
 ]
 # torch seeds are 64-bit: the batch generator takes seed + 1, so the largest signed 64-bit value is kept free
 WeightSeedOpt = Annotated[

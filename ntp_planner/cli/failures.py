@@ -27,33 +27,77 @@ from ntp_planner.cli.output import progress, show, show_json
 from ntp_planner.outputs import check_output, check_output_folder, write_atomic
 from topologies.errors import InputError
 
+# Upper (and lowest non-zero) bounds of the simulation's options; each mirrors SimConfig's field
+# bound (ntp_planner.failures.simulator, spelled here so `ntp --help` imports no numpy; a test
+# checks they agree).
+MAX_DAYS = 1388  # SimConfig's 200,000 time bins of 600 s (its ten-year bound needs a coarser bin_s)
+MAX_TRIALS = 1_000_000  # a million trials of a month is hours of work
+MAX_SAMPLES = 100_000  # failure sets per fraction of a sweep
+MAX_RATE_PER_GPU_HOUR = 1.0  # every GPU failing every hour; Llama 3 saw 2e-5
+MIN_RATE_PER_GPU_HOUR = 1e-12  # once per 10**8 GPU-years; below it a rate underflows the expected counts
+MAX_SECONDS = 86_400  # a checkpoint write or a restart longer than a day is not a running job
+MAX_INTERVAL_MIN = 525_600  # a year between checkpoints
+MIN_SHAPE, MAX_SHAPE = 0.1, 10.0  # failure studies fit Weibull shapes of 0.5 to 1.5
+MAX_HOURS = 8760  # a straggler episode lasting a year
+MAX_SLOWDOWN = 100.0  # a job 100x slower is down, not slow
+MAX_LEMON_FACTOR = 1000.0  # lemon hosts in studies fail 2-20x as often
+MAX_REPAIR = {"--hw-repair-days": 365, "--sw-repair-hours": 8760}  # a repair of more than a year
+
 FailedOpt = Annotated[str | None, typer.Option("--failed", help="Failed GPU ids, e.g. 17,803,4410.")]
 FailedFractionOpt = Annotated[
-    float | None, typer.Option("--failed-fraction", help="Fail this share of GPUs at random.")
+    float | None,
+    typer.Option("--failed-fraction", min=0, max=1, help="Fail this share of GPUs at random."),
 ]
 PolicyOpt = Annotated[Policy, typer.Option("--policy", help="How the job goes on without the failed GPUs.")]
 ReplanOutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Save the re-plan as JSON.")]
 
 FractionsOpt = Annotated[str, typer.Option("--fractions", help="Failed shares, e.g. 0.0005,0.001,0.002.")]
-SamplesOpt = Annotated[int, typer.Option("--samples", min=1, help="Random failure sets per fraction.")]
+SamplesOpt = Annotated[int, typer.Option("--samples", min=1, max=MAX_SAMPLES, help="Random failure sets per fraction.")]
 PoliciesOpt = Annotated[str, typer.Option("--policies", help="Comma-separated: dp-drop, ntp, ntp-pw, spares.")]
 SweepPlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG of loss against failed share.")]
 
-DaysOpt = Annotated[float, typer.Option("--days", help="Length of the run in days.")]
-TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="Monte-Carlo trials.")]
+DaysOpt = Annotated[
+    float,
+    typer.Option("--days", min=0, max=MAX_DAYS, help="Length of the run in days."),
+]
+TrialsOpt = Annotated[int, typer.Option("--trials", min=1, max=MAX_TRIALS, help="Monte-Carlo trials.")]
 StrategiesOpt = Annotated[
     str, typer.Option("--strategies", help="Comma-separated: restart, dp-drop, spares, ntp, ntp-pw.")
 ]
 RateOpt = Annotated[
-    float | None, typer.Option("--failure-rate", help="Failures per GPU-hour (default: Llama 3's 1.97e-5).")
+    float | None,
+    typer.Option(
+        "--failure-rate",
+        min=0,
+        max=MAX_RATE_PER_GPU_HOUR,
+        help=f"Failures per GPU-hour, 0 or {MIN_RATE_PER_GPU_HOUR:g} or more (default: Llama 3's 1.97e-5).",
+    ),
 ]
-HwRepairOpt = Annotated[str, typer.Option("--hw-repair-days", help="Hardware repair, days: a number or a range, 3-5.")]
-SwRepairOpt = Annotated[str, typer.Option("--sw-repair-hours", help="Software repair, hours: a number or a range.")]
+HwRepairOpt = Annotated[
+    str, typer.Option("--hw-repair-days", help="Hardware repair, days: a number or a range, 3-5; at most 365.")
+]
+SwRepairOpt = Annotated[
+    str, typer.Option("--sw-repair-hours", help="Software repair, hours: a number or a range; at most 8760.")
+]
 HwShareOpt = Annotated[float, typer.Option("--hw-share", min=0, max=1, help="Share of failures that are hardware.")]
-IntervalOpt = Annotated[str, typer.Option("--checkpoint-interval", help="auto (Daly's optimum) or minutes.")]
-WriteOpt = Annotated[float, typer.Option("--checkpoint-write-s", help="Checkpoint write, s.")]
+IntervalOpt = Annotated[
+    str,
+    typer.Option(
+        "--checkpoint-interval", help=f"auto (Daly's optimum) or minutes, at most {MAX_INTERVAL_MIN:,} (a year)."
+    ),
+]
+WriteOpt = Annotated[
+    float,
+    typer.Option("--checkpoint-write-s", min=0, max=MAX_SECONDS, help="Checkpoint write, s."),
+]
 RestartOpt = Annotated[
-    float | None, typer.Option("--restart-s", help="Restart overhead, s (default 600, or --recovery-from's).")
+    float | None,
+    typer.Option(
+        "--restart-s",
+        min=0,
+        max=MAX_SECONDS,
+        help="Restart overhead, s (default 600, or --recovery-from's).",
+    ),
 ]
 RecoveryOpt = Annotated[
     Path | None,
@@ -74,19 +118,46 @@ StartOpt = Annotated[Start, typer.Option("--start", help="steady: failures alrea
 DistOpt = Annotated[
     FailureDist, typer.Option("--failure-dist", help="Failure arrivals: poisson, or weibull (renewal).")
 ]
-ShapeOpt = Annotated[float, typer.Option("--weibull-shape", help="Weibull shape; < 1 is bursty.")]
+ShapeOpt = Annotated[
+    float,
+    typer.Option("--weibull-shape", min=MIN_SHAPE, max=MAX_SHAPE, help="Weibull shape; < 1 is bursty."),
+]
 HwBlastOpt = Annotated[Blast, typer.Option("--hw-blast", help="What a hardware failure takes down.")]
 SwBlastOpt = Annotated[Blast, typer.Option("--sw-blast", help="What a software failure takes down.")]
 StragglerRateOpt = Annotated[
-    float, typer.Option("--straggler-rate", help="Straggler episodes per GPU-hour (0 = none).")
+    float,
+    typer.Option(
+        "--straggler-rate",
+        min=0,
+        max=MAX_RATE_PER_GPU_HOUR,
+        help=f"Straggler episodes per GPU-hour, 0 (none) or {MIN_RATE_PER_GPU_HOUR:g} or more.",
+    ),
 ]
-StragglerHoursOpt = Annotated[float, typer.Option("--straggler-hours", help="Episode length, hours.")]
-SlowdownOpt = Annotated[float, typer.Option("--straggler-slowdown", help="Job slowdown during an episode.")]
+StragglerHoursOpt = Annotated[
+    float,
+    typer.Option("--straggler-hours", min=0, max=MAX_HOURS, help="Episode length, hours."),
+]
+SlowdownOpt = Annotated[
+    float,
+    typer.Option("--straggler-slowdown", min=1, max=MAX_SLOWDOWN, help="Job slowdown during an episode."),
+]
 ThresholdOpt = Annotated[
-    float, typer.Option("--down-threshold", help="Report the time more than this share of GPUs is down.")
+    float,
+    typer.Option(
+        "--down-threshold",
+        min=0,
+        max=1,
+        help="Report the time more than this share of GPUs is down.",
+    ),
 ]
-LemonFractionOpt = Annotated[float, typer.Option("--lemon-fraction", help="Share of lemon hosts.")]
-LemonFactorOpt = Annotated[float, typer.Option("--lemon-factor", help="How much more often lemons fail.")]
+LemonFractionOpt = Annotated[
+    float,
+    typer.Option("--lemon-fraction", min=0, max=1, help="Share of lemon hosts."),
+]
+LemonFactorOpt = Annotated[
+    float,
+    typer.Option("--lemon-factor", min=1, max=MAX_LEMON_FACTOR, help="How much more often lemons fail."),
+]
 SimPlotOpt = Annotated[Path | None, typer.Option("--plot", help="Folder for PNG plots.")]
 
 
@@ -125,6 +196,11 @@ def replan(
     if failed is not None:
         lost = explicit_failures(cluster, parse_list(failed, "--failed", int, "17,803,4410"))
     else:
+        if failed_fraction >= 1:
+            raise InputError(
+                f"--failed-fraction {failed_fraction:g} must lie in [0, 1): with every GPU failed nothing is left to "
+                "re-plan"
+            )
         lost = random_failures(cluster, failed_fraction, np.random.default_rng(seed), blast)
         down = lost_domains(cluster, lost, blast)
     result = Replanner(p, max_power).replan(lost, policy, spares, fallback, batch, domains_down=down)
@@ -350,8 +426,10 @@ def _hours_range(text: str, option: str, scale: float) -> tuple[float, float]:
     except ValueError:
         raise InputError(f"{option} {text!r} must be a number or a range like 3-5") from None
     lo, hi = parts[0], parts[-1]
-    if lo < 0 or hi < 0 or len(parts) > 2:
-        raise InputError(f"{option} {text!r} must be non-negative, a number or a range like 3-5")
+    if not (0 <= lo <= MAX_REPAIR[option] and 0 <= hi <= MAX_REPAIR[option]) or len(parts) > 2:
+        raise InputError(
+            f"{option} {text!r} must be a number or a range like 3-5, each in 0..{MAX_REPAIR[option]} (a year)"
+        )
     if hi < lo:
         raise InputError(f"{option} {text!r} is reversed; write the smaller bound first")
     return lo * scale, hi * scale
@@ -362,7 +440,11 @@ def _failure_classes(hw_share: float, repair_h: tuple, blasts: tuple[str, str]) 
     from ntp_planner.failures.simulator import FailureClass
 
     (hw_lo, hw_hi), (sw_lo, sw_hi) = repair_h
-    classes = [FailureClass(name="hardware", share=hw_share, repair_min_h=hw_lo, repair_max_h=hw_hi, blast=blasts[0])]
+    classes = []
+    if hw_share > 0:  # --hw-share 0: software failures only
+        classes.append(
+            FailureClass(name="hardware", share=hw_share, repair_min_h=hw_lo, repair_max_h=hw_hi, blast=blasts[0])
+        )
     if hw_share < 1:
         classes.append(
             FailureClass(name="software", share=1 - hw_share, repair_min_h=sw_lo, repair_max_h=sw_hi, blast=blasts[1])
@@ -378,8 +460,10 @@ def _interval_s(text: str) -> float | None:
         minutes = float(text)
     except ValueError:
         raise InputError(f"--checkpoint-interval {text!r} must be auto or minutes") from None
-    if not minutes > 0:
-        raise InputError(f"--checkpoint-interval {text} must be more than zero minutes")
+    if not 0 < minutes <= MAX_INTERVAL_MIN:  # also refuses nan and inf
+        raise InputError(
+            f"--checkpoint-interval {text} must be auto or minutes above 0 and at most {MAX_INTERVAL_MIN:,} (a year)"
+        )
     return minutes * 60
 
 

@@ -31,22 +31,52 @@ Start = Literal["steady", "healthy"]
 Format = Literal["megatron", "nemo", "nemo2", "bridge", "json"]
 Backend = Literal["gloo", "nccl"]
 
+# ---- upper bounds of the numeric options ---------------------------------------------------
+# Each is physical (no machine holds more) and mirrors the library's bound; a test checks they agree.
+MAX_GPUS = 1_000_000  # topologies.cluster.MAX_GPUS: ten times the largest cluster built
+MAX_SEQ_LEN = 10**9  # cost_models.training: the longest contexts trained are about 10**7 tokens
+MAX_GLOBAL_BATCH = 10_000_000  # cost_models.training.MAX_GLOBAL_BATCH
+MAX_LAYERS = 10_000  # cost_models.model.MAX_LAYERS
+MAX_POWER = 2.0  # cost_models.degraded.MAX_POWER: no GPU board allows twice its default power
+MAX_SEED = 2**63 - 1  # numpy's generators take any int; a signed 64-bit one is what others store
+MAX_PROCS = 4096  # local processes one machine runs (validate, profile)
+
+
 # ---- the three inputs and the training spec (plan, estimate) -------------------------------
 ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Catalogue name (see `ntp models`) or a config.json / YAML path.")
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Catalogue name (see `ntp models`) or a config.json / YAML path; a catalogue name wins over a "
+        "same-named file or folder here (write ./NAME for it).",
+    ),
 ]
 ClusterOpt = Annotated[
-    str, typer.Option("--cluster", "-c", help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path.")
+    str,
+    typer.Option(
+        "--cluster",
+        "-c",
+        help="Catalogue name (see `ntp clusters`) or a cluster YAML/JSON path; a catalogue name wins over a "
+        "same-named file here (write ./NAME for it).",
+    ),
 ]
-GpusOpt = Annotated[int, typer.Option("--gpus", "-n", help="Number of GPUs, a multiple of the host size.")]
+GpusOpt = Annotated[
+    int, typer.Option("--gpus", "-n", min=1, max=MAX_GPUS, help="Number of GPUs, a multiple of the host size.")
+]
 GpusPerDomainOpt = Annotated[
     int | None,
     typer.Option(
-        "--gpus-per-domain", min=1, help="GPUs used per NVLink domain (default: all); the rest are in-domain spares."
+        "--gpus-per-domain",
+        min=1,
+        max=MAX_GPUS,
+        help="GPUs used per NVLink domain (default: all); the rest are in-domain spares.",
     ),
 ]
-SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
-BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Tokens per sequence.")]
+BatchOpt = Annotated[
+    int, typer.Option("--global-batch", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per optimizer step.")
+]
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="GEMM format: fp8 needs Hopper+, mxfp8 and nvfp4 Blackwell.")]
 Fp8RecipeOpt = Annotated[
     Fp8Recipe, typer.Option("--fp8-recipe", help="fp8 scaling: delayed (amax history) or current (tensorwise).")
@@ -72,7 +102,10 @@ FusedLossOpt = Annotated[
     bool, typer.Option("--fused-cross-entropy/--unfused-cross-entropy", help="Fused loss kernel (TE) or Megatron's.")
 ]
 FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention", help="Fused attention kernels.")]
-HeadroomOpt = Annotated[float, typer.Option("--headroom", help="Fraction of HBM kept free (fragmentation, spikes).")]
+HeadroomOpt = Annotated[
+    float,
+    typer.Option("--headroom", min=0, max=0.99, help="Fraction of HBM kept free (fragmentation, spikes), below 1."),
+]
 
 # ---- output ------------------------------------------------------------------------------
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
@@ -103,11 +136,19 @@ def profile_efficiency(path: Path | None, gpu_name: str):
 
 
 # ---- failures (replan, sweep, simulate) ---------------------------------------------------
-SparesOpt = Annotated[int, typer.Option("--spares", min=0, help="Idle spare NVLink domains (for spares).")]
+SparesOpt = Annotated[
+    int, typer.Option("--spares", min=0, max=MAX_GPUS, help="Idle spare NVLink domains (for spares).")
+]
 FallbackOpt = Annotated[Fallback, typer.Option("--fallback", help="What spares fall back to when they run out.")]
 BatchModeOpt = Annotated[BatchMode, typer.Option("--batch", help="flexible (shrinks) or fixed (pauses when short).")]
-PowerOpt = Annotated[float, typer.Option("--max-power", help="Largest power multiplier per GPU (ntp-pw).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random failures (the same seed, the same failures).")]
+PowerOpt = Annotated[
+    float,
+    typer.Option("--max-power", min=1, max=MAX_POWER, help="Largest power multiplier per GPU (ntp-pw)."),
+]
+SeedOpt = Annotated[
+    int,
+    typer.Option("--seed", min=0, max=MAX_SEED, help="Seed for random failures (the same seed, the same failures)."),
+]
 BlastOpt = Annotated[Blast, typer.Option("--blast", help="What one failure takes down.")]
 
 _KINDS = {int: "whole numbers", float: "numbers", str: "names"}

@@ -40,7 +40,9 @@ MaxZeroOpt = Annotated[
     int,
     typer.Option("--max-zero", min=0, max=3, help="Most sharding to try: 1 distributed optimizer, 2 +grads, 3 FSDP."),
 ]
-TopOpt = Annotated[int, typer.Option("--top", min=1, help="Layouts to keep: the best and top-1 runners-up.")]
+TopOpt = Annotated[
+    int, typer.Option("--top", min=1, max=100, help="Layouts to keep: the best and top-1 runners-up (a table's worth).")
+]
 PerLayerOpt = Annotated[
     bool, typer.Option("--per-layer/--uniform", help="Let each layer pick its TP degree (chosen only when it wins).")
 ]

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from ntp_planner.cli.options import Backend, JsonOpt, SeedOpt, parse_list
+from ntp_planner.cli.options import MAX_PROCS, MAX_SEQ_LEN, Backend, JsonOpt, SeedOpt, parse_list
 from ntp_planner.cli.output import show, show_json
 from topologies.errors import InputError
 
@@ -23,7 +23,7 @@ ProfileBackendOpt = Annotated[
 ProcsOpt = Annotated[
     int | None,
     typer.Option(
-        "--nproc", min=1, max=4096, help="Processes for the collectives, e.g. 8 (default: the GPUs; 2 on CPU)."
+        "--nproc", min=1, max=MAX_PROCS, help="Processes for the collectives, e.g. 8 (default: the GPUs; 2 on CPU)."
     ),
 ]
 ProfileModelOpt = Annotated[
@@ -37,7 +37,10 @@ ProfileDtypeOpt = Annotated[
     str | None, typer.Option("--dtype", help="torch dtype, e.g. bf16 or float32 (default: bf16 on cuda, fp32 on cpu).")
 ]
 ProfileSeqOpt = Annotated[
-    int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence, e.g. 4096 (default: 4096 cuda, 256 cpu).")
+    int | None,
+    typer.Option(
+        "--seq-len", min=1, max=MAX_SEQ_LEN, help="Tokens per sequence, e.g. 4096 (default: 4096 cuda, 256 cpu)."
+    ),
 ]
 MicroBatchesOpt = Annotated[
     str | None, typer.Option("--micro-batches", help="Micro-batch sizes, e.g. 1,2,4 (default: 1,2,4; 1,2 on cpu).")

@@ -46,7 +46,7 @@ def _plan(
         model=model,
         training=training,
         cluster=inputs,
-        inputs_hash=inputs_hash(model, training, inputs),
+        inputs_hash=inputs_hash(model, training, inputs, layout),
         headroom=headroom,
         layout=layout,
         placement=place_ranks(layout.rank_grid, cluster),

@@ -73,6 +73,50 @@ def test_bad_hf_values(key, value, message):
     assert sentence(err.value).startswith("cfg.json: ") and message in str(err.value)
 
 
+MOE_CFG = {**LLAMA_CFG, "n_routed_experts": 64, "moe_intermediate_size": 1408, "num_experts_per_tok": 6}
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        # written 0 or false is read as written, never taken for "absent"
+        ({"num_key_value_heads": 0}, "cfg.json: num_key_value_heads: Input should be greater than 0"),
+        ({"num_key_value_heads": False}, "num_key_value_heads is false (a boolean); it must be a whole number"),
+        ({"head_dim": 0}, "cfg.json: head_dim: Input should be greater than 0"),
+        (
+            {"decoder_sparse_step": 0, **MOE_CFG},
+            "cfg.json: decoder_sparse_step: Input should be greater than or equal to 1",
+        ),
+        ({**MOE_CFG, "moe_intermediate_size": 0}, "moe_intermediate_size is 0 but the model has 64 experts"),
+        # strings and booleans are refused where numbers or booleans belong, not converted
+        ({"hidden_size": "4096"}, "hidden_size is '4096' (a string); it must be a whole number"),
+        ({"num_hidden_layers": True}, "num_hidden_layers is true (a boolean); it must be a whole number"),
+        ({"tie_word_embeddings": "false"}, "tie_word_embeddings is 'false'; it must be true or false (unquoted)"),
+        ({"tie_word_embeddings": 0}, "tie_word_embeddings is 0; it must be true or false"),
+        ({"attention_bias": "no"}, "attention_bias is 'no'; it must be true or false"),
+        ({"attention_dropout": False}, "attention_dropout is false; it must be a number"),
+        ({"hidden_act": 5}, "hidden_act is 5; it must be an activation name"),
+        # contradictory MoE settings
+        ({**MOE_CFG, "first_k_dense_replace": 32}, "first_k_dense_replace 32 >= num_hidden_layers 32 leaves no MoE"),
+        ({**MOE_CFG, "num_local_experts": 8}, "num_local_experts 8 and n_routed_experts 64 disagree"),
+    ],
+)
+def test_hf_reader_tells_written_zero_from_absent_and_refuses_wrong_types(edits, message):
+    with pytest.raises(InputError) as err:
+        model_from_hf_config({**LLAMA_CFG, **edits}, "x", where="cfg.json")
+    assert sentence(err.value).startswith("cfg.json") and message in str(err.value), str(err.value)
+
+
+def test_hf_reader_defaults_only_what_is_absent_or_null():
+    plain = model_from_hf_config(LLAMA_CFG, "x")
+    assert (plain.num_kv_heads, plain.head_dim, plain.tie_embeddings) == (8, 128, False)
+    nulls = model_from_hf_config({**LLAMA_CFG, "num_key_value_heads": None, "head_dim": None}, "x")
+    assert (nulls.num_kv_heads, nulls.head_dim) == (32, 128)  # HuggingFace: null = not set
+    assert model_from_hf_config({**LLAMA_CFG, "tie_word_embeddings": True}, "x").tie_embeddings
+    moe = model_from_hf_config({**MOE_CFG, "first_k_dense_replace": 31, "n_shared_experts": 0}, "x")
+    assert (moe.num_moe_layers, moe.moe_shared_ffn_hidden_size) == (1, 0)  # the last layer, no shared expert
+
+
 def test_moe_keys_are_named_in_their_config_spelling():
     cfg = {**LLAMA_CFG, "num_local_experts": 8, "num_experts_per_tok": 9}
     with pytest.raises(InputError, match=r"moe_top_k \(9\) must be in 1..num_experts \(8\)"):

@@ -96,9 +96,12 @@ def test_the_entry_point_reports_a_bug_with_exit_1(monkeypatch, capsys):
 def test_a_library_field_error_names_the_option_that_set_it(tmp_path):
     plan = tmp_path / "p.json"
     assert run("estimate", *SMALL, "--tp", 8, "-o", plan).exit_code == 0
-    result = run("simulate", plan, "--failure-rate", "-1")
+    result = run("simulate", plan, "--failure-rate", "1e-320")  # within --failure-rate's 0..1, under SimConfig's floor
     assert result.exit_code == 2
-    assert result.stderr == "error: --failure-rate -1.0: Input should be greater than or equal to 0.\n"
+    assert result.stderr == (
+        "error: --failure-rate 1e-320: a rate of 1e-320 per GPU-hour is below 1e-12 (once per 10**8 GPU-years), "
+        "where the expected failure counts underflow; give 0 for none.\n"
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -135,6 +138,48 @@ def test_choices_match_the_library(cli_choice, library):
 
     module, name = library.split(":")
     assert get_args(getattr(options, cli_choice)) == get_args(getattr(importlib.import_module(module), name))
+
+
+@pytest.mark.parametrize(
+    ("cli_bound", "library"),
+    [
+        ("ntp_planner.cli.options:MAX_GPUS", "topologies.cluster:MAX_GPUS"),
+        ("ntp_planner.cli.options:MAX_GLOBAL_BATCH", "cost_models.training:MAX_GLOBAL_BATCH"),
+        ("ntp_planner.cli.options:MAX_LAYERS", "cost_models.model:MAX_LAYERS"),
+        ("ntp_planner.cli.options:MAX_POWER", "cost_models.degraded:MAX_POWER"),
+        ("ntp_planner.cli.failures:MAX_TRIALS", "ntp_planner.failures.simulator:MAX_TRIALS"),
+        ("ntp_planner.cli.failures:MAX_RATE_PER_GPU_HOUR", "ntp_planner.failures.simulator:MAX_RATE_PER_GPU_HOUR"),
+        ("ntp_planner.cli.failures:MIN_RATE_PER_GPU_HOUR", "ntp_planner.failures.simulator:MIN_RATE_PER_GPU_HOUR"),
+        ("ntp_planner.cli.failures:MAX_SECONDS", "ntp_planner.failures.simulator:MAX_SECONDS"),
+        ("ntp_planner.cli.failures:MAX_HOURS", "ntp_planner.failures.simulator:MAX_HOURS"),
+        ("ntp_planner.cli.failures:MIN_SHAPE", "ntp_planner.failures.simulator:MIN_SHAPE"),
+        ("ntp_planner.cli.failures:MAX_SHAPE", "ntp_planner.failures.simulator:MAX_SHAPE"),
+        ("ntp_planner.cli.failures:MAX_SLOWDOWN", "ntp_planner.failures.simulator:MAX_SLOWDOWN"),
+        ("ntp_planner.cli.failures:MAX_LEMON_FACTOR", "ntp_planner.failures.simulator:MAX_LEMON_FACTOR"),
+        ("ntp_planner.cli.options:MAX_GPUS", "ntp_planner.failures.simulator:MAX_SPARES"),
+    ],
+)
+def test_option_bounds_match_the_library(cli_bound, library):
+    """The CLI spells its bounds so that `ntp --help` imports nothing heavy; they must be the library's."""
+    import importlib
+
+    def value(where):
+        module, name = where.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    assert value(cli_bound) == value(library)
+    from cost_models.training import _BOUNDS
+
+    assert options.MAX_SEQ_LEN == _BOUNDS["seq_len"].hi
+    assert value("ntp_planner.cli.failures:MAX_INTERVAL_MIN") * 60 == value(
+        "ntp_planner.failures.simulator:MAX_INTERVAL_S"
+    )
+    repair = value("ntp_planner.cli.failures:MAX_REPAIR")
+    assert (
+        repair["--hw-repair-days"] * 24
+        == repair["--sw-repair-hours"]
+        == value("ntp_planner.failures.simulator:MAX_HOURS")
+    )
 
 
 def test_choice_tuples_match_the_library():

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ def test_plans_older_than_gpus_per_domain_still_load(plan, tmp_path):
     assert old.cluster.gpus_per_domain is None and old.cluster.build().used_per_domain == 8
     assert old.inputs_hash == plan.inputs_hash  # unset, the field leaves the hash as it was
     partial = plan.cluster.model_copy(update={"gpus_per_domain": 8})
-    assert inputs_hash(plan.model, plan.training, partial) != plan.inputs_hash
+    assert inputs_hash(plan.model, plan.training, partial, plan.layout) != plan.inputs_hash
 
 
 def test_schema_and_garbage_are_rejected(plan, tmp_path):
@@ -228,7 +229,7 @@ INCONSISTENT = [
     (("predicted", "step_time_s"), float("nan"), "predicted.step_time_s is nan"),
     (("predicted", "step_time_s"), float("inf"), "predicted.step_time_s is inf"),
     (("predicted", "memory_per_gpu_bytes"), float("nan"), "predicted.memory_per_gpu_bytes is nan"),
-    (("predicted", "mfu"), float("inf"), "predicted holds a number that is not finite"),
+    (("predicted", "mfu"), float("inf"), "predicted.mfu is inf; it must be a fraction in (0, 1]"),
     (("megatron", "step_time_s"), 0, "megatron.step_time_s: 0 must be a finite number above 0"),
     (("megatron", "step_time_s"), float("nan"), "megatron.step_time_s: Input should be a finite number"),
     (("headroom",), 1.5, "headroom: 1.5 must lie in [0, 1)"),
@@ -252,6 +253,73 @@ def test_inconsistent_plans_fail_on_load(small, tmp_path, path, value, message):
     text = str(err.value)
     assert "\n" not in text and str(file) in text and message in text, text
     assert "--" not in text and "ntp plan" not in text  # library terms, no CLI flags
+
+
+EDITED_INPUTS = [
+    (("model", "hidden_size"), 8192),
+    (("model", "vocab_size"), 32000),
+    (("training", "seq_len"), 8192),
+    (("training", "fp8_recipe"), "current"),
+    (("cluster", "spec", "nvlink_bw_bytes_per_s"), 9e11),
+    (("layout", "recompute"), "full"),
+    (("layout", "sequence_parallel"), True),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), EDITED_INPUTS)
+def test_a_plan_whose_inputs_were_edited_is_refused(small, tmp_path, path, value):
+    """The prediction belongs to the inputs it was computed from: an input or layout edited by
+    hand (and still consistent) changes the hash, and the plan says so instead of being explained,
+    re-planned or exported under its old prediction."""
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps(_edited(small, path, value)))
+    with pytest.raises(InputError) as err:
+        Plan.load(file)
+    text = str(err.value)
+    assert text.startswith(f"{file} was edited after it was predicted") and "\n" not in text
+    assert f"inputs_hash {small['inputs_hash'][:12]}..." in text and "`ntp estimate ... -o`" in text
+
+
+def test_a_plan_from_before_the_layout_was_hashed_says_so(small, tmp_path):
+    """Its inputs_hash is that of model, training and cluster alone (the committed plans' old
+    hashes): not 'edited', but too old to tell an edited layout."""
+    from ntp_planner.plan import ClusterInputs
+
+    plan = Plan.model_validate(small)
+    old = inputs_hash(plan.model, plan.training, ClusterInputs.model_validate(small["cluster"]), None)
+    assert old != small["inputs_hash"]
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps({**small, "inputs_hash": old}))
+    with pytest.raises(InputError, match=re.escape(f"{file} was made before inputs_hash covered the layout")):
+        Plan.load(file)
+
+
+PREDICTED_LIES = [
+    (("predicted", "mfu"), 5.0, "predicted.mfu is 5; it must be a fraction in (0, 1]"),
+    (("predicted", "mfu"), -0.5, "predicted.mfu is -0.5; it must be a fraction in (0, 1]"),
+    (("predicted", "mfu_causal"), 0, "predicted.mfu_causal is 0; it must be a fraction in (0, 1]"),
+    (("predicted", "stage_time_s"), [], "predicted.stage_time_s has 0 entries but the layout has pp 2 stages"),
+    (("predicted", "stage_time_s", 0), -1.0, "predicted.stage_time_s[0] is -1; it must be a finite number above 0"),
+    (("predicted", "stage_memory_bytes"), [1e9], "predicted.stage_memory_bytes has 1 entries but the layout has pp 2"),
+    (("predicted", "time_breakdown_s", "compute"), -0.1, "predicted.time_breakdown_s.compute is -0.1"),
+    (("predicted", "tflops_per_gpu"), 0, "predicted.tflops_per_gpu is 0"),
+    (("predicted", "bottleneck_stage"), 2, "predicted.bottleneck_stage is 2; it must be a stage, 0..1"),
+    (("megatron", "mfu"), 5.0, "megatron.mfu: 5 must be a fraction in (0, 1]"),
+    (("objective",), "banana", "objective: Input should be 'step-time' or 'goodput'"),
+    (("source",), "me", "source: Input should be 'search' or 'user'"),
+    (("goodput_strategy",), "pray", "goodput_strategy: Input should be 'restart'"),
+    (("training", "dtype"), "mxfp8", "H100-SXM (hopper) has no mxfp8 tensor cores"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), PREDICTED_LIES)
+def test_predictions_a_step_cannot_have_are_refused(small, tmp_path, path, value, message):
+    file = tmp_path / "plan.json"
+    file.write_text(json.dumps(_edited(small, path, value)))
+    with pytest.raises(InputError) as err:
+        Plan.load(file)
+    text = str(err.value)
+    assert "\n" not in text and str(file) in text and message in text, text
 
 
 def test_the_unedited_small_plan_loads(small, tmp_path):
@@ -310,4 +378,4 @@ def test_committed_plans_keep_their_inputs_hash(name):
     """Fields added to the inputs later (gpus_per_domain, a cluster's custom_gpu) leave older
     plans' hashes, and the hashes their exported configs carry, as they were."""
     plan = Plan.load(Path(__file__).parent / "plans" / f"{name}.json")
-    assert inputs_hash(plan.model, plan.training, plan.cluster) == plan.inputs_hash
+    assert inputs_hash(plan.model, plan.training, plan.cluster, plan.layout) == plan.inputs_hash

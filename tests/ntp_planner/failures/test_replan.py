@@ -2,6 +2,8 @@
 
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +21,9 @@ from cost_models.degraded import (
 from ntp_planner.cli import app
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.failures.sampling import explicit_failures, lost_domains, random_failures
+from ntp_planner.plan import Plan
 from ntp_planner.solver.planner import plan_from_layout
-from topologies import CLUSTERS, Cluster
+from topologies import CLUSTERS, Cluster, InputError
 
 # A model whose heads (56) and FFN columns (28,672) split evenly over 8 and over 7 GPUs, so one
 # failure in a TP8 group means exactly 8/7 more work per surviving GPU.
@@ -246,7 +249,11 @@ def test_cli_replan_and_sweep(plan_file, tmp_path):
     [
         (["--failed", "3,999"], "outside 0..255"),
         (["--failed", "3,3"], "listed more than once"),
-        (["--failed-fraction", "1.5"], "must lie in [0, 1)"),
+        (
+            ["--failed-fraction", "1.5"],
+            "Invalid value for '--failed-fraction': Input should be less than or equal to 1",
+        ),
+        (["--failed-fraction", "1"], "--failed-fraction 1 must lie in [0, 1): with every GPU failed nothing is left"),
         (["--failed", "x"], "must be comma-separated whole numbers"),
         ([], "give exactly one of --failed"),
         (["--failed", "3", "--policy", "magic"], "'magic' is not one of 'dp-drop', 'ntp'"),
@@ -344,7 +351,9 @@ def test_every_replan_option_reaches_the_result(plan_file, command, option):
 
 def test_sweep_validates_max_power(plan_file):
     result = CliRunner().invoke(app, ["sweep", str(plan_file), "--samples", "2", "--max-power", "0.5"])
-    assert result.exit_code == 2 and "max_power 0.5 must be a finite number of at least 1" in result.stderr
+    assert result.exit_code == 2 and "'--max-power': Input should be greater than or equal to 1" in result.stderr
+    with pytest.raises(InputError, match=re.escape("max_power 2.5 must lie in [1, 2.0]")):
+        Replanner(Plan.load(plan_file), max_power=2.5)
 
 
 # ---- in-domain spares: jobs that use part of each NVLink domain ---------------------------------
@@ -423,3 +432,103 @@ def test_sweep_of_domain_blasts_gets_no_in_domain_spares():
     assert (rows[0].mean_loss, rows[0].p5_loss, rows[0].p95_loss) == (0.5, 0.5, 0.5)
     singles = sweep(nvl72_plan(), [8 / 128], 4, ["dp-drop"], np.random.default_rng(0), blast="gpu")
     assert singles[0].p95_loss == 0.0  # 8 single failures: no domain has more than its 8 idle GPUs
+
+
+# ---- a re-plan file is checked field by field and against its plan ---------------------------------
+FROZEN = Path(__file__).parent.parent / "plans"
+
+
+@pytest.fixture(scope="module")
+def frozen_replan():
+    """The committed tp8 pp2 dp4 plan and its ntp re-plan of GPUs 3 and 12 (replica 3 at TP 7)."""
+    return Plan.load(FROZEN / "ntp_replanned.json"), json.loads((FROZEN / "ntp_replanned.replan.json").read_text())
+
+
+def _set(data, path, value):
+    data = json.loads(json.dumps(data))
+    *parents, last = path
+    node = data
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return data
+
+
+REPLAN_LIES = [
+    (("policy",), "banana", "policy: Input should be 'dp-drop', 'ntp', 'ntp-pw' or 'spares'"),
+    (("fallback",), "ntp", "policy ntp with fallback ntp: spares needs a fallback, the other policies none"),
+    (("throughput_relative",), math.nan, "throughput_relative: Input should be a finite number"),
+    (("throughput_relative",), -0.5, "throughput_relative: Input should be greater than or equal to 0"),
+    (("throughput_relative",), 0.5, "throughput_relative 0.5 != global_batch_reached (30) / global_batch_target (32)"),
+    (("failed_gpus",), -5, "failed_gpus: Input should be greater than or equal to 0"),
+    (("healthy_step_time_s",), -1.0, "healthy_step_time_s: Input should be greater than 0"),
+    (("global_batch_reached",), 40, "global_batch_reached 40 exceeds global_batch_target 32"),
+    (("paused",), True, "paused is true but batch flexible reaches 30 of 32 sequences"),
+    (("replicas", 3, "power", 0), 1e6, "power.0: Input should be less than or equal to 2"),
+    (("replicas", 3, "power"), [1.0], "replica 3 gives 1 power multipliers for 2 stages"),
+    (("replicas", 0, "power", 0), 1.2, "replica 0 is healthy but runs at power [1.2, 1.0]"),
+    (("replicas", 3, "status"), "dropped", "replica 3 is dropped but holds stage_tp [7, 7]"),
+    (("rank_to_gpu", 0), -1, "rank_to_gpu.0: Input should be greater than or equal to 0"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), REPLAN_LIES)
+def test_a_re_plan_file_refuses_values_no_re_plan_has(frozen_replan, path, value, message):
+    from pydantic import ValidationError
+
+    from ntp_planner.failures.replan import ReplanResult
+    from topologies.cluster_catalogue import first_error
+
+    with pytest.raises(ValidationError) as err:
+        ReplanResult.model_validate(_set(frozen_replan[1], path, value))
+    assert message in first_error(err.value), first_error(err.value)
+
+
+REPLAN_MISMATCHES = [
+    # replica 3 runs stage 0 at TP 7 on ranks 24..30; rank 31 (its TP rank 7) must stay empty
+    (("rank_to_gpu", 31), 3, "replica 3 runs stage 0 at TP 7 but rank_to_gpu gives rank 31 (TP rank 7 or more) a GPU"),
+    (
+        ("replicas", 0, "gpus_used"),
+        15,
+        "replica 0 has gpus_used 15 and gpus_idle 0 but rank_to_gpu places 16 of its 16",
+    ),
+    (("replicas", 3, "local_batch"), 9, "replica 3 runs local_batch 9; it must be at most the plan's 8 sequences"),
+    (("idle_gpus",), [0], "idle_gpus lists GPU(s) [0] that run ranks"),
+    (("failed_gpus",), 65, "with 65 failed GPUs but the plan runs 32 on 64 GPUs"),
+    (("plan_hash",), "0" * 64, "the re-plan was made for another plan (plan_hash 000000000000..., this plan's"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), REPLAN_MISMATCHES)
+def test_a_re_plan_must_match_the_plan_it_came_from(frozen_replan, path, value, message):
+    from ntp_planner.failures.replan import ReplanResult
+
+    plan, data = frozen_replan
+    ReplanResult.model_validate(data).check_against(plan)  # the committed pair agrees
+    result = ReplanResult.model_validate(_set(data, path, value))
+    with pytest.raises(InputError) as err:
+        result.check_against(plan)
+    assert message in str(err.value) and "ntp replan PLAN -o R.json" in str(err.value), str(err.value)
+
+
+def test_a_re_plan_of_another_plan_of_the_same_shape_is_refused(frozen_replan, tmp_path):
+    """Same layout and cluster, another sequence length: every count matches, only the hash tells."""
+    plan, data = frozen_replan
+    other = plan_from_layout(
+        plan.model, plan.training.model_copy(update={"seq_len": 2048}), plan.cluster.build(), plan.layout
+    )
+    (tmp_path / "other.json").write_text(other.model_dump_json())
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    result = CliRunner().invoke(
+        app, ["export", str(tmp_path / "other.json"), "--replan", str(tmp_path / "r.json"), "-o", str(tmp_path / "x")]
+    )
+    assert result.exit_code == 2 and "the re-plan was made for another plan" in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_fresh_re_plan_carries_its_plan_hash_and_passes_its_own_check():
+    plan = two_replicas()
+    result = Replanner(plan).replan(frozenset({3}), "ntp")
+    assert result.plan_hash == plan.inputs_hash
+    again = type(result).model_validate_json(result.model_dump_json())  # what `ntp replan -o` writes, re-read
+    again.check_against(plan)

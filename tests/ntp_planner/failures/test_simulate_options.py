@@ -143,7 +143,8 @@ def test_oversized_recovery_file_is_refused(plan_4k, tmp_path, monkeypatch):
     ("spares", "message"),
     [
         ("-8", "--spares -8: Input should be greater than or equal to 0"),
-        ("0,-8", "--spares -8 is negative"),
+        ("0,-8", "--spares -8 is outside 0..1,000,000"),
+        ("0,1000001", "--spares 1,000,001 is outside 0..1,000,000"),
         ("0,x", "--spares"),
         ("4,4", "lists 2 pool sizes; give at most 32, each once"),
         (",".join(map(str, range(33))), "lists 33 pool sizes"),

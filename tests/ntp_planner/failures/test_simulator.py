@@ -165,10 +165,15 @@ def test_cli_plot_without_matplotlib(plan_file, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--failure-rate", "-1"], "--failure-rate -1.0: Input should be greater than or equal to 0"),
+        (["--failure-rate", "-1"], "Invalid value for '--failure-rate': Input should be greater than or equal to 0"),
+        (["--failure-rate", "1e-320"], "--failure-rate 1e-320: a rate of 1e-320 per GPU-hour is below 1e-12"),
+        (["--weibull-shape", "1e-320"], "Invalid value for '--weibull-shape': Input should be greater than or equal"),
+        (["--lemon-fraction", "1"], "--lemon-fraction 1.0: Input should be less than 1"),
         (["--days", "0"], "--days 0.0: Input should be greater than 0"),
         (["--strategies", "restart,magic"], "unknown strategies ['magic']"),
-        (["--hw-repair-days", "-3"], "must be non-negative"),
+        (["--hw-repair-days", "-3"], "each in 0..365 (a year)"),
+        (["--hw-repair-days", "3-inf"], "each in 0..365 (a year)"),
+        (["--sw-repair-hours", "9000"], "each in 0..8760 (a year)"),
         (["--hw-repair-days", "5-3"], "is reversed"),
         (["--checkpoint-interval", "soon"], "must be auto or minutes"),
         (["--trials", "0"], "trials"),
@@ -313,8 +318,11 @@ def test_single_gpu_failures_cost_only_the_stalls_with_in_domain_spares():
     [
         # 30 days of 1-second bins: 2,592,000 bins per trial
         ({"bin_s": 1}, "days(30) x 86400 / bin_s(1) = 2,592,000 time bins per trial is over the 200,000"),
-        # 10**9 trials x 4,320 bins
-        ({"trials": 10**9}, "trials(1,000,000,000) x bins(4,320) = 4.32e+12 trial-bins"),
+        # 10**6 trials (the bound) x 4,320 bins
+        ({"trials": 10**6}, "trials(1,000,000) x bins(4,320) = 4.32e+09 trial-bins"),
+        ({"trials": 10**6 + 1}, "Input should be less than or equal to 1000000"),
+        ({"checkpoint_write_s": 0}, "checkpoint_write_s\n  Input should be greater than 0"),
+        ({"failure_rate_per_gpu_hour": 1e-320}, "a rate of 1e-320 per GPU-hour is below 1e-12"),
         ({"days": float("inf")}, "finite number"),
         ({"failure_rate_per_gpu_hour": float("nan")}, "finite number"),
     ],
@@ -326,9 +334,9 @@ def test_config_refuses_work_beyond_the_bounds(update, message):
 
 def test_simulate_refuses_runs_of_hours_with_the_arithmetic(plan_16k):
     rng = np.random.default_rng(0)
-    # 1e9 failures per GPU-hour x (720 + 120 h) x 16,384 GPUs = 1.38e16 events per trial
-    with pytest.raises(InputError, match=re.escape("= 1.38e+16 events per trial is over 5,000")):
-        simulate(plan_16k, SimConfig(failure_rate_per_gpu_hour=1e9), ["ntp"], rng)
+    # 1 failure per GPU-hour (the bound) x (720 + 120 h) x 16,384 GPUs = 1.38e7 events per trial
+    with pytest.raises(InputError, match=re.escape("= 1.38e+07 events per trial is over 5,000")):
+        simulate(plan_16k, SimConfig(failure_rate_per_gpu_hour=1.0), ["ntp"], rng)
     # Llama 3's rate: 16,384 x 840 h x 1.97e-5 = 271 per trial, x 300,000 trials = 8.1e7 > 5.4e7
     with pytest.raises(InputError, match=re.escape("x trials(300,000) = 8.15e+07 is over 5.4e+07")):
         simulate(plan_16k, SimConfig(days=30, trials=300_000), ["ntp"], rng)

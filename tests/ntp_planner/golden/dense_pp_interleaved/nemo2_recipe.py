@@ -1,4 +1,4 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan 1231d992d53a: llama3-8b, tp4 pp4(7/9/9/7) dp4 mb1 vpp2 sp rc-selective distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan bd5b0db8c59e: llama3-8b, tp4 pp4(7/9/9/7) dp4 mb1 vpp2 sp rc-selective distopt."""
 
 import torch
 from nemo.collections import llm

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ntp-planner plan 3566945a43a6: mixtral-8x7b on 64 x H100-SXM (dgx-h100)
+# ntp-planner plan a4ca0e13fd40: mixtral-8x7b on 64 x H100-SXM (dgx-h100)
 # Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.
 set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1

@@ -1,4 +1,4 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan 3566945a43a6: mixtral-8x7b, tp2 pp2 dp16 ep8 mb1 sp distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan a4ca0e13fd40: mixtral-8x7b, tp2 pp2 dp16 ep8 mb1 sp distopt."""
 
 import torch
 from nemo.collections import llm

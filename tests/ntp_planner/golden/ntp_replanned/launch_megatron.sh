@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ntp-planner plan a8ece23932be: llama3-8b on 64 x H100-SXM (dgx-h100)
+# ntp-planner plan a5b4c901dc99: llama3-8b on 64 x H100-SXM (dgx-h100)
 # Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.
 set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1

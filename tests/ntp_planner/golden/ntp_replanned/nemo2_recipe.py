@@ -1,4 +1,4 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan a8ece23932be: llama3-8b, tp8 pp2 dp4 mb1 sp distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan a5b4c901dc99: llama3-8b, tp8 pp2 dp4 mb1 sp distopt."""
 
 import torch
 from nemo.collections import llm
