@@ -6,6 +6,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo-output
+# `make test` runs its files on this many pytest-xdist workers (a file's tests stay on one worker,
+# so module fixtures are built once); the executor's ranks fork from a server with torch imported
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow venv lint bench clean
 
@@ -25,7 +28,7 @@ demo: venv
 	@echo "demo outputs: $(DEMO_DIR)/plan.json $(DEMO_DIR)/explain.json"
 
 test: venv
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 # the slowest multi-process cases (a rank killed, hung or raising; torchrun; cases another fast test
 # already covers in part): CI runs them after `make test`

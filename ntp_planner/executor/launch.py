@@ -23,12 +23,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ntp_planner.executor.batch import missing_ids
 from ntp_planner.executor.holders import compare, loss_errors, non_finite_losses
 from ntp_planner.executor.measure import summarize
 from ntp_planner.executor.model import zero_gradient_params
+from ntp_planner.executor.mutations import carried, plant
+from ntp_planner.executor.processes import context
 from ntp_planner.executor.runtime import reference_run, run_rank
 from ntp_planner.executor.spec import RunSpec
 
@@ -88,10 +89,11 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}"
 
 
-def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault) -> None:
+def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault, bug) -> None:
     # gloo on loopback: every rank of a local run is on this host (set in the child, so the
     # caller's environment stays as it was)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    plant(bug)
     try:
         run_rank(rank, spec, init_method, backend, out_file, timeout_s, progress, fault)
     except BaseException as exc:  # report why, then leave at once (no hanging in teardown)
@@ -113,14 +115,14 @@ def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault
     Raises RankFailure naming the rank when one fails or hangs. ``tick(step)`` hears the step
     the slowest rank has entered."""
     start = time.perf_counter()
-    ctx = mp.get_context("spawn")
+    ctx = context()
     world = spec.world_size
     progress = ctx.Array("q", 3 * world, lock=False)
     with tempfile.TemporaryDirectory(prefix="ntp-validate-") as tmp:
         out, errs = Path(tmp, "out.pt"), Path(tmp, "errors")
         errs.mkdir()
         init = f"file://{tmp}/store"
-        args = (spec, init, backend, str(out), str(errs), 2 * timeout_s + STARTUP_S, progress, fault)
+        args = (spec, init, backend, str(out), str(errs), 2 * timeout_s + STARTUP_S, progress, fault, carried())
         procs = [ctx.Process(target=_worker, args=(r, *args), daemon=True) for r in range(world)]
         with supervised(procs):
             _watch(spec, procs, progress, errs, timeout_s, tick)

@@ -26,3 +26,17 @@ VARIABLE = "NTP_EXECUTOR_MUTATION"
 def planted(name: str) -> bool:
     """True when the bug ``name`` is to be planted in this process."""
     return os.environ.get(VARIABLE) == name
+
+
+def carried() -> str | None:
+    """The bug planted in this (the launching) process, for ``plant`` in the processes it starts:
+    they are forked from a server started earlier (``processes.context``), with its environment."""
+    return os.environ.get(VARIABLE)
+
+
+def plant(name: str | None) -> None:
+    """Plant ``carried()``'s bug (or none) in this process, as the launcher had it."""
+    if name is None:
+        os.environ.pop(VARIABLE, None)
+    else:
+        os.environ[VARIABLE] = name

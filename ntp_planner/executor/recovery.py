@@ -42,12 +42,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ntp_planner.executor.faults import Repair
 from ntp_planner.executor.launch import error_line
 from ntp_planner.executor.live import Generation, LiveConfig, serve
-from ntp_planner.executor.mutations import planted
+from ntp_planner.executor.mutations import carried, plant, planted
+from ntp_planner.executor.processes import context
 from ntp_planner.executor.relayout import Layout, RunReplanner
 
 PARTS = ("detect_s", "agree_s", "replan_s", "regroup_s", "move_state_s", "redo_s")
@@ -73,8 +73,9 @@ class LiveRun:
     cuts: list[dict] = field(default_factory=list)  # every layout's shard cuts against the planner's (``cuts``)
 
 
-def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress, first_generation: int) -> None:
+def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress, first_generation: int, bug) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    plant(bug)
     try:
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s + 60))
         serve(proc, store, cfg, progress, first_generation)
@@ -105,7 +106,7 @@ class Coordinator:
         base = replanner.base()
         self.base_world = base.spec.world_size
         self.total = self.base_world + spares
-        self.ctx = mp.get_context("spawn")
+        self.ctx = context()
         self.progress = self.ctx.Array("q", 3 * self.total, lock=False)
         self.procs: dict[int, object] = {}
         self.dead: set[int] = set()
@@ -162,7 +163,7 @@ class Coordinator:
 
     def _spawn(self, proc: int) -> None:
         # a process started later (a repair) joins at the next generation, never an old one
-        args = (proc, self.store.port, self.cfg, str(self.err_dir), self.progress, len(self.gens))
+        args = (proc, self.store.port, self.cfg, str(self.err_dir), self.progress, len(self.gens), carried())
         p = self.ctx.Process(target=_worker, args=args, daemon=True)
         self._spawned_t[proc] = time.time()
         p.start()
