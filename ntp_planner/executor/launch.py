@@ -231,8 +231,8 @@ def _gone(info: dict) -> bool:
 
 
 def _during(spec: RunSpec, ranks: list[int], steps: dict) -> str:
-    """'rank 5 (replica 1, stage 0, local rank 1), during step 2': ranks and the step each entered."""
-    return "; ".join(f"{describe_rank(spec, r)}, during step {steps.get(r, '?')}," for r in ranks).rstrip(",")
+    """'rank 5 (replica 1, stage 0, local rank 1, in step 2)': ranks and the step each entered."""
+    return " and ".join(f"{describe_rank(spec, r)[:-1]}, in step {steps.get(r, '?')})" for r in ranks)
 
 
 REPORT_GRACE_S = 2.0  # how long a rank that lost a peer looks for the rank that failed

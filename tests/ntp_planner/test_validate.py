@@ -159,6 +159,6 @@ def test_a_rank_killed_under_torchrun_is_named_once(plans):
     assert out.returncode != 0
     data = json.loads(out.stdout)  # one object: a second would make this fail
     assert data["passed"] is False
-    assert data["failure"].startswith("rank 5 (replica 1, stage 0, local rank 1), during step 2, died without a word")
+    assert data["failure"].startswith("rank 5 (replica 1, stage 0, local rank 1, in step 2) died without a word")
     said = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert said == [f"error: {data['failure']}"]
