@@ -209,6 +209,17 @@ def test_ntp_validate_passes_on_a_mixtral_plan_with_ep(tmp_path):
     assert any("ep 2 kept" in n for n in out["notes"])
 
 
+def test_shrink_keeps_two_experts_per_ep_rank():
+    # Mixtral's 8 experts at ep 8 would leave one per EP rank: its tokens never need sorting among
+    # the rank's experts, so that permutation went unexercised; the run holds 16, two per rank
+    plan = _plan("mixtral-8x7b", 64, tp=1, dp=64, ep=8)
+    spec = shrink(plan, nproc=16).spec
+    assert (spec.ep, spec.cfg.experts, spec.cfg.top_k) == (8, 16, 2)
+    assert "experts 8 -> 16 (top-2 kept, dropless, two per EP rank" in " ".join(spec.notes)
+    # where the plan's experts already give two or more per rank, they are kept (8 at ep 4)
+    assert shrink(_plan("mixtral-8x7b", 32, tp=2, dp=16, ep=4), nproc=8).spec.cfg.experts == 8
+
+
 def test_shrink_of_an_ntp_replan_runs_its_experts_without_ep_and_says_why():
     from ntp_planner.failures.replan import Replanner
 
