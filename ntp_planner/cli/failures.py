@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 
@@ -21,6 +21,7 @@ from ntp_planner.cli.options import (
     SeedOpt,
     SparesOpt,
     Start,
+    Strategy,
     parse_list,
 )
 from ntp_planner.cli.output import progress, show, show_json
@@ -40,6 +41,7 @@ MAX_INTERVAL_MIN = 525_600  # a year between checkpoints
 MIN_SHAPE, MAX_SHAPE = 0.1, 10.0  # failure studies fit Weibull shapes of 0.5 to 1.5
 MAX_HOURS = 8760  # a straggler episode lasting a year
 MAX_SLOWDOWN = 100.0  # a job 100x slower is down, not slow
+MAX_LEMON_FRACTION = 0.99  # SimConfig.lemon_host_fraction < 1, which typer's max cannot say
 MAX_LEMON_FACTOR = 1000.0  # lemon hosts in studies fail 2-20x as often
 MAX_REPAIR = {"--hw-repair-days": 365, "--sw-repair-hours": 8760}  # a repair of more than a year
 
@@ -152,7 +154,12 @@ ThresholdOpt = Annotated[
 ]
 LemonFractionOpt = Annotated[
     float,
-    typer.Option("--lemon-fraction", min=0, max=1, help="Share of lemon hosts."),
+    typer.Option(
+        "--lemon-fraction",
+        min=0,
+        max=MAX_LEMON_FRACTION,
+        help="Share of lemon hosts, below 1 (were every host a lemon, none would fail more often than the rest).",
+    ),
 ]
 LemonFactorOpt = Annotated[
     float,
@@ -306,7 +313,7 @@ def simulate(
     from ntp_planner.failures.simulator import simulate as run_simulation
     from ntp_planner.plan import Plan
 
-    names = parse_list(strategies, "--strategies", str, "restart,ntp")
+    names = parse_list(strategies, "--strategies", str, "restart,ntp", choices=get_args(Strategy))
     pools = parse_list(spares, "--spares", int, "0,8,16")
     costs, sources = _recovery_costs(recovery_from, restart_s)
     repair = (
