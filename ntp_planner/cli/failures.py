@@ -9,10 +9,12 @@ from typing import Annotated, get_args
 import typer
 
 from ntp_planner.cli.options import (
+    MAX_POWER,
     BatchModeOpt,
     Blast,
     BlastOpt,
     FailureDist,
+    Fallback,
     FallbackOpt,
     JsonOpt,
     PlanArg,
@@ -168,6 +170,19 @@ LemonFactorOpt = Annotated[
 SimPlotOpt = Annotated[Path | None, typer.Option("--plot", help="Folder for PNG plots.")]
 
 
+# replan's own: given, they must apply to the policy (sweep takes them for every policy it runs)
+ReplanFallbackOpt = Annotated[
+    Fallback | None,
+    typer.Option("--fallback", help="What --policy spares falls back to when they run out (default: dp-drop)."),
+]
+ReplanPowerOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-power", min=1, max=MAX_POWER, help="Largest power multiplier per GPU, for ntp-pw (default: 1.3)."
+    ),
+]
+
+
 def replan(
     plan_file: PlanArg,
     failed: FailedOpt = None,
@@ -176,9 +191,9 @@ def replan(
     blast: BlastOpt = "gpu",
     policy: PolicyOpt = "ntp",
     spares: SparesOpt = 0,
-    fallback: FallbackOpt = "dp-drop",
+    fallback: ReplanFallbackOpt = None,
     batch: BatchModeOpt = "flexible",
-    max_power: PowerOpt = 1.3,
+    max_power: ReplanPowerOpt = None,
     output: ReplanOutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -195,6 +210,7 @@ def replan(
 
     if (failed is None) == (failed_fraction is None):
         raise InputError("give exactly one of --failed (GPU ids) or --failed-fraction (a share of GPUs)")
+    fallback, max_power = _replan_settings(policy, fallback, max_power)
     if output:
         check_output(output, "--output", [plan_file], "replan.json")
     p = Plan.load(plan_file)
@@ -219,6 +235,23 @@ def replan(
         from ntp_planner.report import replan_view
 
         show(replan_view(result))
+
+
+def _replan_settings(policy: str, fallback: str | None, max_power: float | None) -> tuple[str, float]:
+    """--fallback and --max-power with their defaults, refused where the policy does not use
+    them: a fallback only decides under spares, a power limit only under ntp-pw (as the policy or
+    the fallback)."""
+    if fallback is not None and policy != "spares":
+        raise InputError(
+            f"--fallback {fallback} only applies to --policy spares, not {policy}; drop it or use --policy spares"
+        )
+    decider = (fallback or "dp-drop") if policy == "spares" else policy
+    if max_power is not None and decider != "ntp-pw":
+        raise InputError(
+            f"--max-power {max_power:g} only applies when ntp-pw decides the replicas (--policy ntp-pw, or "
+            f"--policy spares --fallback ntp-pw), not {decider}; drop it or use ntp-pw"
+        )
+    return fallback or "dp-drop", 1.3 if max_power is None else max_power
 
 
 def sweep(

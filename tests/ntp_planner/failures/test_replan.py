@@ -257,6 +257,13 @@ def test_cli_replan_and_sweep(plan_file, tmp_path):
         (["--failed", "x"], "must be comma-separated whole numbers"),
         ([], "give exactly one of --failed"),
         (["--failed", "3", "--policy", "magic"], "'magic' is not one of 'dp-drop', 'ntp'"),
+        # an option the policy does not use is refused, not ignored
+        (["--failed", "3", "--policy", "ntp", "--fallback", "ntp"], "--fallback ntp only applies to --policy spares"),
+        (
+            ["--failed", "3", "--policy", "ntp", "--max-power", "1.5"],
+            "--max-power 1.5 only applies when ntp-pw decides",
+        ),
+        (["--failed", "3", "--policy", "spares", "--max-power", "1.5"], "ntp-pw), not dp-drop; drop it or use ntp-pw"),
     ],
 )
 def test_cli_replan_bad_input(plan_file, args, message):
