@@ -18,6 +18,7 @@ covers every layer) are refused. A refusal names the config key, not the ModelSp
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -197,4 +198,21 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else ""
         msg = err["msg"].removeprefix("Value error, ").splitlines()[0]
-        raise InputError(f"{where}: {keys.get(field, field)}: {msg}" if field else f"{where}: {msg}") from None
+        if field:
+            raise InputError(f"{where}: {keys.get(field, field)}: {msg}") from None
+        raise InputError(f"{where}: {_in_config_spelling(msg, keys)}") from None
+
+
+def _in_config_spelling(message: str, keys: dict[str, str]) -> str:
+    """A ModelSpec message about several fields, with each field named by the config key it was
+    read from: ``moe_top_k (9) must be in 1..num_experts (8)`` becomes ``num_experts_per_tok (9)
+    must be in 1..num_local_experts (8)``.
+
+    >>> _in_config_spelling("num_heads (31) must be a multiple of num_kv_heads (8)", dict(_KEYS))
+    'num_attention_heads (31) must be a multiple of num_key_value_heads (8)'
+    """
+    names = sorted((f for f in keys if keys[f] != f), key=len, reverse=True)
+    if not names:
+        return message
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    return pattern.sub(lambda m: keys[m.group(1)], message)

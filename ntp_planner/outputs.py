@@ -105,7 +105,9 @@ def write_folder(
     files of this set and ``replaces`` (the other names an earlier set of the kind may hold), is
     then swapped with it in one rename (Linux ``renameat2`` exchange), so a reader or a kill sees
     the old set or the new one, never a mix, and no file of the older set stays behind. A folder
-    holding other files too gets the new files renamed in one by one, after all are written."""
+    holding other files too gets the new files renamed in one by one, after all are written, and
+    then loses the files of ``replaces`` the new set lacks (an older export's nonuniform_tp.json
+    must not sit beside a launch script that no longer reads it)."""
     folder = Path(folder)
     parent = _folder(folder)
     try:
@@ -117,6 +119,7 @@ def write_folder(
         remove_stale(folder)
     if not _swappable(folder, {*files, *replaces}):
         write_files({folder / name: content for name, content in files.items()}, executable)
+        _remove_files(folder, set(replaces) - set(files))
         return
     try:
         stage = Path(tempfile.mkdtemp(prefix=_tmp_prefix(), dir=parent))
@@ -151,6 +154,15 @@ def remove_stale(folder) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
             Path(entry.path).unlink(missing_ok=True)
+
+
+def _remove_files(folder: Path, names: Iterable[str]) -> None:
+    """Remove the regular files ``names`` of ``folder`` (what an earlier set held); a folder, a
+    link or a device of that name is someone else's and stays."""
+    for name in names:
+        st = _lstat(folder / name)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            (folder / name).unlink(missing_ok=True)
 
 
 # ---- the checks ---------------------------------------------------------------------------------

@@ -309,10 +309,45 @@ class Plan(BaseModel):
                 raise InputError(
                     f"predicted.{name} has {len(getattr(p, name))} entries but the layout has pp {pp} stages: {RE_PLAN}"
                 )
+        self._check_predicted_agrees()
         if not 0 <= p.bottleneck_stage < pp:
             raise InputError(
                 f"predicted.bottleneck_stage is {show(p.bottleneck_stage)}; it must be a stage, 0..{pp - 1}: {RE_PLAN}"
             )
+
+    def _check_predicted_agrees(self) -> None:
+        """The predicted numbers agree with one another and with the inputs, as the step
+        estimator computes them (``cost_models.step``): the time parts sum to the step time,
+        the memory parts to the fullest GPU's bytes, which is the fullest stage's; HBM is the
+        GPU's; tokens/s is the batch's tokens over the step time. A number edited alone fails."""
+        p, t = self.predicted, self.training
+        agree = (
+            ("the sum of time_breakdown_s", sum(p.time_breakdown_s.values()), "step_time_s", p.step_time_s),
+            (
+                "the sum of memory_breakdown_bytes",
+                sum(p.memory_breakdown_bytes.values()),
+                "memory_per_gpu_bytes",
+                p.memory_per_gpu_bytes,
+            ),
+            (
+                "the largest stage_memory_bytes",
+                max(p.stage_memory_bytes, default=0.0),
+                "memory_per_gpu_bytes",
+                p.memory_per_gpu_bytes,
+            ),
+            ("hbm_bytes", p.hbm_bytes, "the GPU's HBM", self.cluster.build().gpu.hbm_bytes),
+            (
+                "tokens_per_s x step_time_s",
+                p.tokens_per_s * p.step_time_s,
+                f"seq_len({t.seq_len}) x global_batch({t.global_batch})",
+                float(t.seq_len * t.global_batch),
+            ),
+        )
+        for name, value, other, expected in agree:
+            if not math.isclose(value, expected, rel_tol=1e-6):
+                raise InputError(
+                    f"predicted: {name} is {show(value)} but {other} is {show(expected)}; they must agree: {RE_PLAN}"
+                )
 
     @property
     def megatron_gap(self) -> float:

@@ -42,7 +42,7 @@ _BOUNDS: dict[str, Bound] = {
 class ClusterSpec(BaseModel):
     """A cluster design; the GPU count is chosen when a ``Cluster`` is built from it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
     name: str = Field(min_length=1, max_length=255, description="Catalogue name, e.g. 'dgx-h100'.")
     description: str = Field(default="", max_length=10_000, description="One line for `ntp clusters`.")

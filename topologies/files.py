@@ -8,6 +8,7 @@ with an ``InputError`` naming the file before it can take the process down or ha
 from __future__ import annotations
 
 import json
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,26 @@ import yaml
 
 from topologies.bounds import show
 from topologies.errors import InputError
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader reading floats as YAML 1.2 does: ``4.5e11`` and ``1e-6`` are numbers
+    (YAML 1.1 wants a dot and a signed exponent, so PyYAML reads them as strings), which lets the
+    models that read these files refuse a quoted number instead of converting it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 MAX_FILE_BYTES = 16 * 2**20  # a cluster or model file is a few kilobytes; plans pass their own limit
 MAX_DEPTH = 32  # a cluster file nests 2 levels, a HuggingFace config 3, a plan 6
@@ -55,7 +76,7 @@ def read_text(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
 def parse(text: str, path: Path, what: str, kind: str) -> Any:
     """``text`` parsed as ``kind`` ("JSON" or "YAML"), checked to be a tree of bounded depth."""
     try:
-        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+        data = json.loads(text) if kind == "JSON" else yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise InputError(f"{what} {path} is not valid {kind}: {str(exc).splitlines()[0]}; fix the syntax.") from None
     except RecursionError:

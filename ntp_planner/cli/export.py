@@ -76,13 +76,17 @@ RecordOpt = Annotated[
     Path | None,
     typer.Option("--record", help="With --profile: append the run (measured and predicted) to this JSON-lines file."),
 ]
+MIN_TIMEOUT_S = (
+    1.0  # one AdamW step of the shrunk model takes milliseconds; below a second, scheduling jitter is a hang
+)
 MAX_TIMEOUT_S = 86_400.0  # a day; the ranks' collective timeout is a finite timedelta of twice this
 TimeoutOpt = Annotated[
     float,
     typer.Option(
         "--timeout",
+        min=MIN_TIMEOUT_S,
         max=MAX_TIMEOUT_S,
-        help="Seconds without progress before the run counts as hung (start-up gets 60 s more).",
+        help="Seconds without progress before the run counts as hung (start-up gets 60 s more), 1 s to a day.",
     ),
 ]
 # Largest relative error that passes, per dtype of the run. float64: roundoff 1.1e-16, a clean run
@@ -198,8 +202,6 @@ def validate(
              ntp validate plan.json --profile profile.json --record runs.jsonl
              ntp validate plan.json --steps 8 --fail 1@3 --repair 1@6 --policy ntp
     """
-    if not timeout > 0:
-        raise InputError(f"--timeout {timeout:g} must be positive")
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
         raise InputError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")

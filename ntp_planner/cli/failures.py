@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 
 from ntp_planner.cli.options import (
+    MAX_POWER,
     BatchModeOpt,
     Blast,
     BlastOpt,
     FailureDist,
+    Fallback,
     FallbackOpt,
     JsonOpt,
     PlanArg,
@@ -21,6 +23,7 @@ from ntp_planner.cli.options import (
     SeedOpt,
     SparesOpt,
     Start,
+    Strategy,
     parse_list,
 )
 from ntp_planner.cli.output import progress, show, show_json
@@ -40,6 +43,7 @@ MAX_INTERVAL_MIN = 525_600  # a year between checkpoints
 MIN_SHAPE, MAX_SHAPE = 0.1, 10.0  # failure studies fit Weibull shapes of 0.5 to 1.5
 MAX_HOURS = 8760  # a straggler episode lasting a year
 MAX_SLOWDOWN = 100.0  # a job 100x slower is down, not slow
+MAX_LEMON_FRACTION = 0.99  # SimConfig.lemon_host_fraction < 1, which typer's max cannot say
 MAX_LEMON_FACTOR = 1000.0  # lemon hosts in studies fail 2-20x as often
 MAX_REPAIR = {"--hw-repair-days": 365, "--sw-repair-hours": 8760}  # a repair of more than a year
 
@@ -152,13 +156,31 @@ ThresholdOpt = Annotated[
 ]
 LemonFractionOpt = Annotated[
     float,
-    typer.Option("--lemon-fraction", min=0, max=1, help="Share of lemon hosts."),
+    typer.Option(
+        "--lemon-fraction",
+        min=0,
+        max=MAX_LEMON_FRACTION,
+        help="Share of lemon hosts, below 1 (were every host a lemon, none would fail more often than the rest).",
+    ),
 ]
 LemonFactorOpt = Annotated[
     float,
     typer.Option("--lemon-factor", min=1, max=MAX_LEMON_FACTOR, help="How much more often lemons fail."),
 ]
 SimPlotOpt = Annotated[Path | None, typer.Option("--plot", help="Folder for PNG plots.")]
+
+
+# replan's own: given, they must apply to the policy (sweep takes them for every policy it runs)
+ReplanFallbackOpt = Annotated[
+    Fallback | None,
+    typer.Option("--fallback", help="What --policy spares falls back to when they run out (default: dp-drop)."),
+]
+ReplanPowerOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-power", min=1, max=MAX_POWER, help="Largest power multiplier per GPU, for ntp-pw (default: 1.3)."
+    ),
+]
 
 
 def replan(
@@ -169,9 +191,9 @@ def replan(
     blast: BlastOpt = "gpu",
     policy: PolicyOpt = "ntp",
     spares: SparesOpt = 0,
-    fallback: FallbackOpt = "dp-drop",
+    fallback: ReplanFallbackOpt = None,
     batch: BatchModeOpt = "flexible",
-    max_power: PowerOpt = 1.3,
+    max_power: ReplanPowerOpt = None,
     output: ReplanOutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -188,6 +210,7 @@ def replan(
 
     if (failed is None) == (failed_fraction is None):
         raise InputError("give exactly one of --failed (GPU ids) or --failed-fraction (a share of GPUs)")
+    fallback, max_power = _replan_settings(policy, fallback, max_power)
     if output:
         check_output(output, "--output", [plan_file], "replan.json")
     p = Plan.load(plan_file)
@@ -212,6 +235,23 @@ def replan(
         from ntp_planner.report import replan_view
 
         show(replan_view(result))
+
+
+def _replan_settings(policy: str, fallback: str | None, max_power: float | None) -> tuple[str, float]:
+    """--fallback and --max-power with their defaults, refused where the policy does not use
+    them: a fallback only decides under spares, a power limit only under ntp-pw (as the policy or
+    the fallback)."""
+    if fallback is not None and policy != "spares":
+        raise InputError(
+            f"--fallback {fallback} only applies to --policy spares, not {policy}; drop it or use --policy spares"
+        )
+    decider = (fallback or "dp-drop") if policy == "spares" else policy
+    if max_power is not None and decider != "ntp-pw":
+        raise InputError(
+            f"--max-power {max_power:g} only applies when ntp-pw decides the replicas (--policy ntp-pw, or "
+            f"--policy spares --fallback ntp-pw), not {decider}; drop it or use ntp-pw"
+        )
+    return fallback or "dp-drop", 1.3 if max_power is None else max_power
 
 
 def sweep(
@@ -306,7 +346,7 @@ def simulate(
     from ntp_planner.failures.simulator import simulate as run_simulation
     from ntp_planner.plan import Plan
 
-    names = parse_list(strategies, "--strategies", str, "restart,ntp")
+    names = parse_list(strategies, "--strategies", str, "restart,ntp", choices=get_args(Strategy))
     pools = parse_list(spares, "--spares", int, "0,8,16")
     costs, sources = _recovery_costs(recovery_from, restart_s)
     repair = (

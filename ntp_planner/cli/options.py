@@ -154,9 +154,10 @@ BlastOpt = Annotated[Blast, typer.Option("--blast", help="What one failure takes
 _KINDS = {int: "whole numbers", float: "numbers", str: "names"}
 
 
-def parse_list(text: str, option: str, kind: type = str, example: str = "") -> list:
-    """The comma list ``text`` given to ``option`` as values of ``kind`` (int, float or str);
-    blanks around and between commas are ignored, an empty list is refused.
+def parse_list(text: str, option: str, kind: type = str, example: str = "", choices: tuple[str, ...] = ()) -> list:
+    """The comma list ``text`` given to ``option`` as values of ``kind`` (int, float or str),
+    each one of ``choices`` when given; blanks around and between commas are ignored, an empty
+    list is refused.
 
     >>> parse_list("17, 803,4410", "--failed", int)
     [17, 803, 4410]
@@ -165,12 +166,19 @@ def parse_list(text: str, option: str, kind: type = str, example: str = "") -> l
     >>> parse_list(" , ", "--fractions", float, "0.001,0.002")
     Traceback (most recent call last):
     topologies.errors.InputError: --fractions ' , ' lists nothing; give comma-separated numbers, e.g. 0.001,0.002
+    >>> parse_list("restart,magic", "--strategies", choices=("restart", "ntp"))
+    Traceback (most recent call last):
+    topologies.errors.InputError: --strategies 'restart,magic': magic is not one of restart, ntp
     """
     words = [w.strip() for w in text.split(",") if w.strip()]
     eg = f", e.g. {example}" if example else ""
     if not words:
         raise InputError(f"{option} {text!r} lists nothing; give comma-separated {_KINDS[kind]}{eg}")
     try:
-        return [kind(w) for w in words]
+        values = [kind(w) for w in words]
     except ValueError:
         raise InputError(f"{option} {text!r} must be comma-separated {_KINDS[kind]}{eg}") from None
+    unknown = [v for v in values if choices and v not in choices]
+    if unknown:
+        raise InputError(f"{option} {text!r}: {', '.join(map(str, unknown))} is not one of {', '.join(choices)}")
+    return values

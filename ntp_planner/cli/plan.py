@@ -32,6 +32,7 @@ from ntp_planner.cli.options import (
     Strategy,
 )
 from ntp_planner.cli.output import show, show_json
+from topologies.errors import InputError
 
 DistOptOpt = Annotated[
     bool, typer.Option("--distributed-optimizer/--no-distributed-optimizer", help="Shard optimizer state over DP.")
@@ -49,7 +50,9 @@ PerLayerOpt = Annotated[
 ObjectiveOpt = Annotated[
     Objective, typer.Option("--objective", help="Rank by step time or by throughput under failures.")
 ]
-StrategyOpt = Annotated[Strategy, typer.Option("--strategy", help="Failure strategy for --objective goodput.")]
+StrategyOpt = Annotated[
+    Strategy | None, typer.Option("--strategy", help="Failure strategy for --objective goodput (default: ntp).")
+]
 
 
 def models(json_out: JsonOpt = False) -> None:
@@ -97,7 +100,7 @@ def plan(
     top: TopOpt = 5,
     per_layer: PerLayerOpt = True,
     objective: ObjectiveOpt = "step-time",
-    strategy: StrategyOpt = "ntp",
+    strategy: StrategyOpt = None,
     seed: SeedOpt = 0,
     profile: ProfileOpt = None,
     output: OutOpt = None,
@@ -115,6 +118,11 @@ def plan(
     from ntp_planner.solver.planner import make_plan
     from ntp_planner.solver.search import SearchSpace
 
+    if strategy is not None and objective != "goodput":
+        raise InputError(
+            f"--strategy {strategy} only applies to --objective goodput (the search ranks by {objective}); "
+            "add --objective goodput or drop --strategy"
+        )
     if output:
         check_output(output, "--output", [model, cluster, profile])  # before the search, not after
 
@@ -144,7 +152,7 @@ def plan(
         space=space,
         per_layer=per_layer,
         objective=objective,
-        strategy=strategy,
+        strategy=strategy or "ntp",
         seed=seed,
         efficiency=efficiency,
     )

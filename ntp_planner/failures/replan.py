@@ -116,13 +116,22 @@ class ReplicaState(BaseModel):
 class Reshard(BaseModel):
     """NTP's gradient reshard between replicas of different TP degree (per GPU, NVLink)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    bytes_before_per_gpu: float = Field(description="Bytes the busiest GPU sends before the DP all-reduce.")
-    bytes_after_per_gpu: float = Field(description="Bytes it receives back after the all-reduce.")
-    time_s: float
-    overlap_s: float = Field(description="Part hidden behind the last micro-batch's backward pass.")
-    exposed_s: float
+    bytes_before_per_gpu: float = Field(ge=0, description="Bytes the busiest GPU sends before the DP all-reduce.")
+    bytes_after_per_gpu: float = Field(ge=0, description="Bytes it receives back after the all-reduce.")
+    time_s: float = Field(ge=0, description="Both directions over NVLink: overlap_s + exposed_s.")
+    overlap_s: float = Field(ge=0, description="Part hidden behind the last micro-batch's backward pass.")
+    exposed_s: float = Field(ge=0, description="Part left on the step's critical path.")
+
+    @model_validator(mode="after")
+    def _parts_sum(self) -> Reshard:
+        if not math.isclose(self.overlap_s + self.exposed_s, self.time_s, rel_tol=1e-9, abs_tol=1e-15):
+            raise InputError(
+                f"reshard overlap_s ({show(self.overlap_s)}) + exposed_s ({show(self.exposed_s)}) != time_s "
+                f"({show(self.time_s)}); the two parts make up the reshard"
+            )
+        return self
 
 
 class ReplanResult(BaseModel):
@@ -182,6 +191,7 @@ class ReplanResult(BaseModel):
                 f"paused is {str(self.paused).lower()} but batch {self.batch} reaches {self.global_batch_reached} of "
                 f"{self.global_batch_target} sequences; a job pauses exactly when a fixed batch falls short"
             )
+        self._check_policy_states()
         expected = 0.0 if self.paused else self.global_batch_reached / self.global_batch_target
         if not math.isclose(self.throughput_relative, expected, rel_tol=1e-9, abs_tol=1e-12):
             raise InputError(
@@ -189,6 +199,26 @@ class ReplanResult(BaseModel):
                 f"({self.global_batch_reached}) / global_batch_target ({self.global_batch_target}) = {show(expected)}"
             )
         return self
+
+    def _check_policy_states(self) -> None:
+        """The replicas are ones the deciding policy makes: dp-drop degrades none, ntp runs every
+        replica at nominal power, ntp-pw only raises it (``Replanner._decide``)."""
+        decider = self.fallback if self.policy == "spares" else self.policy
+        degraded = [x for x in self.replicas if x.status == "degraded"]
+        if decider == "dp-drop" and degraded:
+            raise InputError(
+                f"replica {degraded[0].replica} is degraded but {decider} decided the replicas, and dp-drop drops "
+                "a replica with a failed GPU instead of degrading it"
+            )
+        for x in degraded:
+            bad = [p for p in x.power if p != 1.0] if decider == "ntp" else [p for p in x.power if p < 1.0]
+            if bad:
+                rule = (
+                    "ntp runs every GPU at power 1.0"
+                    if decider == "ntp"
+                    else "ntp-pw only raises power, to 1.0 or more"
+                )
+                raise InputError(f"replica {x.replica} runs at power {x.power} but {rule}")
 
     def check_against(self, plan: Plan) -> None:
         """Raise InputError unless this re-plan comes from ``plan``: made for it (its hash), one
@@ -199,6 +229,11 @@ class ReplanResult(BaseModel):
             raise InputError(
                 f"the re-plan was made for another plan (plan_hash {self.plan_hash[:12]}..., this plan's inputs_hash "
                 f"{plan.inputs_hash[:12]}...); {FIX}"
+            )
+        if not math.isclose(self.healthy_step_time_s, plan.predicted.step_time_s, rel_tol=1e-9):
+            raise InputError(
+                f"the re-plan's healthy_step_time_s {show(self.healthy_step_time_s)} is not the plan's predicted "
+                f"step_time_s {show(plan.predicted.step_time_s)}; {FIX}"
             )
         lay, fix = plan.layout, FIX
         local, cluster = lay.num_micro_batches * lay.micro_batch, plan.cluster.build()

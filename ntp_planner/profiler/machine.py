@@ -202,7 +202,7 @@ def resolve_settings(
     check_degrees(spec, tps, nproc)
     return ProfileSettings(
         device=device, backend=backend, nproc=nproc, model=spec,
-        dtype=dtype_name(dtype or ("bfloat16" if device == "cuda" else "float32")),
+        dtype=dtype_name(dtype or ("bfloat16" if device == "cuda" else "float32"), "--dtype"),
         seq_len=seq_len or (64 if quick else 4096 if device == "cuda" else 256),
         micro_batches=micro_batches or ((1,) if quick else (1, 2, 4) if device == "cuda" else (1, 2)),
         tps=tuple(sorted(set(tps))), quick=quick, seed=seed,

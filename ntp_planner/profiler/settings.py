@@ -21,12 +21,13 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "flo
 TORCH_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
-def dtype_name(text: str) -> str:
-    """The torch name of a dtype spelled either way: ``bf16`` -> ``bfloat16``, ``torch.float32`` -> ``float32``."""
+def dtype_name(text: str, option: str = "dtype") -> str:
+    """The torch name of a dtype spelled either way: ``bf16`` -> ``bfloat16``, ``torch.float32`` -> ``float32``;
+    ``option`` is what the message calls the value (``--dtype`` on the command line)."""
     name = text.strip().lower().removeprefix("torch.")
     name = DTYPES.get(name, name)
     if name not in TORCH_DTYPES:
-        raise InputError(f"dtype {text!r} is not one of {', '.join(TORCH_DTYPES)} (or bf16, fp16, fp32)")
+        raise InputError(f"{option} {text!r} is not one of {', '.join(TORCH_DTYPES)} (or bf16, fp16, fp32)")
     return name
 
 

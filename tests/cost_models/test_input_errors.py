@@ -45,7 +45,7 @@ def sentence(exc: BaseException) -> str:
         ("num_attention_heads", math.inf, "num_attention_heads is inf; it must be a whole number"),
         ("num_attention_heads", True, "num_attention_heads is true"),
         ("num_attention_heads", 2.5, "num_attention_heads is 2.5"),
-        ("num_key_value_heads", 7, "num_heads (32) must be a multiple of num_kv_heads (7)"),
+        ("num_key_value_heads", 7, "num_attention_heads (32) must be a multiple of num_key_value_heads (7)"),
         ("num_hidden_layers", 10**30, "num_hidden_layers: must lie in 1..10,000 layers, not 1e+30"),
         ("num_hidden_layers", 10**4000, "num_hidden_layers: must lie in 1..10,000 layers, not about 1e+"),
         ("num_hidden_layers", -3, "num_hidden_layers: Input should be greater than 0"),
@@ -119,7 +119,13 @@ def test_hf_reader_defaults_only_what_is_absent_or_null():
 
 def test_moe_keys_are_named_in_their_config_spelling():
     cfg = {**LLAMA_CFG, "num_local_experts": 8, "num_experts_per_tok": 9}
-    with pytest.raises(InputError, match=r"moe_top_k \(9\) must be in 1..num_experts \(8\)"):
+    with pytest.raises(InputError, match=r"num_experts_per_tok \(9\) must be in 1..num_local_experts \(8\)"):
+        model_from_hf_config(cfg, "x")
+    cfg = {**LLAMA_CFG, "n_routed_experts": 8, "moe_intermediate_size": 1024, "num_experts_per_tok": 0}
+    with pytest.raises(InputError, match=r"cfg: num_experts_per_tok \(0\) must be in 1..n_routed_experts \(8\)"):
+        model_from_hf_config(cfg, "x", where="cfg")
+    cfg = {**LLAMA_CFG, "num_attention_heads": 31}
+    with pytest.raises(InputError, match=r"num_attention_heads \(31\) must be a multiple of num_key_value_heads"):
         model_from_hf_config(cfg, "x")
     cfg = {**LLAMA_CFG, "n_routed_experts": 64, "moe_intermediate_size": 10**8}
     with pytest.raises(InputError, match="cfg: moe_intermediate_size: must lie in 0..4,194,304 elements"):

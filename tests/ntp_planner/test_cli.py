@@ -407,6 +407,7 @@ def test_estimate_json_and_saved_plan(tmp_path):
         (["estimate", *SMALL, "--no-distributed-optimizer", "--zero", 2], "--no-distributed-optimizer asks for"),
         (["estimate", *SMALL, "--zero", 1, "--keep-params-after-forward"], "only applies to ZeRO-3"),
         (["estimate", *SMALL, "--zero", 3, "--keep-params-after-forward"], None),
+        (["plan", *SMALL, "--strategy", "restart"], "--strategy restart only applies to --objective goodput"),
         (["estimate", *SMALL, "--fp8-params"], "need an fp8 or fp4 format, not bf16"),
         (["estimate", *SMALL, "--tp", 8, "--seq-len", 4100], "is not divisible by tp(8)"),
     ],

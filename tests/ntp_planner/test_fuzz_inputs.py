@@ -244,6 +244,7 @@ BOUNDS = [
     (SIM, "--straggler-hours", 8760, 8761),
     (SIM, "--straggler-slowdown", 100, 101),
     (SIM, "--lemon-factor", 1000, 1001),
+    (SIM, "--lemon-fraction", 0.99, 1),  # the help's bound: 1 was listed as allowed, then refused
     (SIM, "--weibull-shape", 10, 11),
     (SIM, "--days", None, 1389),
     (SIM, "--trials", None, 10**6 + 1),

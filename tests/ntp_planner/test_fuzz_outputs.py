@@ -289,6 +289,16 @@ def test_a_killed_export_into_a_shared_folder_leaves_the_old_files_and_the_other
     assert _files(tmp_path / "out") == {**new, "notes.txt": b"mine\n"} and _no_temp_files(tmp_path)
 
 
+def test_an_export_into_a_shared_folder_removes_the_older_sets_extra_file(plan_bytes, tmp_path, monkeypatch):
+    """A re-planned export wrote nonuniform_tp.json; the next export of the plain plan into the
+    same folder (with a file of the user's beside) must not leave it next to the new launch script."""
+    monkeypatch.chdir(tmp_path)
+    argv, _, new = _export_sets(tmp_path, plan_bytes, True)
+    (tmp_path / "out" / "notes.txt").write_text("mine\n")
+    assert run(argv)[0] == 0
+    assert _files(tmp_path / "out") == {**new, "notes.txt": b"mine\n"} and _no_temp_files(tmp_path)
+
+
 SIM = ["simulate", "plan.json", "--days", "1", "--trials", "2", "--strategies", "restart,ntp", "--plot", "plots"]
 
 

@@ -304,6 +304,12 @@ PREDICTED_LIES = [
     (("predicted", "time_breakdown_s", "compute"), -0.1, "predicted.time_breakdown_s.compute is -0.1"),
     (("predicted", "tflops_per_gpu"), 0, "predicted.tflops_per_gpu is 0"),
     (("predicted", "bottleneck_stage"), 2, "predicted.bottleneck_stage is 2; it must be a stage, 0..1"),
+    # a number edited alone, within its bounds, no longer agrees with the others
+    (("predicted", "step_time_s"), 1e300, "the sum of time_breakdown_s is"),
+    (("predicted", "time_breakdown_s", "banana"), 1e9, "the sum of time_breakdown_s is"),
+    (("predicted", "memory_per_gpu_bytes"), 1e15, "the sum of memory_breakdown_bytes is"),
+    (("predicted", "hbm_bytes"), 1e15, "hbm_bytes is 1e+15 but the GPU's HBM is"),
+    (("predicted", "tokens_per_s"), 1e12, "tokens_per_s x step_time_s is"),
     (("megatron", "mfu"), 5.0, "megatron.mfu: 5 must be a fraction in (0, 1]"),
     (("objective",), "banana", "objective: Input should be 'step-time' or 'goodput'"),
     (("source",), "me", "source: Input should be 'search' or 'user'"),

@@ -103,7 +103,8 @@ def test_a_dead_rank_fails_validate_with_its_name(plans):
         (["--dtype", "float16"], "'--dtype': Value error, 'float16' is not one of 'float64', 'float32', 'bfloat16'"),
         (["--tolerance", 0], "--tolerance 0 must lie between 0 and 1"),
         (["--tolerance", -1], "'--tolerance': Input should be greater than or equal to 0"),
-        (["--timeout", 0], "--timeout 0 must be positive"),
+        (["--timeout", 0], "'--timeout': Input should be greater than or equal to 1"),
+        (["--timeout", 1e-300], "'--timeout': Input should be greater than or equal to 1"),  # ran, as hung at once
         (["--inject-fault", "x"], "must look like RANK:die|hang|raise:STEP"),
     ],
 )

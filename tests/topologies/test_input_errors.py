@@ -196,6 +196,19 @@ def _bomb(levels: int = 9) -> str:
         ("tiny.yaml", GOOD_YAML.replace("5e10", "1e-300").encode(), "scaleout_bw_bytes_per_s: must lie in 1e+08"),
         ("extra.yaml", (GOOD_YAML + "color: red\n").encode(), "color: Extra inputs are not permitted"),
         ("date.yaml", (GOOD_YAML + "description: 2024-01-01\n").encode(), "description: Input should be a valid"),
+        # a quoted number or a boolean is refused, not converted (true was read as 1 GPU per domain)
+        (
+            "bool.json",
+            json.dumps({**H100, "domain_size": True}).encode(),
+            "domain_size: Input should be a valid integer",
+        ),
+        ("str.json", json.dumps({**H100, "domain_size": "8"}).encode(), "domain_size: Input should be a valid integer"),
+        (
+            "quoted.yaml",
+            GOOD_YAML.replace("5e10", "'5e10'").encode(),
+            "scaleout_bw_bytes_per_s: Input should be a valid",
+        ),
+        ("float.json", json.dumps({**H100, "gpus_per_node": 8.0}).encode(), "gpus_per_node: Input should be a valid"),
     ],
 )
 def test_hostile_cluster_files(tmp_path, name, content, message):

@@ -257,6 +257,13 @@ def test_cli_replan_and_sweep(plan_file, tmp_path):
         (["--failed", "x"], "must be comma-separated whole numbers"),
         ([], "give exactly one of --failed"),
         (["--failed", "3", "--policy", "magic"], "'magic' is not one of 'dp-drop', 'ntp'"),
+        # an option the policy does not use is refused, not ignored
+        (["--failed", "3", "--policy", "ntp", "--fallback", "ntp"], "--fallback ntp only applies to --policy spares"),
+        (
+            ["--failed", "3", "--policy", "ntp", "--max-power", "1.5"],
+            "--max-power 1.5 only applies when ntp-pw decides",
+        ),
+        (["--failed", "3", "--policy", "spares", "--max-power", "1.5"], "ntp-pw), not dp-drop; drop it or use ntp-pw"),
     ],
 )
 def test_cli_replan_bad_input(plan_file, args, message):
@@ -469,6 +476,11 @@ REPLAN_LIES = [
     (("replicas", 0, "power", 0), 1.2, "replica 0 is healthy but runs at power [1.2, 1.0]"),
     (("replicas", 3, "status"), "dropped", "replica 3 is dropped but holds stage_tp [7, 7]"),
     (("rank_to_gpu", 0), -1, "rank_to_gpu.0: Input should be greater than or equal to 0"),
+    (("reshard", "time_s"), math.nan, "reshard.time_s: Input should be a finite number"),
+    (("reshard", "exposed_s"), -1.0, "reshard.exposed_s: Input should be greater than or equal to 0"),
+    (("reshard", "exposed_s"), 1e300, "+ exposed_s (1e+300) != time_s"),
+    (("policy",), "dp-drop", "replica 3 is degraded but dp-drop decided the replicas"),
+    (("replicas", 3, "power", 0), 0.1, "replica 3 runs at power [0.1, 1.0] but ntp runs every GPU at power 1.0"),
 ]
 
 
@@ -496,6 +508,7 @@ REPLAN_MISMATCHES = [
     (("idle_gpus",), [0], "idle_gpus lists GPU(s) [0] that run ranks"),
     (("failed_gpus",), 65, "with 65 failed GPUs but the plan runs 32 on 64 GPUs"),
     (("plan_hash",), "0" * 64, "the re-plan was made for another plan (plan_hash 000000000000..., this plan's"),
+    (("healthy_step_time_s",), 1e300, "healthy_step_time_s 1e+300 is not the plan's predicted step_time_s"),
 ]
 
 

@@ -84,7 +84,7 @@ def test_a_catalogue_gpu_keeps_its_catalogue_name(measured):
         (["--device", "cpu", "--model", "llama-9000"], "error: unknown model 'llama-9000'"),
         (["--device", "cpu", "--tp", "4"], "error: --tp 4 exceeds the 2 devices (processes) of this profile"),
         (["--device", "cpu", "--micro-batches", "1,x"], "error: --micro-batches '1,x' must be comma-separated"),
-        (["--device", "cpu", "--dtype", "int8"], "error: dtype 'int8' is not one of float32, bfloat16"),
+        (["--device", "cpu", "--dtype", "int8"], "error: --dtype 'int8' is not one of float32, bfloat16"),
         (["--device", "cpu", "-o", "no/such/folder/p.json"], "error: cannot write --output no/such/folder/p.json"),
         (["--device", "cpu", "--model", "llama3-70b", "--seq-len", "8192"], "error: measuring llama3-70b's blocks"),
     ],
