@@ -283,7 +283,9 @@ def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance,
     result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
     # every layout the run reached had its cuts checked (a mismatch ends the run); all are shown
     seen = {(c["unit"], c["degree"]) for c in cuts}
-    units = ["heads", "kv_heads", "ffn", "vocab"]  # ``cuts.compare_cuts``'s order
+    from ntp_planner.executor.cuts import LAYER_UNITS
+
+    units = [*LAYER_UNITS, "vocab"]  # ``cuts.compare_cuts``'s order
     cuts = sorted([*cuts, *(c for c in run.cuts if (c["unit"], c["degree"]) not in seen)],
                   key=lambda c: (units.index(c["unit"]), c["degree"]))  # fmt: skip
     data = validate_json(shrunk, result, tolerance, "gloo", cuts) | live_json(result, run, tolerance)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ntp_planner.executor.batch import missing_ids
+from ntp_planner.executor.comm import lost_peer
 from ntp_planner.executor.holders import compare, loss_errors, non_finite_losses
 from ntp_planner.executor.measure import summarize
 from ntp_planner.executor.model import zero_gradient_params
@@ -97,7 +98,7 @@ def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, prog
     try:
         run_rank(rank, spec, init_method, backend, out_file, timeout_s, progress, fault)
     except BaseException as exc:  # report why, then leave at once (no hanging in teardown)
-        report = {"collective": _is_collective(exc), "error": error_line(exc)}
+        report = {"collective": lost_peer(exc), "error": error_line(exc)}
         Path(err_dir, f"{rank}.json").write_text(json.dumps(report))
         os._exit(1)
     os._exit(0)
@@ -212,12 +213,6 @@ class _StoreSteps:
         return 0
 
 
-def _is_collective(exc: BaseException) -> bool:
-    """Whether an exception is a collective that lost a peer, not the rank's own error."""
-    text = str(exc).lower()
-    return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out"))
-
-
 def _gone(info: dict) -> bool:
     """Whether the process in ``info`` (host, pid) is known to have ended: on this host, its pid
     is gone or a zombie. A process on another host cannot be looked at: not known gone."""
@@ -244,7 +239,7 @@ def torchrun_failure(spec: RunSpec, rank: int, exc: BaseException, store) -> Ran
     why they failed, and what step each had entered. The first rank to claim the report says it
     (``report``); the others stay quiet, so ``--json`` prints one object."""
     mine = describe_rank(spec, rank)
-    if not _is_collective(exc):
+    if not lost_peer(exc):
         sentence = f"{mine} failed: {error_line(exc)}"
     else:
         sentence = f"{mine} lost contact with a peer ({error_line(exc)})"
@@ -253,8 +248,8 @@ def torchrun_failure(spec: RunSpec, rank: int, exc: BaseException, store) -> Ran
     if store is None:
         return failure
     try:
-        store.set(_key(f"report/{rank}"), json.dumps({"collective": _is_collective(exc), "error": error_line(exc)}))
-        if _is_collective(exc):
+        store.set(_key(f"report/{rank}"), json.dumps({"collective": lost_peer(exc), "error": error_line(exc)}))
+        if lost_peer(exc):
             failure = RankFailure(_blame(spec, rank, store) or sentence)
         failure.report = store.compare_set(_key("reporter"), "", str(rank)).decode() == str(rank)
     except (RuntimeError, ValueError):  # the store went away: say what this rank saw

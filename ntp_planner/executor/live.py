@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ntp_planner.executor.batch import sample_rows, synthetic_batch
-from ntp_planner.executor.comm import Comm
+from ntp_planner.executor.comm import Comm, lost_peer
 from ntp_planner.executor.faults import Fault
 from ntp_planner.executor.holders import holdings
 from ntp_planner.executor.model import Reference
@@ -94,10 +94,7 @@ class Leave(Exception):
 def is_peer_loss(exc: BaseException) -> bool:
     """Whether an exception says a peer was lost (a collective failed or timed out), not that this
     process itself is broken."""
-    if isinstance(exc, InjectedFault):
-        return False
-    text = str(exc).lower()
-    return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out"))
+    return not isinstance(exc, InjectedFault) and lost_peer(exc)
 
 
 class _ProcView:

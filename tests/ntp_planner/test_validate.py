@@ -121,23 +121,22 @@ def test_validate_rejects_a_replan_of_another_plan(plans):
     assert "validate the plan it was made from" in " ".join(r.output.split())
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_the_same_command_runs_under_torchrun(plans):
-    """Across hosts torchrun starts the processes; each `ntp validate` becomes one rank."""
+def torchrun_validate(nproc: int, *args) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node NPROC ntp validate ARGS` on this host, on loopback."""
     bin_dir = Path(sys.executable).parent
     torchrun, ntp = bin_dir / "torchrun", bin_dir / "ntp"
     if not torchrun.exists() or not ntp.exists():
         pytest.skip("torchrun or ntp is not installed next to this Python")
     env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    argv = [torchrun, "--standalone", "--nproc_per_node", "7", ntp, "validate", plans / "dp.json"]
-    out = subprocess.run(
-        [*map(str, argv), "--replan", str(plans / "r.json"), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        env=env,
-    )
+    argv = [torchrun, "--standalone", "--nproc_per_node", nproc, ntp, "validate", *args]
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=170, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_same_command_runs_under_torchrun(plans):
+    """Across hosts torchrun starts the processes; each `ntp validate` becomes one rank."""
+    out = torchrun_validate(7, plans / "dp.json", "--replan", plans / "r.json", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout)  # only rank 0 prints
     assert data["passed"] and data["processes"] == 7
@@ -149,14 +148,7 @@ def test_the_same_command_runs_under_torchrun(plans):
 def test_a_rank_killed_under_torchrun_is_named_once(plans):
     """Rank 5 of 8 exits at the start of step 2 (``--inject-fault``, which torchrun runs used to
     ignore): every rank fails, one of them says so, naming rank 5, not itself; one JSON object."""
-    bin_dir = Path(sys.executable).parent
-    torchrun, ntp = bin_dir / "torchrun", bin_dir / "ntp"
-    if not torchrun.exists() or not ntp.exists():
-        pytest.skip("torchrun or ntp is not installed next to this Python")
-    env = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    argv = [torchrun, "--standalone", "--nproc_per_node", "8", ntp, "validate", plans / "dp.json"]
-    extra = ["--inject-fault", "5:die:1", "--timeout", "20", "--json"]
-    out = subprocess.run([*map(str, argv), *extra], capture_output=True, text=True, timeout=170, env=env)
+    out = torchrun_validate(8, plans / "dp.json", "--inject-fault", "5:die:1", "--timeout", "20", "--json")
     assert out.returncode != 0
     data = json.loads(out.stdout)  # one object: a second would make this fail
     assert data["passed"] is False
