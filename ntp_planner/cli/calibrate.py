@@ -46,7 +46,7 @@ def calibrate(runs_file: RunsArg, profile: BaseProfileOpt, output: CalibratedOut
             }
         )
         return
-    from ntp_planner.timing_report import calibration_view
+    from ntp_planner.views.timing import calibration_view
 
     show(calibration_view(calibrated))
     show(f"calibrated profile written to {output}")

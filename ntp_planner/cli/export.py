@@ -205,7 +205,7 @@ def validate(
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
         raise InputError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")
-    from ntp_planner.executor.faults import HOWS
+    from ntp_planner.executor.elastic.faults import HOWS
 
     if record is not None and profile is None:
         raise InputError("--record stores predicted against measured step times; give --profile too")
@@ -228,7 +228,7 @@ def validate(
         raise InputError("--policy, --spares and --checkpoint-* shape a live recovery; add --fail RANK@STEP")
     torch = _import_torch()
     from ntp_planner.plan import Plan
-    from ntp_planner.report import validate_json, validate_view
+    from ntp_planner.views.report import validate_json, validate_view
 
     steps = steps or (8 if profile or live else 3)
     p = Plan.load(plan_file)
@@ -258,7 +258,7 @@ def validate(
     else:
         show(validate_view(p, shrunk, result, tolerance, backend, cuts))
         if comparison is not None:
-            from ntp_planner.timing_report import comparison_view
+            from ntp_planner.views.timing import comparison_view
 
             show(comparison_view(comparison))
     if record is not None:
@@ -270,10 +270,10 @@ def validate(
 def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out, how) -> None:
     """`ntp validate --fail/--repair`: the live run, its timeline and the comparison."""
     from ntp_planner.cli.live import check_live, live_json, run_live, timeline_view
-    from ntp_planner.report import validate_json, validate_view
+    from ntp_planner.views.report import validate_json, validate_view
 
     fails, repairs, policy, spares, every, folder = how
-    from ntp_planner.executor.launch import under_torchrun
+    from ntp_planner.executor.train.launch import under_torchrun
 
     if under_torchrun():
         raise InputError("--fail runs every process on this host under one launcher; run it without torchrun")
@@ -283,7 +283,7 @@ def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance,
     result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
     # every layout the run reached had its cuts checked (a mismatch ends the run); all are shown
     seen = {(c["unit"], c["degree"]) for c in cuts}
-    from ntp_planner.executor.cuts import LAYER_UNITS
+    from ntp_planner.executor.check.cuts import LAYER_UNITS
 
     units = [*LAYER_UNITS, "vocab"]  # ``cuts.compare_cuts``'s order
     cuts = sorted([*cuts, *(c for c in run.cuts if (c["unit"], c["degree"]) not in seen)],
@@ -301,7 +301,7 @@ def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance,
 def _replan_coverage(replan, shrunk, nproc: int) -> dict:
     """The re-plan's replicas the run holds, said out loud (a warning on stderr, before the run)
     when none of them is degraded beside one of another width: such a run checks no NTP sync."""
-    from ntp_planner.executor.shrink_notes import no_degraded_warning
+    from ntp_planner.executor.shrink.notes import no_degraded_warning
 
     picked = list(shrunk.replicas)
     warning = no_degraded_warning(replan, picked, nproc)
@@ -317,9 +317,9 @@ def _shrunk_run(plan, n: int, replan_result, steps: int, seed: int, seq_len: int
     id, and its shard cuts against the planner's shares; a mismatch ends the command (exit 1)
     before any process starts: the run would check a sharding the planner did not plan.
     ``failures``: processes a live run loses (the shrink keeps the widths they lead to)."""
-    from ntp_planner.executor.batch import covering_seq_len, covers_vocabulary
-    from ntp_planner.executor.cuts import compare_cuts, mismatches
-    from ntp_planner.executor.shrink import shrink
+    from ntp_planner.executor.check.cuts import compare_cuts, mismatches
+    from ntp_planner.executor.model.batch import covering_seq_len, covers_vocabulary
+    from ntp_planner.executor.shrink.run import shrink
 
     shrunk = shrink(plan, n, replan_result, steps, seed, seq_len, failures)
     if not covers_vocabulary(shrunk.spec):
@@ -351,7 +351,7 @@ def _machine_profile(path: Path, backend: str):
 
 def _compare_prediction(prof, spec, plan, result) -> dict:
     from ntp_planner.profiler.cluster import local_cluster
-    from ntp_planner.timing_report import compare_run
+    from ntp_planner.views.timing import compare_run
 
     return compare_run(prof, local_cluster(prof), spec, plan.model.name, result)
 
@@ -359,7 +359,7 @@ def _compare_prediction(prof, spec, plan, result) -> dict:
 def _record(path: Path, plan_file: Path, plan, prof, comparison: dict) -> None:
     """Append the run to the JSON-lines file at ``path`` (the whole file rewritten atomically)."""
     from ntp_planner.plan import write_atomic
-    from ntp_planner.timing_report import run_record
+    from ntp_planner.views.timing import run_record
 
     line = run_record(f"{Path(plan_file).name}: {plan.layout.describe()}", prof, comparison).model_dump_json()
     old = ""
@@ -381,7 +381,7 @@ def _import_torch():
 
 def _world_size(torch, backend: str, nproc: int | None) -> tuple[int, bool]:
     """Ranks to run, and whether this process is one rank of a run torchrun started."""
-    from ntp_planner.executor.launch import under_torchrun
+    from ntp_planner.executor.train.launch import under_torchrun
 
     gpus = torch.cuda.device_count() if backend == "nccl" else 0
     if backend == "nccl" and gpus == 0:
@@ -401,7 +401,7 @@ def _world_size(torch, backend: str, nproc: int | None) -> tuple[int, bool]:
 
 def _run(shrunk, backend: str, timeout: float, injected, torchrun: bool, steps: int, quiet: bool):
     """The run's result; a failed rank ends the command with its name and exit code 1."""
-    from ntp_planner.executor.launch import RankFailure, launch, run_as_torchrun_rank
+    from ntp_planner.executor.train.launch import RankFailure, launch, run_as_torchrun_rank
 
     try:
         if torchrun:

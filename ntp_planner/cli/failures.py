@@ -232,7 +232,7 @@ def replan(
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=1) + "\n")
     else:
-        from ntp_planner.report import replan_view
+        from ntp_planner.views.report import replan_view
 
         show(replan_view(result))
 
@@ -297,7 +297,7 @@ def sweep(
     if json_out:
         show_json([r.model_dump() for r in rows])
         return
-    from ntp_planner.report import sweep_table
+    from ntp_planner.views.report import sweep_table
 
     show(sweep_table(rows))
     if plot is not None:
@@ -376,7 +376,7 @@ def simulate(
     check_pool_sweep(pools, cfg, len(names))
     _need_matplotlib(plot)
     if plot is not None:
-        from ntp_planner.plots import SIMULATION_PLOTS
+        from ntp_planner.views.plots import SIMULATION_PLOTS
 
         pngs = ["spares.png"] if len(pools) > 1 else list(SIMULATION_PLOTS)
         check_output_folder(plot, "--plot", pngs, [plan_file, recovery_from])  # before the trials, not after
@@ -393,7 +393,7 @@ def simulate(
     if json_out:
         show_json({**{s: _result_json(r) for s, r in results.items()}, "settings": settings})
         return
-    from ntp_planner.report import simulation_table
+    from ntp_planner.views.report import simulation_table
 
     show(simulation_table(results, cfg, sources))
     if plot is not None:
@@ -416,13 +416,13 @@ def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, tit
             )
     rows = pool_rows(plan, runs)
     if plot is not None:
-        from ntp_planner.plots import plot_spares
+        from ntp_planner.views.plots import plot_spares
 
         plot_spares(rows, Path(plot) / "spares.png", title)
     if json_out:
         show_json({"spares_sweep": rows, "settings": settings})
         return
-    from ntp_planner.report import pool_table
+    from ntp_planner.views.report import pool_table
 
     show(pool_table(rows, cfg, settings["recovery_sources"]))
     if plot is not None:
@@ -431,7 +431,7 @@ def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, tit
 
 def _recovery_costs(path: Path | None, restart_s: float | None) -> tuple[dict[str, float], dict[str, str]]:
     """detection_s, reconfigure_s and restart_s for SimConfig, and where each came from."""
-    from ntp_planner.failures.recovery import COSTS, load_recovery_costs, resolve
+    from ntp_planner.failures.recovery_costs import COSTS, load_recovery_costs, resolve
     from ntp_planner.failures.simulator import SimConfig
 
     defaults = {k: SimConfig.model_fields[k].default for k in COSTS}

@@ -3,13 +3,13 @@ environment variable ``NTP_EXECUTOR_MUTATION`` names one; spawned ranks inherit 
 environment, so a test sets it (``monkeypatch.setenv``) before ``launch``. Production code asks
 ``planted("name")`` at the one place the bug would live; nothing else reads the variable.
 
-Planted so far: ``doubled-grad-copy1`` (``sync``: copy 1 of a block keeps twice its synced
+Planted so far: ``doubled-grad-copy1`` (``data``: copy 1 of a block keeps twice its synced
 gradient), ``embed-mask-off-by-one`` (``stage``: a rank also looks up the first id of the next
 rank's vocabulary rows), ``cuts-reversed`` (``ownership``: fuller ranks last; ``cuts-reversed-odd``
-only at odd degrees, which a TP4 run reaches only by a re-plan), ``nan-grad-copy1`` (``sync``: a
-NaN in copy 1's synced gradients), ``live-crash-proc3`` (``live``: process 3 raises in step 1, a
-crash no --fail injected), ``skip-a-sample`` (``recovery``: the layout after a failure starts one
-sample late), and in ``moe``, ``optimizer`` and ``stage`` ``moe-combine-wrong-weight``,
+only at odd degrees, which a TP4 run reaches only by a re-plan), ``nan-grad-copy1`` (``data``: a
+NaN in copy 1's synced gradients), ``live-crash-proc3`` (``worker``: process 3 raises in step 1, a
+crash no --fail injected), ``skip-a-sample`` (``coordinator``: the layout after a failure starts one
+sample late), and in ``moe``, ``zero`` and ``stage`` ``moe-combine-wrong-weight``,
 ``zero-shard-offset``, ``chunk-layers-reversed`` and ``row-bias-twice``.
 
 >>> planted("doubled-grad-copy1")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from cost_models.rank_grid import RankGrid
-from ntp_planner.executor.ownership import contiguous
+from ntp_planner.executor.parallel.ownership import contiguous
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class RunSpec:
     notes: tuple[str, ...] = field(default=())  # how the run differs from the plan it stands for
     vpp: int = 1  # virtual chunks per stage: > 1 runs Megatron's interleaved 1F1B (``interleave``)
     ep: int = 1  # expert-parallel degree: consecutive pipelines (cp fastest, as Megatron) split the experts
-    zero: int = 0  # ZeRO level over each parameter's data-parallel group (``optimizer``): 0 replicated, 1 optimizer
+    zero: int = 0  # ZeRO level over each parameter's data-parallel group (``zero``): 0 replicated, 1 optimizer
     # state sharded (Megatron's distributed optimizer), 2 also gradients, 3 also parameters (FSDP)
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again for backward
 
@@ -362,7 +362,7 @@ def _check_cp(spec: RunSpec) -> None:
             )
 
 
-DTYPES = ("float32", "float64", "bfloat16")  # bfloat16: fp32 master weights and gradients (``optimizer``)
+DTYPES = ("float32", "float64", "bfloat16")  # bfloat16: fp32 master weights and gradients (``zero``)
 
 
 def _check_zero(spec: RunSpec) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ntp_planner.failures import checkpoint
+from ntp_planner.failures import checkpoint_interval
 from ntp_planner.failures.events import draw_events, failed_counts, straggler_share
 from ntp_planner.failures.goodput import (
     Batch,
@@ -37,7 +37,7 @@ from ntp_planner.failures.goodput import (
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.failures.states import Domains, failure_states
 from ntp_planner.plan import Plan
-from ntp_planner.plots import plot_simulation  # noqa: F401  (re-export: the CLI imports it from here)
+from ntp_planner.views.plots import plot_simulation  # noqa: F401  (re-export: the CLI imports it from here)
 from topologies.bounds import show
 from topologies.errors import InputError
 
@@ -376,7 +376,9 @@ def simulate(
     n = plan.cluster.num_gpus
     check_workload(cfg, n, len(strategies))
     job_rate = cfg.failure_rate_per_gpu_hour * n
-    interval = checkpoint.interval_s(cfg.checkpoint_interval_s, cfg.checkpoint_write_s, job_rate, cfg.days * 86400)
+    interval = checkpoint_interval.interval_s(
+        cfg.checkpoint_interval_s, cfg.checkpoint_write_s, job_rate, cfg.days * 86400
+    )
     productive = interval / (interval + cfg.checkpoint_write_s)
     tables = ThroughputTables(plan, cfg)
     rows: dict[str, list[dict[str, np.ndarray]]] = {s: [] for s in strategies}

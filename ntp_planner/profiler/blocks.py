@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterable
 import torch
 
 from cost_models.profile import BlockShape, BlockTime
-from ntp_planner.executor.comm import AllGatherSeq
-from ntp_planner.executor.model import block_params
-from ntp_planner.executor.moe import ExpertPlace
-from ntp_planner.executor.ownership import contiguous, layer_shards
+from ntp_planner.executor.model.moe import ExpertPlace
+from ntp_planner.executor.model.reference import block_params
+from ntp_planner.executor.parallel.comm import AllGatherSeq
+from ntp_planner.executor.parallel.ownership import contiguous, layer_shards
+from ntp_planner.executor.parallel.tensor import param_index
 from ntp_planner.executor.spec import Block, TinyConfig, make_spec
-from ntp_planner.executor.stage import BlockState, StageModel
-from ntp_planner.executor.tp_slices import param_index
+from ntp_planner.executor.train.stage import BlockState, StageModel
 from ntp_planner.profiler.local_comm import LocalComm
 from ntp_planner.profiler.timing import median_time, threads
 from topologies.errors import InputError

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cost_models.profile import CollectiveTime
-from ntp_planner.executor.launch import supervised
+from ntp_planner.executor.train.launch import supervised
 from ntp_planner.profiler.timing import loop_time
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")

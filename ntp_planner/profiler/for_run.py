@@ -9,7 +9,7 @@ and sets its blocks aside (they time other kernels).
 from __future__ import annotations
 
 from cost_models.profile import Profile
-from ntp_planner.executor.predict import needed_blocks, run_envs
+from ntp_planner.executor.check.predict import needed_blocks, run_envs
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.profiler.cluster import local_cluster
 

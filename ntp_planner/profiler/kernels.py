@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from cost_models.profile import AttentionTime, GemmTime, PassTime
-from ntp_planner.executor.model import rms_norm
+from ntp_planner.executor.model.reference import rms_norm
 from ntp_planner.profiler.timing import median_time
 
 

@@ -365,7 +365,7 @@ def no_launch(monkeypatch):
     from datetime import timedelta
 
     import ntp_planner.cli.export as export_cli
-    from ntp_planner.executor.launch import STARTUP_S
+    from ntp_planner.executor.train.launch import STARTUP_S
 
     torch = pytest.importorskip("torch")
 

@@ -179,7 +179,7 @@ def test_plan_and_explain_from_a_profile_never_import_torch(files):
     ],
 )
 def test_predicted_model_state_follows_the_zero_level(zero, dtype, held):
-    from ntp_planner.executor.predict import predict_run
+    from ntp_planner.executor.check.predict import predict_run
     from ntp_planner.executor.spec import TinyConfig, make_spec
     from ntp_planner.profiler.cluster import local_cluster
 
@@ -190,7 +190,7 @@ def test_predicted_model_state_follows_the_zero_level(zero, dtype, held):
 
 
 def test_predicted_sharded_sync_is_a_reduce_scatter_and_an_all_gather_per_tensor():
-    from ntp_planner.executor.predict import predict_run
+    from ntp_planner.executor.check.predict import predict_run
     from ntp_planner.executor.spec import TinyConfig, make_spec
     from ntp_planner.profiler.cluster import local_cluster
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from cost_models import MODELS, ParallelLayout, TrainingSpec
 from cost_models.rank_grid import RankGrid
 from ntp_planner.emitters.megatron import nonuniform_tp_settings
-from ntp_planner.executor.shrink import shrink
+from ntp_planner.executor.shrink.run import shrink
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.solver.placement import place_ranks
 from ntp_planner.solver.planner import plan_from_layout

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 
-from ntp_planner.failures.checkpoint import daly_interval_s
+from ntp_planner.failures.checkpoint_interval import daly_interval_s
 from ntp_planner.failures.renewal import recovery_windows, renewal_goodput, restart_work, stall_seconds
 from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR
 

@@ -130,9 +130,9 @@ def test_bad_recovery_files_are_one_sentence(plan_4k, tmp_path, content, message
 
 
 def test_oversized_recovery_file_is_refused(plan_4k, tmp_path, monkeypatch):
-    from ntp_planner.failures import recovery
+    from ntp_planner.failures import recovery_costs
 
-    monkeypatch.setattr(recovery, "MAX_RECOVERY_BYTES", 100)
+    monkeypatch.setattr(recovery_costs, "MAX_RECOVERY_BYTES", 100)
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"recovery_costs_s": {}, "log": "x" * 200}))
     result = CliRunner().invoke(app, ["simulate", str(plan_4k), "--trials", "1", "--recovery-from", str(big)])

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.cli import app
-from ntp_planner.failures.checkpoint import meta_ettr
+from ntp_planner.failures.checkpoint_interval import meta_ettr
 from ntp_planner.failures.events import draw_events, failed_counts
 from ntp_planner.failures.simulator import (
     LLAMA3_RATE_PER_GPU_HOUR,

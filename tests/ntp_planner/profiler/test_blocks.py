@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from cost_models.profile import BlockShape
-from ntp_planner.executor.model import Reference, rms_norm
-from ntp_planner.executor.tp_slices import rank_slice
+from ntp_planner.executor.model.reference import Reference, rms_norm
+from ntp_planner.executor.parallel.tensor import rank_slice
 from ntp_planner.profiler.blocks import block_flops, block_stage, measure_blocks, tiny_config
 from topologies.errors import InputError
 

@@ -1,0 +1,412 @@
+"""Shrink a Plan (optionally re-planned after failures) to a run this host can afford, keeping
+what makes its sharding what it is: the stage width, every block's TP degree (one layer per run
+of equal degrees), the degraded replicas' widths and their share of the batch, the number of
+query and KV heads, the FFN width and vocabulary modulo every degree in use (so uneven
+splits cut at the same places), the block style (norm, MLP, biases, positions: ``block_style``)
+and the recompute granularity. MoE plans keep which layers are MoE (a run of equal degrees is
+split where the layer kind changes), top-k, a shared expert, expert widths modulo the degrees,
+and ep as far as the run's pipelines allow (``_experts``). No torch here: ``ntp validate``
+reports the shrink before it
+starts any process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cost_models.model import ModelSpec
+from ntp_planner.executor.shrink.notes import cut_runs_note, micro_why, replan_pick_notes, replicas_why, stages_why
+from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
+from ntp_planner.failures.replan import ReplanResult
+from ntp_planner.plan import Plan
+from topologies.errors import InputError
+
+MAX_LAYERS_PER_STAGE = 6
+SEQ_LEN = 8
+MAX_EXPERTS = 16  # more experts per layer are cut to this many (keeping whole experts per EP rank)
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    spec: RunSpec
+    plan_ranks: tuple[tuple[int, int | None], ...]  # per process: (plan rank it stands for, GPU)
+    replicas: tuple[int, ...]  # plan replica of each run replica
+    stage_groups: tuple[tuple[int, ...], ...]  # plan stages merged into each run stage
+
+
+def _same_remainder(value: int, modulus: int, at_least: int) -> int:
+    """Smallest number >= at_least congruent to ``value`` modulo ``modulus``.
+
+    >>> _same_remainder(28672, 7 * 8, 64)  # 28672 = 512 * 56: a multiple of 56 stays one
+    112
+    """
+    r = value % modulus
+    return r + modulus * max(1 if r == 0 else 0, math.ceil((at_least - r) / modulus))
+
+
+def block_style(model: ModelSpec) -> dict:
+    """The TinyConfig fields that make the executor's blocks the model's: its norm, its MLP
+    (SwiGLU when gated, else Nemotron's squared ReLU or GPT's GELU), its linear biases and its
+    positions.
+
+    >>> from cost_models.catalogue import MODELS
+    >>> block_style(MODELS["gpt3-5b"])
+    {'norm': 'layer', 'mlp': 'gelu', 'bias': True, 'positions': 'learned'}
+    >>> block_style(MODELS["nemotron4-15b"])
+    {'norm': 'layer', 'mlp': 'relu2', 'bias': False, 'positions': 'rope'}
+    """
+    mlp = "swiglu" if model.gated_mlp else "relu2" if model.family == "nemotron" else "gelu"
+    norm = "layer" if model.norm == "layernorm" else "rms"
+    return {"norm": norm, "mlp": mlp, "bias": model.bias, "positions": model.position}
+
+
+def wanted_replicas(lay) -> int:
+    """Replicas the shrink of a plan (no re-plan) starts from: two for the data-parallel sync,
+    three under ZeRO (a group of 3 divides none of the run's tensor sizes, which are even, so the
+    shards' padding runs: ``optimizer.shard_bounds``), or as many as an expert-parallel group
+    spans (ep pipelines, cp of them per replica: ``_ep``); never more than the plan's dp."""
+    return min(max(3 if lay.zero else 2, -(-lay.ep // lay.cp)), lay.dp)
+
+
+def scaled_micro_batches(ratio: float, m: int, unit: int) -> int:
+    """Micro-batches of a replica that processes ``ratio`` of the plan's local batch, when a
+    healthy replica of the run processes ``m`` (a multiple of ``unit``: pp under the interleaved
+    schedule, else 1): ``ratio * m`` rounded to whole units, at least one unit, and for a
+    degraded replica (ratio < 1) one unit fewer than ``m`` when rounding would reach it, so that
+    the run keeps the plan's fact that it processes fewer sequences (unless ``m`` is one unit).
+    ``shrink`` and ``relayout`` both scale a degraded replica's micro-batches with it.
+
+    >>> scaled_micro_batches(6 / 8, 4, 1), scaled_micro_batches(7 / 8, 4, 1), scaled_micro_batches(1 / 8, 4, 2)
+    (3, 3, 2)
+    """
+    k = max(unit, unit * round(ratio * m / unit))
+    return max(unit, m - unit) if ratio < 1 and k >= m else k
+
+
+def _runs(degrees: list[int]) -> list[int]:
+    """One entry per run of equal degrees."""
+    return [d for i, d in enumerate(degrees) if i == 0 or degrees[i - 1] != d]
+
+
+def shrink(
+    plan: Plan,
+    nproc: int,
+    replan: ReplanResult | None = None,
+    steps: int = 3,
+    seed: int = 0,
+    seq_len: int = SEQ_LEN,
+    failures: int = 0,
+) -> Shrunk:
+    """The run that stands for ``plan`` on ``nproc`` processes, with notes on what changed.
+    ``seq_len``: tokens per sequence of the run (longer ones make a timing run compute-bound).
+    ``failures``: processes a live run will lose; the widths its re-plans can reach (a stage of
+    width w that loses k runs every block at w - k, ``relayout``) join the degrees whose
+    remainders the model keeps, so those layouts cut as the planner deals too."""
+    lay, model = plan.layout, plan.model
+    w = lay.tp
+    if replan is not None:
+        replan.check_against(plan)
+    micro = lay.num_micro_batches
+    if replan is None:
+        active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
+        picks = active[: wanted_replicas(lay)]
+    else:
+        active = [
+            (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
+            for x in replan.replicas
+            if x.status != "dropped"
+        ]
+        if not active:
+            raise ValueError("every replica of the re-plan is dropped; there is nothing to run")
+        kinds: dict = {}
+        for rep in sorted(active, key=lambda x: (min(x[1]) != w, x[0])):  # healthy first
+            kinds.setdefault((tuple(rep[1]), rep[2]), rep)
+        picks = list(kinds.values())
+        if len(picks) == 1 and len(active) > 1:
+            picks.append(next(x for x in active if x is not picks[0]))
+    pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
+    groups = [tuple(g) for g in _split(lay.pp, pp)]
+    vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
+    ep, picks = _ep(lay, picks, cp, replan)
+    chunk_degrees, cut, moe_flags = _chunk_degrees(plan, groups, vpp)
+    layer_count = sum(len(d) for d in chunk_degrees) - 2
+    moe_layers = [i for i, is_moe in enumerate(moe_flags) if is_moe]
+    ep = ep if moe_layers else 1  # the layers kept may all be dense
+    widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
+    # sequences per micro-batch: every copy of every block needs one
+    copies = [w // t for d in chunk_degrees for t in d]
+    mb = math.lcm(*copies)
+    # the interleaved schedule needs micro-batches in multiples of pp (``spec.check``)
+    unit = pp if vpp > 1 else 1
+    m = min(micro, max(2 * pp, 2)) // unit * unit
+    ratios = [n / micro for *_, n in picks]
+    if any(r < 1 for r in ratios):
+        m = max(m, 2 * unit)
+    run_micro = [scaled_micro_batches(r, m, unit) for r in ratios]
+    degrees = {t for d in chunk_degrees for t in d} | {x for ws in widths for x in ws}
+    degrees |= {x - k for ws in widths for x in ws for k in range(1, min(failures, x - 1) + 1)}
+    modulus = math.lcm(*degrees)
+    head_dim = 4 if model.num_heads <= 32 else 2
+    # every cp chunk needs a token, and a token per rank under sequence parallelism
+    seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
+    cfg = TinyConfig(
+        vocab=_same_remainder(model.vocab_size, modulus, 64),
+        hidden=model.num_heads * head_dim,
+        layers=layer_count,
+        heads=model.num_heads,
+        kv_heads=model.num_kv_heads,
+        ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
+        **block_style(model),
+        max_positions=seq_len,
+        **_experts(model, modulus, w, ep, tuple(moe_layers)),
+    )
+    # ZeRO-3 gathers every micro-batch over the replicas: they must hold each block alike, as often
+    uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
+    zero = 2 if lay.zero == 3 and not uniform else lay.zero
+    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc, ep, zero) + cut
+    spec = make_spec(
+        cfg,
+        chunk_degrees,
+        [(ws, k) for ws, k in zip(widths, run_micro, strict=True)],
+        mb,
+        seq_len,
+        width=w,
+        cp=cp,
+        vpp=vpp,
+        steps=steps,
+        seed=seed,
+        recompute=lay.recompute,
+        sequence_parallel=lay.sequence_parallel,
+        notes=tuple(notes),
+        ep=ep,
+        zero=zero,
+        reshard_after_forward=lay.reshard_after_forward if zero == 3 else True,
+    )
+    ranks, grid = [], lay.rank_grid
+    gpus = plan.placement if replan is None else replan.rank_to_gpu
+    for j, g in enumerate(groups):
+        for (r, *_), ws in zip(picks, widths, strict=True):
+            for c in range(cp):
+                for i in range(ws[j]):
+                    plan_rank = grid.rank(tp=i, cp=c, dp=r, pp=g[0])
+                    ranks.append((plan_rank, gpus[plan_rank]))
+    return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
+
+
+def _chunk_degrees(
+    plan: Plan, groups: list[tuple[int, ...]], vpp: int
+) -> tuple[list[list[int]], list[str], list[bool]]:
+    """TP degrees of the run's model chunks, in model order, from the plan's ``pipeline``. With
+    the plan's vpp kept, run chunk v * pp + j holds the plan's chunks v * P + s of the plan
+    stages s merged into run stage j (consecutive in model order, so the layers stay in order);
+    with vpp 1 a run stage holds its plan stages' chunks, in model order. Each chunk keeps one
+    layer per run of equal degrees (two when it has several layers at one degree), at most
+    ``MAX_LAYERS_PER_STAGE / vpp``; a run also ends where the layer kind (dense or MoE)
+    changes. Also returned: a note for every chunk cut by that cap, and whether each of the
+    run's layers (in model order) is MoE.
+
+    >>> from cost_models.catalogue import MODELS
+    >>> from cost_models.layout import ParallelLayout
+    >>> from cost_models.training import TrainingSpec
+    >>> from ntp_planner.solver.planner import plan_from_layout
+    >>> from topologies.cluster import Cluster
+    >>> from topologies.cluster_catalogue import CLUSTERS
+    >>> lay = ParallelLayout(tp=4, pp=2, vpp=2, global_batch=8, layer_tp=(4,) + (2,) * 4 + (4,) * 4 + (1,) * 8 + (4,))
+    >>> p = plan_from_layout(MODELS["llama3-8b"].model_copy(update={"num_layers": 16}), TrainingSpec(seq_len=2048,
+    ...     global_batch=8), Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8), lay)
+    >>> [c.tp for c in p.pipeline]
+    [[4, 2, 2, 2, 2], [4, 4, 4, 4], [1, 1, 1, 1], [1, 1, 1, 1, 4]]
+    >>> _chunk_degrees(p, [(0,), (1,)], 2)[0], _chunk_degrees(p, [(0, 1)], 1)[0]
+    ([[4, 2, 2], [4, 4], [1, 1], [1, 1, 4]], [[4, 2, 4, 1, 4]])
+    """
+    P, V, chunks, model = plan.layout.pp, plan.layout.vpp, plan.pipeline, plan.model
+    held = [[chunks[v * P + s] for s in g] for v in range(vpp) for g in groups] if vpp > 1 else []
+    held = held or [[chunks[v * P + s] for v in range(V) for s in range(P) if s in g] for g in groups]
+    out, cut, moe = [], [], []
+    for i, parts in enumerate(held):
+        # (TP degree, MoE layer) of every block, embedding and LM head dense
+        merged = [
+            (t, c.embedding <= b < len(c.tp) - c.loss and model.is_moe_layer(c.layers[b - c.embedding]))
+            for c in parts
+            for b, t in enumerate(c.tp)
+        ]
+        first, last = i == 0, i == len(held) - 1
+        body = merged[1 if first else 0 : len(merged) - 1 if last else len(merged)]
+        runs = _runs(body)[: max(1, MAX_LAYERS_PER_STAGE // vpp)]
+        if len(runs) < len(_runs(body)):
+            j = i % len(groups)
+            degrees = [t for t, _ in _runs(body)]
+            cut.append(
+                cut_runs_note(j, groups[j], degrees, degrees[: len(runs)], i // len(groups) if vpp > 1 else None)
+            )
+        if len(runs) == 1 and len(body) > 1:
+            runs *= 2
+        out.append([merged[0][0]] * first + [t for t, _ in runs] + [merged[-1][0]] * last)
+        moe += [is_moe for _, is_moe in runs]
+    return out, cut, moe
+
+
+def _split(n: int, parts: int) -> list[list[int]]:
+    """``n`` stages in ``parts`` contiguous groups, leading groups one larger."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (i < extra)
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
+def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: int) -> tuple[int, list, int]:
+    """Stages, replicas and context-parallel degree that fit in ``nproc`` processes. Start from
+    at most 2 stages, the picked replicas and the plan's cp; while too many, give up replicas,
+    then cp, then stages (for a re-plan, whose point is its replicas: stages, cp, replicas);
+    then add stages up to 4 while they fit."""
+
+    def ranks(k, reps, c):
+        return c * sum(sum(min(tps[s] for s in g) for g in _split(pp, k)) for _, tps, _ in reps)
+
+    k, reps, c = min(pp, 2), list(picks), cp
+    while ranks(k, reps, c) > nproc:
+        steps = ["stages", "cp", "replicas"] if prefer_replicas else ["replicas", "cp", "stages"]
+        possible = [x for x in steps if {"stages": k > 1, "cp": c > 1, "replicas": len(reps) > 1}[x]]
+        if not possible:
+            need = ranks(1, reps[:1], 1)
+            raise InputError(
+                f"one replica of this plan needs {need} processes (its stage width); run at least {need} processes"
+            )
+        if possible[0] == "stages":
+            k -= 1
+        elif possible[0] == "cp":
+            c = 1
+        else:
+            reps.pop()
+    while k < min(pp, 4) and ranks(k + 1, reps, c) <= nproc:
+        k += 1
+    return k, reps, c
+
+
+def _ep(lay, picks: list, cp: int, replan) -> tuple[int, list]:
+    """The run's ep (the largest divisor of the plan's that the run's pipelines, replicas x cp,
+    can hold whole groups of) and the replicas kept for it (a multiple of ep / gcd(ep, cp)).
+    Replicas of different widths (NTP) run without EP (``spec._check_moe`` says why)."""
+    if lay.ep == 1 or len({tuple(p[1]) for p in picks}) > 1:
+        return 1, picks
+    for d in sorted((d for d in range(1, lay.ep + 1) if lay.ep % d == 0), reverse=True):
+        keep = max((k for k in range(1, len(picks) + 1) if k * cp % d == 0), default=0)
+        if keep:
+            return d, picks[:keep]
+    return 1, picks
+
+
+def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) -> dict:
+    """TinyConfig's MoE fields: at most MAX_EXPERTS experts, a whole number per EP rank and at
+    least two (with one, a rank's tokens never need sorting among its experts, so that code would
+    go unchecked: Mixtral's 8 at ep 8 run as 16), top-k kept (at most the experts), widths with
+    the plan's remainders modulo every degree."""
+    if not model.num_experts or not moe_layers:
+        return {}
+    style = block_style(model)
+    if style["mlp"] != "swiglu" or style["bias"]:
+        raise InputError(
+            f"the plan's model {model.name} has MoE layers with a {style['mlp']} MLP"
+            + (" and linear biases" if style["bias"] else "")
+            + "; ntp validate runs experts as SwiGLU without biases (Mixtral's, DeepSeek's), so it cannot run this plan"
+        )
+    # ep divides the plan's experts, so min(experts, MAX_EXPERTS) // ep is whole experts of each
+    experts = ep * max(2, min(model.num_experts, MAX_EXPERTS) // ep)
+    shared = model.moe_shared_ffn_hidden_size
+    return {
+        "experts": experts,
+        "top_k": min(model.moe_top_k, experts),
+        "expert_ffn": _same_remainder(model.moe_ffn_hidden_size, modulus, max(16, 2 * w)),
+        "moe_layers": moe_layers,
+        "shared_ffn": _same_remainder(shared, modulus, max(16, 2 * w)) if shared else 0,
+    }
+
+
+def _moe_notes(model, lay, cfg, picks, cp: int, ep: int) -> tuple[list[str], list[str]]:
+    """(what the shrink did to the experts, what of them is not executed)."""
+    if not model.num_experts:
+        return [], []
+    kept = (
+        f"experts {model.num_experts} -> {cfg.experts} (top-{cfg.top_k}"
+        + (" kept" if cfg.top_k == model.moe_top_k else f", the plan's top-{model.moe_top_k} cut to the experts")
+        + ", dropless"
+        + (
+            ", two per EP rank so each rank's tokens are sorted among its experts"
+            if cfg.experts > model.num_experts
+            else ""
+        )
+        + "), "
+        f"expert width {model.moe_ffn_hidden_size} -> {cfg.expert_ffn}"
+        + (f", shared expert {model.moe_shared_ffn_hidden_size} -> {cfg.shared_ffn}" if cfg.shared_ffn else "")
+        + f", MoE layers {', '.join(map(str, cfg.moe_layers)) or 'none'} of the run's {cfg.layers}"
+        + (f", ep {lay.ep} kept" if ep == lay.ep > 1 else f", ep {lay.ep} -> {ep}" if lay.ep > 1 else "")
+    )
+    skipped = []
+    if ep < lay.ep:
+        if len({tuple(p[1]) for p in picks}) > 1:
+            why = "replicas of different TP widths (NTP) do not hold the same expert slices"
+        else:
+            why = f"an ep of k needs k pipelines (replicas x cp), the run has {len(picks) * cp}; more processes keep it"
+        skipped.append(f"ep {lay.ep} (run at ep {ep}: {why})")
+    return [kept], skipped
+
+
+def _notes(
+    plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp=1, nproc=None, ep=1, zero=None
+) -> list[str]:
+    lay, model = plan.layout, plan.model
+    notes = [
+        f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per "
+        f"{'chunk' if vpp > 1 else 'stage'}), "
+        f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
+        f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
+        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens"
+        " (enough for every cp chunk and sequence-parallel piece; no TP cut depends on the length)",
+        f"{model.family} blocks kept: {cfg.norm} norm, {cfg.mlp} MLP, {'' if cfg.bias else 'no '}linear biases, "
+        f"{cfg.positions} positions" + (f"; {lay.recompute} recompute kept" if lay.recompute != "none" else ""),
+        f"pipeline {lay.pp} stages -> {pp}"
+        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
+        + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
+        + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
+        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
+        + replicas_why(lay.dp, len(picks), replan, nproc, wanted_replicas(lay), ep, zero or 0),
+        f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
+        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
+        + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))
+        + (f" (multiples of pp {pp}: the interleaved schedule needs them)" if vpp > 1 else ""),
+    ]
+    if lay.cp > 1:
+        notes.append(
+            f"context parallelism cp {lay.cp}"
+            + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more processes keep it)")
+        )
+    moe_kept, moe_skipped = _moe_notes(model, lay, cfg, picks, cp, ep)
+    notes += moe_kept
+    skipped = list(moe_skipped)
+    if lay.vpp > vpp:
+        skipped += [f"vpp {lay.vpp} (only one pipeline stage fits and interleaving needs two; plain 1F1B)"]
+    if lay.sequence_parallel and lay.is_per_layer:
+        skipped += [
+            "sequence parallelism on stages with lower-degree copies (all-reduce there: a copy holds whole "
+            "sequences of its share of the micro-batch, so the executor splits sequences only where every block "
+            "runs at the stage width)"
+        ]
+    if zero is not None and zero != lay.zero:
+        skipped += [
+            f"ZeRO-{lay.zero}'s per-micro-batch parameter gathers between replicas of different TP degrees or "
+            f"micro-batches (run as ZeRO-{zero}: the same sharded optimizer state and gradients)"
+        ]
+    skipped += ["tied input and output embeddings (run as two matrices)"] if model.tie_embeddings else []
+    skipped += [f"dropout {model.dropout:g} (off: the check is deterministic)"] if model.dropout else []
+    if skipped:
+        notes.append("not executed: " + "; ".join(skipped))
+    if replan is not None:
+        notes.append(f"re-plan ({replan.policy}): replicas run at stage widths " + "; ".join(
+            f"{p[0]}: {'/'.join(map(str, p[1]))}" for p in picks
+        ))  # fmt: skip
+        notes += replan_pick_notes(replan, [p[0] for p in picks])
+    return notes

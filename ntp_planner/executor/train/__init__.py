@@ -1,0 +1,1 @@
+"""Training: one rank's stage, the step, the runtime and the launcher."""

@@ -1,0 +1,1 @@
+"""Rich renderers and plots: return renderables, never print."""
