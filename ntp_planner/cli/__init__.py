@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from ntp_planner.cli import calibrate, estimate, export, failures, plan, profile
+from ntp_planner.cli import calibrate, estimate, export, failures, plan, profile, validate
 from ntp_planner.cli.errors import GuardedGroup
 
 app = typer.Typer(
@@ -37,7 +37,7 @@ COMMANDS = (
     ("sweep", failures.sweep),
     ("simulate", failures.simulate),
     ("export", export.export_cmd),
-    ("validate", export.validate),
+    ("validate", validate.validate),
     ("profile", profile.profile),
     ("calibrate", calibrate.calibrate),
 )

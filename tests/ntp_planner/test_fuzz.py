@@ -364,7 +364,7 @@ def no_launch(monkeypatch):
     0 does (exit 0, nothing printed)."""
     from datetime import timedelta
 
-    import ntp_planner.cli.export as export_cli
+    import ntp_planner.cli.validate as export_cli
     from ntp_planner.executor.train.launch import STARTUP_S
 
     torch = pytest.importorskip("torch")
