@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 pytest.importorskip("torch", reason="torch is not installed")
 
 from ntp_planner.cli import app  # noqa: E402
+from tests.support.mutations import plant  # noqa: E402
 
 runner = CliRunner()
 
@@ -78,7 +79,12 @@ def test_validate_an_ntp_replan_runs_tp4_beside_tp3_with_fewer_micro_batches(pla
 
 
 def test_validate_fails_when_the_cuts_differ_from_the_planners(plans, monkeypatch):
-    monkeypatch.setenv("NTP_EXECUTOR_MUTATION", "cuts-reversed")  # fuller ranks last
+    from functools import partial
+
+    from ntp_planner.executor.train import launch as launcher
+
+    bug = plant(monkeypatch, "cuts-reversed")  # fuller ranks last: here, where the CLI checks the cuts
+    monkeypatch.setattr(launcher, "launch", partial(launcher.launch, worker_init=bug))  # and in the CLI's ranks
     r = run("validate", plans / "dp.json", "--replan", plans / "r.json", "--nproc", 8, "--dtype", "float64")
     assert r.exit_code == 1
     assert "the executor's shard cuts differ from the planner's shares (heads at degree 3: executor 10/11/11, " \

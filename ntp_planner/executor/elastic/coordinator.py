@@ -46,7 +46,6 @@ import torch.distributed as dist
 from ntp_planner.executor.elastic.faults import Repair
 from ntp_planner.executor.elastic.relayout import Layout, RunReplanner
 from ntp_planner.executor.elastic.worker import Generation, LiveConfig, serve
-from ntp_planner.executor.mutations import carried, plant, planted
 from ntp_planner.executor.train.launch import error_line
 from ntp_planner.executor.train.processes import context
 
@@ -73,9 +72,10 @@ class LiveRun:
     cuts: list[dict] = field(default_factory=list)  # every layout's shard cuts against the planner's (``cuts``)
 
 
-def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress, first_generation: int, bug) -> None:
+def _worker(proc: int, port: int, cfg: LiveConfig, err_dir: str, progress, first_generation: int, init) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    plant(bug)
+    if init is not None:  # ``launch_live``'s worker_init, in every process it starts (repairs too)
+        init()
     try:
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s + 60))
         serve(proc, store, cfg, progress, first_generation)
@@ -97,8 +97,10 @@ class Coordinator:
         spares: int = 0,
         repairs: tuple[Repair, ...] = (),
         tick=None,
+        worker_init=None,
     ):
         self.replanner, self.policy, self.cfg = replanner, policy, cfg
+        self.worker_init = worker_init
         self.cuts: dict[tuple[str, int], dict] = {}  # (unit, degree) -> the row, over every layout published
         self._spawned_t: dict[int, float] = {}  # when each process (its latest incarnation) was started
         self.repairs = sorted(repairs, key=lambda r: r.step)
@@ -163,7 +165,7 @@ class Coordinator:
 
     def _spawn(self, proc: int) -> None:
         # a process started later (a repair) joins at the next generation, never an old one
-        args = (proc, self.store.port, self.cfg, str(self.err_dir), self.progress, len(self.gens), carried())
+        args = (proc, self.store.port, self.cfg, str(self.err_dir), self.progress, len(self.gens), self.worker_init)
         p = self.ctx.Process(target=_worker, args=args, daemon=True)
         self._spawned_t[proc] = time.time()
         p.start()
@@ -557,8 +559,7 @@ class Coordinator:
 
     def _consumed(self) -> int:
         eff = self._effective()
-        skip = 1 if planted("skip-a-sample") else 0  # a planted bug: the next layout skips a sample
-        return eff[-1]["consumed"] + eff[-1]["batch"] + skip if eff else 0
+        return eff[-1]["consumed"] + eff[-1]["batch"] if eff else 0
 
     def _cut_short(self, n: int, t_notice: float) -> None:
         """Close the events whose generation ``n`` fails before it finished their recovery (a
@@ -638,10 +639,12 @@ def live_spec(spec):
 
 
 def launch_live(plan, shrunk, policy: str = "ntp", faults=(), repairs=(), spares: int = 0, checkpoint_every: int = 0,
-                checkpoint_dir: str = "", backend: str = "gloo", timeout_s: float = 60.0, tick=None):  # fmt: skip
+                checkpoint_dir: str = "", backend: str = "gloo", timeout_s: float = 60.0, tick=None,
+                worker_init=None):  # fmt: skip
     """Run ``shrunk`` (of ``plan``) live with injected ``faults`` and ``repairs``, recovering under
     ``policy``; compare the final state with one process fed the samples the run committed.
-    Returns (``launch.Result``, ``LiveRun``)."""
+    ``worker_init()`` runs in every process started, as ``launch``'s. Returns (``launch.Result``,
+    ``LiveRun``)."""
     from ntp_planner.executor import checkpoint
     from ntp_planner.executor.check.holders import compare, loss_errors, non_finite_losses
     from ntp_planner.executor.model.batch import stream_draws
@@ -663,7 +666,7 @@ def launch_live(plan, shrunk, policy: str = "ntp", faults=(), repairs=(), spares
         checkpoint_every=checkpoint_every,
         checkpoint_dir=checkpoint_dir,
     )
-    run = Coordinator(RunReplanner(plan, shrunk, spares), policy, cfg, spares, tuple(repairs), tick).run()
+    run = Coordinator(RunReplanner(plan, shrunk, spares), policy, cfg, spares, tuple(repairs), tick, worker_init).run()
     grad_step = -1 if run.grad_step is None else run.grad_step  # -1: no step's gradients
     # the reference draws its samples from the stream itself; the run's log must be that stream
     draws, stream_problems = stream_draws(run.steps, spec.steps, run.batches)

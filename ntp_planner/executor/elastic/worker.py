@@ -43,7 +43,6 @@ from ntp_planner.executor.elastic.faults import Fault
 from ntp_planner.executor.elastic.relayout import Layout
 from ntp_planner.executor.model.batch import sample_rows, synthetic_batch
 from ntp_planner.executor.model.reference import Reference
-from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.parallel.comm import Comm, lost_peer
 from ntp_planner.executor.parallel.data import sync_gradients
 from ntp_planner.executor.parallel.pipeline import one_f_one_b
@@ -196,8 +195,6 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
             consumed = gen.consumed + (step - gen.start_step) * batch
             rows = sample_rows(cfg.base, consumed, batch)
             comm.fault = _injector(cfg.faults, proc, step, store)
-            if planted("live-crash-proc3") and proc == 3 and step == 1:  # a bug of ours, not a --fail
-                raise RuntimeError("planted bug: process 3 crashes in step 1")
             opt.zero_grad()
             share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens[rows], targets[rows]), scale)
             share += model.take_aux()

@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.parallel.comm import Comm, CopyToTP
 from ntp_planner.executor.spec import TinyConfig
 
@@ -188,8 +187,6 @@ def rank_moe(h, route_in, p: dict, place: ExpertPlace, tp_ranks, router_scale: f
     if router_scale != 1:
         logits = ScaleGrad.apply(logits, router_scale)
     weights, experts = route(logits, cfg.top_k)
-    if planted("moe-combine-wrong-weight"):
-        weights = weights.flip(-1)
     weights = CopyToTP.apply(weights, comm, tp_ranks)
     x = h.reshape(-1, cfg.hidden)
     y = _dispatch_combine(x, weights.reshape(-1, cfg.top_k), experts.reshape(-1, cfg.top_k), p, place).view_as(h)

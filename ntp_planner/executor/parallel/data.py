@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from ntp_planner.executor.model.moe import EXPERT_KEYS
-from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.parallel.comm import Comm
 from ntp_planner.executor.parallel.reshard import reshard_plan
 from ntp_planner.executor.parallel.tensor import cuts_kv_heads, param_index
@@ -67,14 +66,6 @@ def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, sha
             p.grad = comm.all_reduce(grad.contiguous(), group)
             continue
         p.grad = _ntp_sync(model, spec, key, bs, p.grad, degrees, groups, comm, shapes[name])
-    if planted("doubled-grad-copy1"):
-        for *_, bs, p in model.named_parameters():
-            if bs.copy == 1:
-                p.grad = p.grad * 2
-    if planted("nan-grad-copy1"):  # one NaN in every synced gradient of copy 1 (AdamW spreads it)
-        for *_, bs, p in model.named_parameters():
-            if bs.copy == 1:
-                p.grad.view(-1)[0] = float("nan")
 
 
 def _ntp_sync(model, spec, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:
@@ -112,8 +103,6 @@ def ntp_core(model, spec, key, bs, grad, comm, shape) -> torch.Tensor | None:
     n = smallest_degree(model, spec, bs, comm)
     rows_n = len(param_index(cfg, key, n, j)[1]) if j < n else None
     core = comm.move(grad, reshard_plan(cfg, key, t, n), j, bs.tp_ranks, idx[0], rows_n, grad)  # t -> n layout
-    if core is not None and j == 0 and planted("ntp-core-doubled"):  # a planted bug in the shared path
-        core = core * 2
     return core
 
 

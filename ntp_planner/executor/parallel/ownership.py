@@ -19,17 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.degraded import uneven_shares
-from ntp_planner.executor.mutations import planted
 
 
 def contiguous(units: int, degree: int) -> tuple[tuple[int, int], ...]:
     """[start, end) of each rank's block of ``units``, fuller ranks first."""
     out, start = [], 0
-    shares = uneven_shares(units, degree)
-    # planted bugs: fuller ranks last, at every degree or only at odd ones (those a TP4 run's
-    # re-plan reaches after one failure, never its base layout)
-    reversed_ = planted("cuts-reversed") or (planted("cuts-reversed-odd") and degree % 2 == 1)
-    for n in shares[::-1] if reversed_ else shares:
+    for n in uneven_shares(units, degree):
         out.append((start, start + n))
         start += n
     return tuple(out)

@@ -44,7 +44,6 @@ import torch.nn.functional as F
 
 from ntp_planner.executor.model.moe import EXPERT_KEYS
 from ntp_planner.executor.model.reference import Reference
-from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.parallel.comm import Comm
 from ntp_planner.executor.parallel.data import _with_cut_kv_summed, ntp_core, ntp_spread
 from ntp_planner.executor.parallel.tensor import param_index, rank_slice
@@ -137,8 +136,6 @@ class ShardedOptimizer:
         slot.core_shape = tuple(core.shape)
         g = len(slot.group) if spec.zero else 1
         i = sorted(slot.group).index(self.comm.rank) if spec.zero else 0  # collectives order by group rank
-        if planted("zero-shard-offset") and g > 1:
-            i = (i + 1) % g  # the bug: this rank updates its neighbour's shard with its own gradient
         a, e = shard_bounds(core.numel(), g, i)
         if a == e and not self.per_micro_batch:  # ``fsdp`` keeps an empty shard: every slice of a block has its leaf
             return slot

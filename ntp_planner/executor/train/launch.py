@@ -28,7 +28,6 @@ from ntp_planner.executor.check.holders import compare, loss_errors, non_finite_
 from ntp_planner.executor.check.measure import summarize
 from ntp_planner.executor.model.batch import missing_ids
 from ntp_planner.executor.model.reference import zero_gradient_params
-from ntp_planner.executor.mutations import carried, plant
 from ntp_planner.executor.parallel.comm import lost_peer
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.train.processes import context
@@ -90,11 +89,12 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}"
 
 
-def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault, bug) -> None:
+def _worker(rank, spec, init_method, backend, out_file, err_dir, timeout_s, progress, fault, worker_init) -> None:
     # gloo on loopback: every rank of a local run is on this host (set in the child, so the
     # caller's environment stays as it was)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    plant(bug)
+    if worker_init is not None:  # the caller's hook (a test's planted bug: ``tests/support/mutations``)
+        worker_init()
     try:
         run_rank(rank, spec, init_method, backend, out_file, timeout_s, progress, fault)
     except BaseException as exc:  # report why, then leave at once (no hanging in teardown)
@@ -111,10 +111,14 @@ def describe_rank(spec: RunSpec, rank: int) -> str:
     return f"rank {rank} (replica {pipeline // spec.cp}{cp}, stage {s}, local rank {local})"
 
 
-def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault=None, tick=None) -> Result:
+def launch(
+    spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault=None, tick=None, worker_init=None
+) -> Result:
     """Run ``spec`` on ``spec.world_size`` local processes and compare with the reference.
     Raises RankFailure naming the rank when one fails or hangs. ``tick(step)`` hears the step
-    the slowest rank has entered."""
+    the slowest rank has entered. ``worker_init()``, a picklable callable, runs in every rank
+    before it trains: ranks fork from a server started earlier, so whatever the caller set up in
+    its own process (a test's monkeypatch) never reaches them otherwise."""
     start = time.perf_counter()
     ctx = context()
     world = spec.world_size
@@ -123,7 +127,7 @@ def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault
         out, errs = Path(tmp, "out.pt"), Path(tmp, "errors")
         errs.mkdir()
         init = f"file://{tmp}/store"
-        args = (spec, init, backend, str(out), str(errs), 2 * timeout_s + STARTUP_S, progress, fault, carried())
+        args = (spec, init, backend, str(out), str(errs), 2 * timeout_s + STARTUP_S, progress, fault, worker_init)
         procs = [ctx.Process(target=_worker, args=(r, *args), daemon=True) for r in range(world)]
         with supervised(procs):
             _watch(spec, procs, progress, errs, timeout_s, tick)

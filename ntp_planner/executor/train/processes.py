@@ -6,7 +6,7 @@ CPU each on a 2-core machine, so a run of 8 ranks spent longer starting than tra
 forks every rank from it: a rank starts in milliseconds with torch already imported (and no
 threads started yet, so the fork is safe; CUDA is never initialised in the server). A forked
 rank has the server's environment, not the launcher's at the time of the launch: what a rank
-must see of it travels as an argument (``mutations.carried`` / ``plant``).
+must see of it travels as an argument (``launch``'s ``worker_init``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from torch.utils.checkpoint import checkpoint
 
 from ntp_planner.executor.model.moe import EXPERT_KEYS, ExpertPlace, local_experts, rank_moe
 from ntp_planner.executor.model.reference import Reference, add_bias, block_params, normed
-from ntp_planner.executor.mutations import planted
 from ntp_planner.executor.parallel.comm import (
     AllGatherSeq,
     Comm,
@@ -112,9 +111,6 @@ class StageModel:
         """This rank's blocks of virtual chunk ``v``, in the order the chunk runs them."""
         start = sum(len(c) for c in self.stage.chunks[:v])
         blocks = self.blocks[start : start + len(self.stage.chunks[v])]
-        if planted("chunk-layers-reversed"):  # a test's planted bug: the chunk's layers run backwards
-            layers = iter([bs for bs in blocks if bs.block.kind == "layer"][::-1])
-            blocks = [next(layers) if bs.block.kind == "layer" else bs for bs in blocks]
         return blocks
 
     # ---- forward ----------------------------------------------------------------------------
@@ -199,8 +195,6 @@ class StageModel:
     def _row_parallel(partial: torch.Tensor, p: dict, key: str, reduce) -> torch.Tensor:
         """``reduce`` (the TP sum) of a row-parallel layer's partial outputs, plus its bias ``key``
         once: after the sum, so every TP rank adds it to the same total."""
-        if planted("row-bias-twice"):  # the bias on every TP rank's partial: summed t times
-            return reduce(add_bias(partial, p, key))
         return add_bias(reduce(partial), p, key)
 
     def _layer_sp(self, bs: BlockState, x: torch.Tensor) -> torch.Tensor:
@@ -214,7 +208,7 @@ class StageModel:
     def _embed_partial(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows looked up (zeros for the others' tokens)."""
         a, b = vocab_shards(self.cfg.vocab, bs.block.degree)[bs.tp_rank]
-        mine = (tokens >= a) & ((tokens <= b) if planted("embed-mask-off-by-one") else (tokens < b))
+        mine = (tokens >= a) & (tokens < b)
         return bs.params["embed"][(tokens - a).clamp(0, b - a - 1)] * mine[..., None]
 
     def _embed(self, bs: BlockState, tokens: torch.Tensor) -> torch.Tensor:

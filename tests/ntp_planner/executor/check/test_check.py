@@ -1,6 +1,6 @@
 """The check has no blind spots: every holder of every tensor is compared (float64, so a clean
 run errs near 1e-15 and anything above 1e-9 is a bug), the batch has every vocabulary id, and
-the shard cuts are those the planner deals. Each planted bug (``mutations``) must be caught."""
+the shard cuts are those the planner deals. Each planted bug (``tests/support/mutations``) must be caught."""
 
 import pytest
 
@@ -10,9 +10,9 @@ from cost_models.catalogue import resolve_model  # noqa: E402
 from ntp_planner.executor.check.cuts import compare_cuts, mismatches  # noqa: E402
 from ntp_planner.executor.check.holders import compare  # noqa: E402
 from ntp_planner.executor.model.batch import boundary_ids, covers_vocabulary, missing_ids, synthetic_batch  # noqa: E402
-from ntp_planner.executor.mutations import VARIABLE  # noqa: E402
 from ntp_planner.executor.spec import TinyConfig, make_spec  # noqa: E402
 from ntp_planner.executor.train.launch import launch  # noqa: E402
+from tests.support.mutations import plant  # noqa: E402
 
 TOL = 1e-9
 
@@ -44,8 +44,7 @@ def test_a_clean_run_compares_every_holder_and_is_exact(clean):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_doubled_gradient_on_copy_1_is_caught_and_named(monkeypatch, clean):
-    monkeypatch.setenv(VARIABLE, "doubled-grad-copy1")
-    result = launch(rich_spec(), timeout_s=120)
+    result = launch(rich_spec(), timeout_s=120, worker_init=plant(monkeypatch, "doubled-grad-copy1"))
     # copy 1 of layer 0 holds the whole tensor: its error is |2g - g| / |g| = 1; copy 0 is right
     assert result.max_rel_error_grads == pytest.approx(1.0, rel=1e-9)
     assert result.worst_grad.startswith("layers.0.")
@@ -56,8 +55,7 @@ def test_a_doubled_gradient_on_copy_1_is_caught_and_named(monkeypatch, clean):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_an_embedding_mask_off_by_one_is_caught(monkeypatch, clean):
-    monkeypatch.setenv(VARIABLE, "embed-mask-off-by-one")
-    result = launch(rich_spec(), timeout_s=120)
+    result = launch(rich_spec(), timeout_s=120, worker_init=plant(monkeypatch, "embed-mask-off-by-one"))
     # ids 22 and 43 (replica 0) and 32 (replica 1) also get the row before them
     assert result.max_rel_error_loss > 1e-6 and result.max_rel_error_grads > 1e-3
     assert result.max_rel_error_params > 1e4 * clean.max_rel_error_params
@@ -66,8 +64,7 @@ def test_an_embedding_mask_off_by_one_is_caught(monkeypatch, clean):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_nan_on_copy_1_fails_the_run_and_names_its_holder(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "nan-grad-copy1")
-    result = launch(rich_spec(), timeout_s=120)
+    result = launch(rich_spec(), timeout_s=120, worker_init=plant(monkeypatch, "nan-grad-copy1"))
     # NaN compares false with everything: the scan used to skip it and report the clean holders' 1e-15
     assert result.max_rel_error_grads == float("inf") and result.max_rel_error_params == float("inf")
     assert result.worst_grad_holder == "rank 1 (replica 0, stage 0, copy 1, TP rank 0)"
@@ -139,7 +136,7 @@ def test_an_ffn_width_with_another_remainder_is_a_mismatch():
 
 
 def test_cuts_that_match_the_planners_in_number_but_not_in_order_fail(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "cuts-reversed")
+    plant(monkeypatch, "cuts-reversed")  # in this process: the check runs here
     rows = compare_cuts(cuts_spec(), resolve_model("llama3-8b"))
     bad = {(r["unit"], r["degree"]) for r in rows if not r["match"]}
     assert bad == {("heads", 3), ("ffn", 3)}  # KV heads 1/2/1 read the same both ways; vocab 66 is even at 2 and 3

@@ -14,9 +14,9 @@ from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
 from ntp_planner.executor.elastic.coordinator import PARTS, RecoveryFailure, launch_live, recovery_costs
 from ntp_planner.executor.elastic.faults import Fault, Repair
-from ntp_planner.executor.mutations import VARIABLE
 from ntp_planner.executor.shrink.run import shrink
 from ntp_planner.solver.planner import plan_from_layout
+from tests.support.mutations import plant
 from topologies.cluster import Cluster
 from topologies.cluster_catalogue import CLUSTERS
 
@@ -266,23 +266,23 @@ def test_a_kill_mid_step_recovers_exact_fast():
     assert {(c["unit"], c["degree"]) for c in live.cuts} >= {("heads", 1), ("heads", 2), ("vocab", 1)}
 
 
-# Planted bugs that a live run used to PASS with (``mutations``): each must now fail it.
+# Planted bugs that a live run used to PASS with (``tests/support/mutations``): each must now fail it.
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_crash_of_our_own_code_fails_the_run_even_when_recovery_could_go_on(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "live-crash-proc3")  # process 3 raises in step 1; nothing injected it
+    bug = plant(monkeypatch, "live-crash-proc3")  # process 3 raises in step 1; nothing injected it
     with pytest.raises(RecoveryFailure, match=r"process 3 died of its own error, not of an injected --fail "
                        r"\(RuntimeError: planted bug: process 3 crashes in step 1"):  # fmt: skip
-        run(2, 2, steps=3, policy="ntp", faults=(Fault(1, 2),))
+        run(2, 2, steps=3, policy="ntp", faults=(Fault(1, 2),), worker_init=bug)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_recovery_that_skips_a_sample_fails_the_run(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "skip-a-sample")  # the layout after the failure starts one sample late
-    result, live = run(2, 2, steps=3, policy="ntp", faults=(Fault(1, 1),))
+    bug = plant(monkeypatch, "skip-a-sample")  # the layout after the failure starts one sample late
+    result, live = run(2, 2, steps=3, policy="ntp", faults=(Fault(1, 1),), worker_init=bug)
     # the ranks used and logged samples 5..7: fed that log the reference would agree; it draws 4..6
     assert live.steps[1]["consumed"] == 5
     assert "step 1 committed samples 5..7, but the stream continues at sample 4 with 3 samples" in result.problems
@@ -292,7 +292,7 @@ def test_a_recovery_that_skips_a_sample_fails_the_run(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_wrong_cut_at_a_degree_only_the_re_plan_reaches_fails_the_run(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "cuts-reversed-odd")  # TP4 cuts right; TP3 (after the failure) reversed
+    bug = plant(monkeypatch, "cuts-reversed-odd")  # TP4 cuts right; TP3 (after the failure) reversed
     with pytest.raises(RecoveryFailure, match=r"generation 1 \(TP3 \+ TP4.*heads at degree 3: executor 10/11/11, "
                        r"planner 11/11/10"):  # fmt: skip
-        run(4, 2, steps=3, policy="ntp", faults=(Fault(1, 1),))
+        run(4, 2, steps=3, policy="ntp", faults=(Fault(1, 1),), worker_init=bug)

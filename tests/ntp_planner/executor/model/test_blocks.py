@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
 from ntp_planner.executor.model import reference as model  # noqa: E402
-from ntp_planner.executor.mutations import VARIABLE  # noqa: E402
 from ntp_planner.executor.spec import TinyConfig, make_spec  # noqa: E402
 from ntp_planner.executor.train.launch import launch  # noqa: E402
+from tests.support.mutations import plant  # noqa: E402
 
 GPT = TinyConfig(norm="layer", mlp="gelu", bias=True, positions="learned", max_positions=16)
 # with learned positions the key bias has no gradient (``model.zero_gradient_params``); rotated,
@@ -29,8 +29,8 @@ def assert_exact(result):
     return result
 
 
-def run(cfg, *args, **kw):
-    return launch(make_spec(cfg, *args, dtype="float64", **kw), timeout_s=120)
+def run(cfg, *args, worker_init=None, **kw):
+    return launch(make_spec(cfg, *args, dtype="float64", **kw), timeout_s=120, worker_init=worker_init)
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,7 @@ def test_nemotron_blocks_at_tp2_with_full_recompute():
 
 @pytest.mark.timeout(240)
 def test_a_row_parallel_bias_added_on_every_tp_rank_is_caught(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "row-bias-twice")
-    result = run(GPT, [[2, 2, 2, 2]], [([2], 2)], 2, 8)
+    result = run(GPT, [[2, 2, 2, 2]], [([2], 2)], 2, 8, worker_init=plant(monkeypatch, "row-bias-twice"))
     assert result.max_rel_error_loss > 1e-4 and result.max_rel_error_grads > 1e-3
 
 

@@ -15,11 +15,11 @@ from cost_models.training import TrainingSpec  # noqa: E402
 from ntp_planner.executor.check.predict import run_model  # noqa: E402
 from ntp_planner.executor.model.moe import moe_reference, sequence_aux  # noqa: E402
 from ntp_planner.executor.model.reference import Reference, rms_norm  # noqa: E402
-from ntp_planner.executor.mutations import VARIABLE  # noqa: E402
 from ntp_planner.executor.shrink.run import shrink  # noqa: E402
 from ntp_planner.executor.spec import TinyConfig, make_spec  # noqa: E402
 from ntp_planner.executor.train.launch import launch  # noqa: E402
 from ntp_planner.solver.planner import plan_from_layout  # noqa: E402
+from tests.support.mutations import plant  # noqa: E402
 from topologies.cluster import Cluster  # noqa: E402
 from topologies.cluster_catalogue import CLUSTERS  # noqa: E402
 
@@ -133,9 +133,8 @@ def test_ep2_with_sequence_parallel_copies_pipeline_recompute_and_ntp_without_ep
 
 @pytest.mark.timeout(180)
 def test_a_wrong_combine_weight_is_caught(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "moe-combine-wrong-weight")  # each token's two weights swapped
     spec = make_spec(MOE, [[1, 1, 1, 1]], [([1], 2), ([1], 2)], 2, 8, dtype="float64", ep=2, steps=1)
-    result = launch(spec, timeout_s=150)
+    result = launch(spec, timeout_s=150, worker_init=plant(monkeypatch, "moe-combine-wrong-weight"))  # top-2 swapped
     assert result.max_rel_error_loss > 1e-4 and result.max_rel_error_grads > 1e-2
 
 

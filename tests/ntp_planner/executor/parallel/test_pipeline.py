@@ -11,17 +11,17 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
-from ntp_planner.executor.mutations import VARIABLE  # noqa: E402
 from ntp_planner.executor.spec import TinyConfig, make_spec  # noqa: E402
 from ntp_planner.executor.train.launch import launch  # noqa: E402
+from tests.support.mutations import plant  # noqa: E402
 
 CHUNKS = [[2, 2, 1], [1, 2], [2], [1, 2]]  # degrees per model chunk, chunk c on stage c % 2
 
 
-def run(dtype: str):
+def run(dtype: str, worker_init=None):
     spec = make_spec(TinyConfig(layers=6), CHUNKS, [([2, 2], 4)], 2, 8, vpp=2, dtype=dtype, steps=2)
     assert [st.chunk_sizes for st in spec.replicas[0].stages] == [(3, 1), (2, 2)]
-    return launch(spec, timeout_s=120)
+    return launch(spec, timeout_s=120, worker_init=worker_init)
 
 
 def errors(result):
@@ -43,5 +43,5 @@ def test_interleaved_pp2_vpp2_per_layer_degrees_in_float32():
 
 @pytest.mark.timeout(300)
 def test_a_chunk_whose_layers_run_in_reverse_is_caught(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "chunk-layers-reversed")  # chunk 0 runs layer 1 before layer 0, ...
-    assert errors(run("float64")) > 1e-3
+    bug = plant(monkeypatch, "chunk-layers-reversed")  # chunk 0 runs layer 1 before layer 0, ...
+    assert errors(run("float64", bug)) > 1e-3

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
-from ntp_planner.executor.mutations import VARIABLE  # noqa: E402
 from ntp_planner.executor.spec import TinyConfig, make_spec  # noqa: E402
 from ntp_planner.executor.train.launch import launch  # noqa: E402
+from tests.support.mutations import plant  # noqa: E402
 
 CFG = TinyConfig()  # hidden 32, 8 heads of 4, 2 KV heads, FFN 48, vocabulary 64, 2 layers
 EXACT = 1e-9  # float64
@@ -82,9 +82,8 @@ def test_distributed_optimizer_beside_ntp_tp2_and_tp1_is_exact():
 def test_a_bug_in_the_ntp_core_path_is_caught_with_and_without_zero(monkeypatch, zero):
     # ZeRO-1 used to reshard on its own: a bug planted in the NTP sync never reached its runs.
     # Both now take ``sync.ntp_core``, where core rank 0 doubles its replica's part of the sum
-    monkeypatch.setenv(VARIABLE, "ntp-core-doubled")
     spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 1), ([1], 1)], 2, 8, width=2, dtype="float64", zero=zero)
-    result = launch(spec, timeout_s=120)
+    result = launch(spec, timeout_s=120, worker_init=plant(monkeypatch, "ntp-core-doubled"))
     # n = 1: core rank 0 of both replicas doubles, so the synced gradient is twice the reference's
     # (AdamW is nearly scale-free: the parameters err by about 1e-7, still far above 1e-9)
     assert result.max_rel_error_grads == pytest.approx(1.0, rel=1e-6) and result.max_rel_error_params > 1e-8
@@ -122,9 +121,8 @@ def test_zero3_kept_after_forward_with_copies_is_exact():
 
 @pytest.mark.timeout(180)
 def test_a_rank_updating_the_wrong_shard_is_caught(monkeypatch):
-    monkeypatch.setenv(VARIABLE, "zero-shard-offset")
     spec = make_spec(CFG, [[1, 1, 1, 1]], [([1], 1), ([1], 1)], 1, 8, dtype="float64", zero=1)
-    result = launch(spec, timeout_s=120)
+    result = launch(spec, timeout_s=120, worker_init=plant(monkeypatch, "zero-shard-offset"))
     assert result.max_rel_error_params > 1e-3  # each rank wrote its gradient's update into the other half
 
 
