@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.cli import app
 from ntp_planner.emitters import FORMATS, export
-from ntp_planner.emitters.megatron import megatron_args, transformer_config_kwargs
+from ntp_planner.emitters.megatron import megatron_args
 from ntp_planner.failures.replan import Replanner, ReplanResult
 from ntp_planner.plan import Plan
 from ntp_planner.solver.planner import plan_from_layout
+from tests.support.megatron_config import transformer_config_kwargs
 from topologies import CLUSTERS, Cluster
 from topologies.errors import InputError
 

@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 
 from ntp_planner.executor.model.reference import Reference, TinyConfig, zero_gradient_params  # noqa: E402
 from ntp_planner.executor.parallel.ownership import layer_shards  # noqa: E402
-from ntp_planner.executor.parallel.tensor import gathered_grads, shard_model, simulated_tp_loss  # noqa: E402
+from tests.support.simulated_tp import gathered_grads, shard_model, simulated_tp_loss  # noqa: E402
 
 CFG = TinyConfig(vocab=64, hidden=32, layers=2, heads=8, kv_heads=2, ffn=48)
 

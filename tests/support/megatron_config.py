@@ -1,0 +1,74 @@
+"""Megatron-LM's own mapping of command-line arguments to TransformerConfig fields, for the
+tests that build megatron-core's config from what ``emitters.megatron`` emits: a check with the
+real library, not part of the exporter (moved here from ``emitters/megatron.py``)."""
+
+from __future__ import annotations
+
+import json
+
+
+def transformer_config_kwargs(args: list[str]) -> dict:
+    """TransformerConfig fields for emitted arguments, as Megatron-LM's
+    core_transformer_config_from_args sets them (tests build megatron-core's config from this)."""
+    values: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            values[args[i]] = args[i + 1]
+            i += 2
+        else:
+            values[args[i]] = True
+            i += 1
+    num = lambda k, d=None: int(values[k]) if k in values else d  # noqa: E731
+    kw = dict(
+        num_layers=num("--num-layers"),
+        hidden_size=num("--hidden-size"),
+        ffn_hidden_size=num("--ffn-hidden-size"),
+        num_attention_heads=num("--num-attention-heads"),
+        kv_channels=num("--kv-channels"),
+        num_query_groups=num("--num-query-groups"),
+        tensor_model_parallel_size=num("--tensor-model-parallel-size"),
+        pipeline_model_parallel_size=num("--pipeline-model-parallel-size"),
+        context_parallel_size=num("--context-parallel-size", 1),
+        expert_model_parallel_size=num("--expert-model-parallel-size", 1),
+        sequence_parallel="--sequence-parallel" in values,
+        bf16="--bf16" in values,
+        fp16="--fp16" in values,
+        add_bias_linear="--disable-bias-linear" not in values,
+        gated_linear_unit="--swiglu" in values,
+        normalization=values["--normalization"],
+        attention_dropout=float(values["--attention-dropout"]),
+        hidden_dropout=float(values["--hidden-dropout"]),
+    )
+    if "--num-virtual-stages-per-pipeline-rank" in values:
+        kw["virtual_pipeline_model_parallel_size"] = num("--num-virtual-stages-per-pipeline-rank")
+    for flag in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
+        if flag in values:
+            kw[flag[2:].replace("-", "_")] = True
+    if "--fp8-format" in values:
+        kw["fp8"] = values["--fp8-format"]
+        kw["fp8_recipe"] = values.get("--fp8-recipe", "delayed")
+    if "--decoder-first-pipeline-num-layers" in values:
+        kw["num_layers_in_first_pipeline_stage"] = num("--decoder-first-pipeline-num-layers")
+    if "--decoder-last-pipeline-num-layers" in values:
+        kw["num_layers_in_last_pipeline_stage"] = num("--decoder-last-pipeline-num-layers")
+    if "--pipeline-model-parallel-layout" in values:
+        kw["pipeline_model_parallel_layout"] = values["--pipeline-model-parallel-layout"]
+    if "--recompute-granularity" in values:
+        kw["recompute_granularity"] = values["--recompute-granularity"]
+        if values["--recompute-granularity"] == "full":
+            kw["recompute_method"] = values["--recompute-method"]
+            kw["recompute_num_layers"] = num("--recompute-num-layers")
+    if "--num-experts" in values:
+        freq = values["--moe-layer-freq"]
+        kw.update(
+            num_moe_experts=num("--num-experts"),
+            moe_router_topk=num("--moe-router-topk"),
+            moe_ffn_hidden_size=num("--moe-ffn-hidden-size"),
+            moe_grouped_gemm=True,
+            moe_token_dispatcher_type=values["--moe-token-dispatcher-type"],
+            moe_layer_freq=json.loads(freq) if str(freq).startswith("[") else int(freq),
+        )
+        if "--moe-shared-expert-intermediate-size" in values:
+            kw["moe_shared_expert_intermediate_size"] = num("--moe-shared-expert-intermediate-size")
+    return {k: v for k, v in kw.items() if v is not None}
