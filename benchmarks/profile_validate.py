@@ -87,12 +87,12 @@ def make_plan(case: Case, gpus: int = 8) -> Plan:
 
 
 def run_case(case: Case, profile, backend: str, steps: int, seq_len: int, repeat: int) -> dict:
+    from ntp_planner.executor.check.timing import compare_run, run_record
     from ntp_planner.executor.shrink.run import shrink
     from ntp_planner.executor.train.launch import launch
     from ntp_planner.failures.replan import Replanner
     from ntp_planner.profiler.cluster import local_cluster
     from ntp_planner.profiler.for_run import complete_profile
-    from ntp_planner.views.timing import compare_run, run_record
 
     plan = make_plan(case)
     replan = Replanner(plan).replan(frozenset(case.failed), "ntp") if case.failed else None
@@ -122,7 +122,7 @@ def mape(errors: list[float]) -> float:
 def left_out_errors(rows: list[dict], base) -> list[float]:
     """Each run predicted by a calibration fitted to the others (at least three)."""
     from cost_models.calibrate import RunRecord
-    from ntp_planner.views.timing import relative_error
+    from ntp_planner.executor.check.timing import relative_error
 
     records = [RunRecord.model_validate(r["record"]) for r in rows]
     out = []

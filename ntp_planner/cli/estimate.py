@@ -253,7 +253,7 @@ def _shortfall(cost) -> str:
 
 
 def _show_estimate(inputs, layout, cost) -> None:
-    from ntp_planner.views.report import cost_tables, domain_use
+    from ntp_planner.views.plan import cost_tables, domain_use
 
     model_spec, _, cluster_obj = inputs
     show(f"[bold]{model_spec.name}[/bold]: {layout.describe()}")

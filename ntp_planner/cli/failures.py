@@ -232,7 +232,7 @@ def replan(
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=1) + "\n")
     else:
-        from ntp_planner.views.report import replan_view
+        from ntp_planner.views.replan import replan_view
 
         show(replan_view(result))
 
@@ -297,7 +297,7 @@ def sweep(
     if json_out:
         show_json([r.model_dump() for r in rows])
         return
-    from ntp_planner.views.report import sweep_table
+    from ntp_planner.views.simulate import sweep_table
 
     show(sweep_table(rows))
     if plot is not None:
@@ -393,7 +393,7 @@ def simulate(
     if json_out:
         show_json({**{s: _result_json(r) for s, r in results.items()}, "settings": settings})
         return
-    from ntp_planner.views.report import simulation_table
+    from ntp_planner.views.simulate import simulation_table
 
     show(simulation_table(results, cfg, sources))
     if plot is not None:
@@ -422,7 +422,7 @@ def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, tit
     if json_out:
         show_json({"spares_sweep": rows, "settings": settings})
         return
-    from ntp_planner.views.report import pool_table
+    from ntp_planner.views.simulate import pool_table
 
     show(pool_table(rows, cfg, settings["recovery_sources"]))
     if plot is not None:

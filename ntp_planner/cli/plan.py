@@ -62,7 +62,7 @@ def models(json_out: JsonOpt = False) -> None:
     if json_out:
         show_json([m.model_dump(mode="json") | {"num_params": m.num_params} for m in MODELS.values()])
     else:
-        from ntp_planner.views.report import models_table
+        from ntp_planner.views.catalogue import models_table
 
         show(models_table(list(MODELS.values())))
 
@@ -74,7 +74,7 @@ def clusters(json_out: JsonOpt = False) -> None:
     if json_out:
         show_json([c.model_dump(mode="json") for c in CLUSTERS.values()])
     else:
-        from ntp_planner.views.report import clusters_table
+        from ntp_planner.views.catalogue import clusters_table
 
         show(clusters_table(list(CLUSTERS.values())))
 
@@ -161,7 +161,7 @@ def plan(
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=1) + "\n")
         return
-    from ntp_planner.views.report import plan_view
+    from ntp_planner.views.plan import plan_view
 
     show(plan_view(result))
     if output:
@@ -173,7 +173,7 @@ def explain(plan_file: PlanArg, profile: ProfileOpt = None, json_out: JsonOpt = 
     is costed again from the measurements. Example: ntp explain plan.json --profile profile.json"""
     from ntp_planner.cli.options import profile_efficiency
     from ntp_planner.plan import Plan
-    from ntp_planner.views.report import explain_json, explain_view
+    from ntp_planner.views.plan import explain_json, explain_view
 
     p = Plan.load(plan_file)
     efficiency = profile_efficiency(profile, p.cluster.build().gpu.name)

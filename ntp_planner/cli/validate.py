@@ -195,7 +195,7 @@ def validate(
         raise InputError("--policy, --spares and --checkpoint-* shape a live recovery; add --fail RANK@STEP")
     torch = _import_torch()
     from ntp_planner.plan import Plan
-    from ntp_planner.views.report import validate_json, validate_view
+    from ntp_planner.views.validate import validate_json, validate_view
 
     steps = steps or (8 if profile or live else 3)
     p = Plan.load(plan_file)
@@ -237,7 +237,7 @@ def validate(
 def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out, how) -> None:
     """`ntp validate --fail/--repair`: the live run, its timeline and the comparison."""
     from ntp_planner.cli.live import check_live, live_json, run_live, timeline_view
-    from ntp_planner.views.report import validate_json, validate_view
+    from ntp_planner.views.validate import validate_json, validate_view
 
     fails, repairs, policy, spares, every, folder = how
     from ntp_planner.executor.train.launch import under_torchrun
@@ -317,16 +317,16 @@ def _machine_profile(path: Path, backend: str):
 
 
 def _compare_prediction(prof, spec, plan, result) -> dict:
+    from ntp_planner.executor.check.timing import compare_run
     from ntp_planner.profiler.cluster import local_cluster
-    from ntp_planner.views.timing import compare_run
 
     return compare_run(prof, local_cluster(prof), spec, plan.model.name, result)
 
 
 def _record(path: Path, plan_file: Path, plan, prof, comparison: dict) -> None:
     """Append the run to the JSON-lines file at ``path`` (the whole file rewritten atomically)."""
+    from ntp_planner.executor.check.timing import run_record
     from ntp_planner.plan import write_atomic
-    from ntp_planner.views.timing import run_record
 
     line = run_record(f"{Path(plan_file).name}: {plan.layout.describe()}", prof, comparison).model_dump_json()
     old = ""

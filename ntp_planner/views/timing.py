@@ -1,5 +1,6 @@
-"""Predicted against measured: the comparison `ntp validate --profile` prints and `ntp calibrate`'s
-fit. Rich renderables and plain dicts; nothing here prints or imports torch."""
+"""Predicted against measured, rendered: the comparison `ntp validate --profile` prints and `ntp
+calibrate`'s fit. The comparison itself is ``executor.check.timing``'s; nothing here prints or
+imports torch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cost_models.profile import Profile
+from ntp_planner.executor.check.timing import relative_error
 
 SPLIT_LABELS = {
     "compute": "compute (forward, backward, recompute)",
@@ -22,97 +24,12 @@ SPLIT_LABELS = {
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations")
 
 
-def relative_error(predicted: float, measured: float) -> float:
-    """(predicted - measured) / measured: positive when the model is pessimistic."""
-    return (predicted - measured) / measured
-
-
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
 def kib(nbytes: float) -> str:
     return f"{nbytes / 1024:,.1f} KiB"
-
-
-def measured_step(result) -> dict:
-    """What a run measured (``executor.launch.Result``), in the shape ``comparison_json`` reads:
-    the slowest rank's median steady step, its split, each stage's compute + TP time and memory."""
-    memory = [
-        {
-            "weights": m["weights"],
-            "grads": m["grads"],
-            "optimizer": m["optimizer"],
-            "activations": m["activations_peak"],
-        }  # noqa: E501
-        for m in result.stage_memory_bytes
-    ]
-    return {
-        "step_time_s": result.step_time_median_s,
-        "time_split_s": result.time_split_s,
-        "stage_busy_s": [s["compute"] + s["tp_comm"] for s in result.stage_time_split_s],
-        "stage_memory_bytes": memory,
-    }
-
-
-def comparison_json(prediction, measured: dict) -> dict:
-    """``measured``: ``measured_step(result)``. Keys with units, as `--json` prints them."""
-    error = relative_error(prediction.step_time_s, measured["step_time_s"])
-    return {
-        "predicted_step_time_s": prediction.step_time_s,
-        "measured_step_time_s": measured["step_time_s"],
-        "step_time_error": error,
-        "time_split_s": {
-            k: {"predicted": v, "measured": measured["time_split_s"].get(k, 0.0)}
-            for k, v in prediction.time_split_s.items()
-        },
-        "stages": [
-            {
-                "stage": i,
-                "predicted_busy_s": busy,
-                "measured_busy_s": measured["stage_busy_s"][i],
-                "predicted_memory_bytes": prediction.memory_bytes[i],
-                "measured_memory_bytes": measured["stage_memory_bytes"][i],
-            }
-            for i, busy in enumerate(prediction.stage_busy_s)
-        ],
-        "prediction_notes": list(prediction.notes),
-    }
-
-
-def compare_run(profile: Profile, cluster, spec, model_name: str, result) -> dict:
-    """The cost model's prediction of ``spec`` (``executor.predict``) against what the run
-    measured (``result``: ``executor.launch.Result``), as ``comparison_json``, with the
-    prediction's compute / communication / overhead parts that ``run_record`` stores."""
-    from ntp_planner.executor.check.predict import predict_run
-
-    prediction = predict_run(spec, model_name, profile, cluster)
-    data = comparison_json(prediction, measured_step(result))
-    data["prediction_parts_s"] = {
-        "compute": prediction.compute_s,
-        "comm": prediction.comm_s,
-        "overhead": prediction.overhead_s,
-    }
-    return data
-
-
-def run_record(name: str, profile: Profile, comparison: dict):
-    """The ``cost_models.calibrate.RunRecord`` of one compared run."""
-    from cost_models.calibrate import RunRecord
-
-    parts = comparison["prediction_parts_s"]
-    return RunRecord(
-        name=name,
-        profile_created=profile.created,
-        profile_gpu=profile.device.gpu,
-        measured_step_time_s=comparison["measured_step_time_s"],
-        predicted_step_time_s=comparison["predicted_step_time_s"],
-        compute_s=parts["compute"],
-        comm_s=parts["comm"],
-        overhead_s=parts["overhead"],
-        compute_scale=profile.calibration.compute_scale,
-        comm_scale=profile.calibration.comm_scale,
-    )
 
 
 def comparison_view(data: dict) -> Group:

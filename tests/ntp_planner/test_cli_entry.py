@@ -72,7 +72,7 @@ def _boom(exc):
     ],
 )
 def test_input_errors_exit_2_and_bugs_exit_1_in_one_line(monkeypatch, exc, code, line):
-    monkeypatch.setattr("ntp_planner.views.report.models_table", _boom(exc))
+    monkeypatch.setattr("ntp_planner.views.catalogue.models_table", _boom(exc))
     result = run("models")
     assert result.exit_code == code
     assert result.stderr == line + "\n" and result.stdout == ""
@@ -85,7 +85,7 @@ def test_input_errors_exit_2_and_bugs_exit_1_in_one_line(monkeypatch, exc, code,
 def test_the_entry_point_reports_a_bug_with_exit_1(monkeypatch, capsys):
     from ntp_planner.cli import main
 
-    monkeypatch.setattr("ntp_planner.views.report.clusters_table", _boom(RuntimeError("oops")))
+    monkeypatch.setattr("ntp_planner.views.catalogue.clusters_table", _boom(RuntimeError("oops")))
     monkeypatch.setattr(sys, "argv", ["ntp", "clusters"])
     with pytest.raises(SystemExit) as stop:
         main()
@@ -242,7 +242,7 @@ def test_every_list_option_goes_through_one_parser(tmp_path, args, message):
 
 def test_explain_signs_runner_up_deltas(tmp_path):
     from ntp_planner.plan import Plan
-    from ntp_planner.views.report import why_lost
+    from ntp_planner.views.plan import why_lost
 
     out = tmp_path / "plan.json"
     assert run("plan", *SMALL, "--top", 2, "-o", out).exit_code == 0
