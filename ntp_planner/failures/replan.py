@@ -366,8 +366,7 @@ class Replanner:
         # a degraded replica scales from every block at the stage width (per-layer plans: ntp_planner.failures.degrade)
         self.basis = degrade.degraded_basis(plan)
         self.usable_bytes = self.basis.hbm_bytes * (1 - plan.headroom)
-        seq = plan.training.seq_len
-        self.work = {k: work_ratio(plan.model, self.n, k, seq) for k in range(1, self.n + 1)}
+        self.work = {k: work_ratio(plan.model, plan.training, self.n, k) for k in range(1, self.n + 1)}
         fits = [k for k in range(1, self.n + 1) if self.memory_at(k) <= self.usable_bytes]
         self.min_degree = min(fits) if fits else self.n
         self.local = self.m * lay.micro_batch

@@ -59,7 +59,7 @@ def test_ntp_runs_tp7_with_the_largest_batch_within_the_healthy_step():
     r = Replanner(plan).replan(frozenset({3}), "ntp")
     degraded = r.replicas[1]
     assert degraded.stage_tp == [7] and degraded.status == "degraded"
-    assert work_ratio(SEVEN, 8, 7, 4096) == pytest.approx(8 / 7)
+    assert work_ratio(SEVEN, TrainingSpec(seq_len=4096), 8, 7) == pytest.approx(8 / 7)
     m = plan.layout.num_micro_batches
     br, healthy = plan.predicted.time_breakdown_s, plan.predicted.step_time_s
     local = degraded.local_batch  # micro-batch size 1
@@ -96,7 +96,7 @@ def test_uneven_sharding_charges_the_fullest_gpu():
     assert sorted(shares, reverse=True)[:2] == [2, 2] and shares.count(1) == 28 and sum(shares) == 32
     assert slowest_share_ratio(32, 32, 30) == 2.0  # 2 heads instead of 1 on the slowest GPU
     model = MODELS["llama3-8b"]  # 32 heads, FFN 14,336
-    ratio = work_ratio(model, 32, 30, 4096)
+    ratio = work_ratio(model, TrainingSpec(seq_len=4096), 32, 30)
     ffn_ratio = math.ceil(14336 / 30) / (14336 / 32)
     assert ffn_ratio < ratio < 2.0  # between the MLP's mild and the attention's harsh penalty
     assert ratio > 32 / 30  # worse than an even split would be
