@@ -15,11 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from cost_models.blocks import EMBED, HEAD, Block, CostEnv, pass_cache_key
 from cost_models.data_parallel import exposed_dp_time
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from cost_models.flops import model_flops_per_step
+from cost_models.flops import model_flops_per_step, padded_vocab
 from cost_models.layout import ParallelLayout, check_layout
 from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
 from cost_models.pipeline import p2p_bytes, pipeline_time
+from cost_models.profile import BlockShape
 from cost_models.stage import (  # re-exported: the solver and the tests import them from here
     RUNTIME_RESERVED_BYTES,
     Run,
@@ -42,7 +43,9 @@ __all__ = [
     "Run",
     "StageCost",
     "StepCost",
+    "StepEstimate",
     "estimate_step",
+    "estimate_step_detail",
     "pass_cache_key",
     "range_blocks",
     "runs_of",
@@ -101,6 +104,75 @@ def estimate_step(
     """Predict step time, memory per GPU and MFU of ``layout``; InputError if it is invalid.
     ``pass_caches`` (keyed by ``pass_cache_key``) lets many layouts share block passes."""
     return cost_from_stages(cost_env(model, training, layout, cluster, efficiency, pass_caches))
+
+
+class RunEstimate(BaseModel):
+    """One run of equal blocks of a stage, as a validation of the executor reads it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shape: BlockShape = Field(description="How a profile names the block at this degree.")
+    sequences: int = Field(description="Sequences per micro-batch its TP group runs (``Degree.seqs``).")
+    blocks: int = Field(description="Blocks in the run.")
+    params_per_gpu: float = Field(description="Parameters of one block on one GPU, the vocabulary unpadded.")
+    dp_ranks: int = Field(description="Ranks holding the same shard: the group ZeRO divides the states by.")
+
+
+class StageEstimate(BaseModel):
+    """One pipeline stage of a costed step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    busy_per_micro_batch_s: float = Field(description="Compute, recompute and TP communication of one micro-batch.")
+    memory_bytes: dict[str, float] = Field(description="Peak bytes per GPU by part, with its in-flight micro-batches.")
+    runs: list[RunEstimate] = Field(description="Its blocks as runs of equal (block, degree).")
+
+
+class StepEstimate(BaseModel):
+    """A costed step with what its stages are made of: the public entry for callers outside the
+    planner (``executor.check.predict``) that need more than ``StepCost``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cost: StepCost = Field(description="The step, its split and its memory.")
+    stages: list[StageEstimate] = Field(description="Every pipeline stage, in order.")
+
+
+def estimate_step_detail(
+    model: ModelSpec,
+    training: TrainingSpec,
+    layout: ParallelLayout,
+    cluster: Cluster,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    checked: bool = True,
+) -> StepEstimate:
+    """``estimate_step`` with every stage's busy time, memory and runs. ``checked=False`` costs
+    a layout ``check_layout`` refuses (a degree that does not divide the heads: each block is
+    then costed at the degree's whole share, as a profile measures the shard)."""
+    env = (
+        cost_env(model, training, layout, cluster, efficiency)
+        if checked
+        else CostEnv(model, training, layout, cluster, efficiency)
+    )
+    stages = layout_stages(env)
+    cost = cost_from_stages(env, stages)
+    out = []
+    for i, (st, memory) in enumerate(zip(stages, stage_memory(env, stages), strict=True)):
+        runs = [_run_estimate(env, block, t, n) for block, t, n in stage_runs(model, layout, i)]
+        busy = st.pass_.fwd + st.pass_.bwd + st.pass_.recompute + st.pass_.tp_comm
+        out.append(StageEstimate(busy_per_micro_batch_s=busy, memory_bytes=memory, runs=runs))
+    return StepEstimate(cost=cost, stages=out)
+
+
+def _run_estimate(env: CostEnv, block: Block, t: int, n: int) -> RunEstimate:
+    m, f = env.model, env.block_facts(block, t)
+    params = f.dense + f.expert
+    if block in (EMBED, HEAD):  # Megatron pads the vocabulary to a multiple of 128 t (flops.padded_vocab)
+        params -= (padded_vocab(m, t) - m.vocab_size) * m.hidden_size / t
+    d = env.degree(t)
+    return RunEstimate(
+        shape=env.profile_shape(block, t), sequences=d.seqs, blocks=n, params_per_gpu=params, dp_ranks=d.dp_ranks
+    )
 
 
 def cost_env(

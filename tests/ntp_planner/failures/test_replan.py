@@ -72,6 +72,26 @@ def test_ntp_runs_tp7_with_the_largest_batch_within_the_healthy_step():
     assert r.reshard is not None and r.reshard.exposed_s <= r.reshard.time_s
 
 
+def test_the_replan_and_the_simulators_throughput_take_the_one_degraded_replica_cost():
+    from cost_models.degraded import degraded_breakdown
+
+    # brute force over the local batch with cost_models.degraded's breakdown: the re-plan's
+    # degraded replica runs the most sequences whose step stays within the healthy one, and the
+    # throughput the simulator and the sweep ask for (``Replanner.throughput``) is that batch's
+    plan = two_replicas()
+    m, healthy = plan.layout.num_micro_batches, plan.predicted.step_time_s
+    work = work_ratio(SEVEN, plan.training, 8, 7)
+    assert work == pytest.approx(8 / 7, rel=1e-12)  # heads and columns split evenly over 7
+    fits = [
+        b
+        for b in range(1, m + 1)
+        if sum(degraded_breakdown(plan.predicted.time_breakdown_s, m, b, 8, 7, work).values()) <= healthy
+    ]
+    replanner = Replanner(plan)
+    assert replanner.replan(frozenset({3}), "ntp").replicas[1].local_batch == max(fits)
+    assert replanner.throughput(frozenset({3}), "ntp").throughput_relative == pytest.approx((m + max(fits)) / (2 * m))
+
+
 def test_ntp_pw_boost_is_the_inverse_of_the_power_curve():
     r = Replanner(two_replicas()).replan(frozenset({3}), "ntp-pw")
     degraded = r.replicas[1]
