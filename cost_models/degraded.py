@@ -211,3 +211,24 @@ def degraded_step_time(
 ) -> float:
     """Step time of a degraded replica: the sum of ``degraded_breakdown``."""
     return sum(degraded_breakdown(breakdown, micro_batches, new_micro_batches, full, reduced, work, speed).values())
+
+
+def reshard_cost(
+    weight_bytes: float, grad_bytes: float, full: int, reduced: int, bw_bytes_per_s: float, micro_batch_compute_s: float
+) -> tuple[float, float, float]:
+    """(bytes the busiest GPU sends, seconds one way, seconds hidden) of NTP's gradient reshard:
+    healthy replicas reshard their gradients from ``full`` to the ``reduced`` degree inside their
+    NVLink domain before the DP all-reduce (extra ranks send their slices to core ranks) and back
+    after it; the busiest GPU moves its whole gradient shard each way. ``weight_bytes``: the
+    16-bit primary weights of one GPU, 2 bytes per parameter (fp8_params stores GEMM weights in 1
+    byte, so there this undercounts the parameters, at most by half). The way there hides behind
+    the last micro-batch's backward, 2/3 of its compute (backward costs twice forward:
+    ``cost_models.flops``).
+
+    >>> reshard_cost(2e9, 4.0, 8, 6, 4e11, 0.3)  # 1e9 parameters: a 4e9-byte shard, sent whole by an extra rank
+    (4000000000.0, 0.01, 0.01)
+    """
+    shard = weight_bytes / 2 * grad_bytes
+    busiest = max(shard, shard * (full - reduced) / reduced)  # an extra rank sends all; a core rank (n-k)/k shares
+    one_way = busiest / bw_bytes_per_s
+    return busiest, one_way, min(one_way, micro_batch_compute_s * 2 / 3)

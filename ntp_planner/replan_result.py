@@ -10,15 +10,18 @@ spares behind its fields are described in ``ntp_planner.failures.replan``.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cost_models.degraded import MAX_POWER
-from ntp_planner.plan import Plan
+from ntp_planner.plan import MAX_PLAN_BYTES, Plan
 from topologies.bounds import show
+from topologies.cluster_catalogue import first_error
 from topologies.errors import InputError
+from topologies.files import read_mapping
 
 Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
 POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "spares")
@@ -182,6 +185,26 @@ class ReplanResult(BaseModel):
                     else "ntp-pw only raises power, to 1.0 or more"
                 )
                 raise InputError(f"replica {x.replica} runs at power {x.power} but {rule}")
+
+    @classmethod
+    def load(cls, path: Path, plan: Plan, verb: str = "use") -> ReplanResult:
+        """A re-plan from `ntp replan -o`, checked against the plan it must come from (InputError
+        if it is not one, or was made for another plan: ``verb`` the plan it was made from)."""
+        data = read_mapping(path, "re-plan", max_bytes=MAX_PLAN_BYTES, kind="JSON")
+        try:
+            result = cls.model_validate(data)
+        except ValidationError as exc:
+            raise InputError(
+                f"{path} is not a re-plan written by `ntp replan -o`: {first_error(exc)}; re-plan the plan with "
+                "`ntp replan PLAN -o R.json` instead of editing the file"
+            ) from None
+        if len(result.rank_to_gpu) != plan.layout.world_size:
+            raise InputError(
+                f"re-plan {path} has {len(result.rank_to_gpu)} ranks but the plan "
+                f"has {plan.layout.world_size}; {verb} the plan it was made from"
+            )
+        result.check_against(plan)
+        return result
 
     def check_against(self, plan: Plan) -> None:
         """Raise InputError unless this re-plan comes from ``plan``: made for it (its hash), one

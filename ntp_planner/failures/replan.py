@@ -48,7 +48,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.degraded import MAX_POWER, degraded_step_time, power_for_speed, speed_at_power, work_ratio
+from cost_models.degraded import (
+    MAX_POWER,
+    degraded_step_time,
+    power_for_speed,
+    reshard_cost,
+    speed_at_power,
+    work_ratio,
+)
 from ntp_planner.failures import degrade, spare_pool
 from ntp_planner.failures.sampling import in_domain_cover
 from ntp_planner.plan import Plan
@@ -409,27 +416,21 @@ class Replanner:
         )
 
     def _reshard(self, outs) -> Reshard | None:
-        """Healthy replicas reshard their gradients from n to the degraded degree inside their
-        NVLink domain before the DP all-reduce (extra ranks send their slices to core ranks) and
-        back after it. The busiest GPU moves its whole gradient shard each way."""
+        """NTP's gradient reshard between the healthy replicas and the narrowest degraded one
+        (``cost_models.degraded.reshard_cost``)."""
         n = self.n
         reduced = [min(t for t in o.stage_tp if t) for o in outs if o.status == "degraded"]
         if not reduced or all(o.status != "healthy" for o in outs) or min(reduced) == n:
             return None
-        k = min(reduced)
         cost = self.plan.predicted
-        # the primary weights are 16-bit: 2 bytes per parameter (fp8_params stores GEMM weights in
-        # 1 byte, so there this undercounts the parameters, at most by half)
-        params_per_gpu = cost.memory_breakdown_bytes["weights"] / 2
-        grad_bytes = 2.0 if self.plan.training.dtype == "fp16" else 4.0
-        shard = params_per_gpu * grad_bytes
-        busiest = max(shard, shard * (n - k) / k)  # an extra rank sends all; a core rank receives (n-k)/k shares
-        bw = self.plan.cluster.spec.nvlink_bw_bytes_per_s
-        before = busiest / bw
-        # backward costs twice forward (input and weight gradients: cost_models.flops), so one
-        # micro-batch's backward is 2/3 of its forward + backward compute
-        last_backward = cost.time_breakdown_s["compute"] * 2 / 3 / self.m
-        overlap = min(before, last_backward)
+        busiest, before, overlap = reshard_cost(
+            cost.memory_breakdown_bytes["weights"],
+            2.0 if self.plan.training.dtype == "fp16" else 4.0,
+            n,
+            min(reduced),
+            self.plan.cluster.spec.nvlink_bw_bytes_per_s,
+            cost.time_breakdown_s["compute"] / self.m,
+        )
         return Reshard(
             bytes_before_per_gpu=busiest,
             bytes_after_per_gpu=busiest,
