@@ -11,7 +11,8 @@ a layer at degree 2:
 >>> s.copy_tp_groups(2), s.copy_dp_groups(2)
 (((4, 5), (6, 7)), ((4, 6), (5, 7)))
 
-Process groups are created by every rank in the same order (``process_groups``), members or not.
+The groups across stages and replicas (data-parallel, expert, all of them in creation order) are
+in ``ntp_planner.executor.groups``.
 """
 
 from __future__ import annotations
@@ -93,13 +94,18 @@ class StageSpec:
         return tuple(self.blocks[a : a + n] for a, n in zip(starts, sizes, strict=True))
 
     def copy_tp_groups(self, degree: int) -> tuple[tuple[int, ...], ...]:
-        """TP group of every copy of a block at ``degree``."""
-        r = self.ranks
-        return tuple(r[c * degree : (c + 1) * degree] for c in range(self.width // degree))
+        """TP group of every copy of a block at ``degree``: the stage's local ranks as a
+        ``RankGrid(tp=degree, dp=width // degree)``, its TP groups."""
+        return self._local_groups(degree, "tp")
 
     def copy_dp_groups(self, degree: int) -> tuple[tuple[int, ...], ...]:
-        """Ranks holding the same slice in every copy (in-stage data parallelism)."""
-        return tuple(self.ranks[j::degree] for j in range(degree))
+        """Ranks holding the same slice in every copy (in-stage data parallelism): the same grid's
+        DP groups."""
+        return self._local_groups(degree, "dp")
+
+    def _local_groups(self, degree: int, axis: Literal["tp", "dp"]) -> tuple[tuple[int, ...], ...]:
+        grid = RankGrid(tp=degree, dp=self.width // degree)
+        return tuple(tuple(self.ranks[i] for i in group) for group in grid.groups(axis))
 
     def position(self, rank: int, degree: int) -> tuple[int, int]:
         """(copy, TP rank) of process ``rank`` for a block at ``degree``."""
@@ -163,10 +169,18 @@ class RunSpec:
         """[start, end) of the sequence positions pipeline ``replica`` holds."""
         return contiguous(self.seq_len, self.cp)[self.replicas[replica].cp_rank]
 
+    @property
+    def pipeline_grid(self) -> RankGrid:
+        """The pipelines (``replicas``) as ranks of a ``RankGrid(cp, dp)``: pipeline ``q`` is cp
+        slice ``q % cp`` of data replica ``q // cp``, the project's rank order with tp = pp = 1.
+        The cp, EP and expert data-parallel groups are its groups (``executor.groups``)."""
+        return RankGrid(cp=self.cp, dp=self.data_replicas)
+
     def cp_group(self, replica: int, stage: int, local: int) -> tuple[int, ...]:
-        """Ranks at local position ``local`` of ``stage`` in every cp slice of the replica."""
-        first = replica - self.replicas[replica].cp_rank
-        return tuple(self.replicas[first + c].stages[stage].ranks[local] for c in range(self.cp))
+        """Ranks at local position ``local`` of ``stage`` in every cp slice of the replica (the
+        pipelines of its cp group in ``pipeline_grid``)."""
+        pipelines = self.pipeline_grid.group("cp", replica)
+        return tuple(self.replicas[q].stages[stage].ranks[local] for q in pipelines)
 
     def locate(self, rank: int) -> tuple[int, int]:
         """(replica, stage) of process ``rank``."""
@@ -382,82 +396,6 @@ def _check_zero(spec: RunSpec) -> None:
         raise ValueError(
             f"ZeRO-3 gathers parameters for every micro-batch, so replicas need equal micro-batches; got {micro}"
         )
-
-
-def process_groups(spec: RunSpec) -> list[tuple[int, ...]]:
-    """Every group the run uses, deduplicated, in one order all ranks share: per stage its
-    whole width, then per block degree the copies' TP groups and in-stage DP groups; then per
-    stage and block the cross-replica groups (``dp_groups``)."""
-    out: dict[tuple[int, ...], None] = {}
-    for rep in spec.replicas:
-        for st in rep.stages:
-            out[st.ranks] = None
-            for t in sorted({b.degree for b in st.blocks}):
-                out.update(dict.fromkeys(st.copy_tp_groups(t)))
-                out.update(dict.fromkeys(st.copy_dp_groups(t)))
-    for s in range(spec.pp):
-        for b in range(len(spec.replicas[0].stages[s].blocks)):
-            out.update(dict.fromkeys(dp_groups(spec, s, b)))
-    if spec.cp > 1:
-        for i in range(0, len(spec.replicas), spec.cp):
-            for s, st in enumerate(spec.replicas[i].stages):
-                out.update(dict.fromkeys(spec.cp_group(i, s, local) for local in range(st.width)))
-    if spec.ep > 1:
-        for rep in spec.replicas:
-            for st in rep.stages:
-                for rank in st.ranks:
-                    out[ep_group(spec, rank)] = None
-                    out.update(dict.fromkeys(expert_dp_group(spec, rank, b.degree) for b in st.blocks))
-    return list(out)
-
-
-def ep_group(spec: RunSpec, rank: int) -> tuple[int, ...]:
-    """The expert-parallel group of process ``rank``: the ranks at its position of its stage in
-    the ``ep`` consecutive pipelines of its group (pipelines are replica-major, cp rank fastest:
-    Megatron's "tp-cp-ep-dp-pp" takes ep consecutive ranks of the flattened cp x dp ranks), in
-    rank order: the i-th owns the i-th block of experts (``moe.local_experts``).
-
-    >>> st = lambda ranks: StageSpec(ranks, (Block("embed", -1, 2), Block("layer", 0, 2), Block("head", -1, 2)))
-    >>> cfg = TinyConfig(layers=1, experts=4, top_k=2, expert_ffn=8, moe_layers=(0,))
-    >>> spec = RunSpec(cfg, tuple(ReplicaSpec((st((2 * i, 2 * i + 1)),), 1) for i in range(4)), 2, 4, ep=2)
-    >>> ep_group(spec, 5), expert_dp_group(spec, 5, 2)
-    ((5, 7), (1, 5))
-    """
-    pipeline, s = spec.locate(rank)
-    local = spec.replicas[pipeline].stages[s].ranks.index(rank)
-    first = pipeline - pipeline % spec.ep
-    return tuple(sorted(spec.replicas[q].stages[s].ranks[local] for q in range(first, first + spec.ep)))
-
-
-def expert_dp_group(spec: RunSpec, rank: int, degree: int) -> tuple[int, ...]:
-    """Ranks that hold the same slice of the same experts as ``rank`` for a layer at ``degree``:
-    its TP rank in every copy of its stage, in every pipeline at its place in an EP group."""
-    pipeline, s = spec.locate(rank)
-    stage = spec.replicas[pipeline].stages[s]
-    _, j = stage.position(rank, degree)
-    peers = range(pipeline % spec.ep, len(spec.replicas), spec.ep)
-    return tuple(r for q in peers for r in spec.replicas[q].stages[s].copy_dp_groups(degree)[j])
-
-
-def dp_groups(spec: RunSpec, stage: int, block: int) -> tuple[tuple[int, ...], ...]:
-    """Groups that sum block ``block`` of ``stage`` across replicas. When every replica runs it
-    at one degree t: group j holds TP rank j of every copy of every replica. Otherwise (NTP):
-    group j < n = the smallest degree holds TP rank j of copy 0 of every replica (the 1:1
-    exchange of resharded slices).
-
-    >>> st = lambda ranks, t: StageSpec(ranks, (Block("embed", -1, t), Block("layer", 0, t), Block("head", -1, t)))
-    >>> cfg = TinyConfig(layers=1)
-    >>> spec = RunSpec(cfg, (ReplicaSpec((st((0, 1, 2, 3), 4),), 1), ReplicaSpec((st((4, 5, 6), 3),), 1)), 1, 4)
-    >>> dp_groups(spec, 0, 1)
-    ((0, 4), (1, 5), (2, 6))
-    """
-    holders = [rep.stages[stage] for rep in spec.replicas]
-    degrees = {st.blocks[block].degree for st in holders}
-    if len(degrees) == 1:
-        (t,) = degrees
-        return tuple(tuple(r for st in holders for r in st.copy_dp_groups(t)[j]) for j in range(t))
-    n = min(degrees)
-    return tuple(tuple(st.ranks[j] for st in holders) for j in range(n))
 
 
 def make_spec(
