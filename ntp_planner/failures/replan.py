@@ -57,7 +57,7 @@ from cost_models.degraded import (
     work_ratio,
 )
 from ntp_planner.failures import degrade, spare_pool
-from ntp_planner.failures.sampling import in_domain_cover
+from ntp_planner.failures.packing import Packing, degraded_slots, pack, pool_curve
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import (  # re-exported: the artifact's types, where callers used to find them
     BATCH_MODES,
@@ -77,31 +77,12 @@ from topologies.errors import InputError
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class Outcome:
     status: str
     stage_tp: tuple[int, ...]
     sequences: int  # local batch
     power: tuple[float, ...]
     reason: str | None = None  # ReplicaState.reason
-
-
-@dataclass(frozen=True)
-class _Packing:
-    """Which TP slot each replica slot takes after failures, and what each replica then does."""
-
-    fallback: str | None  # the policy that decided the degraded replicas, under ``spares``
-    stand_in: tuple[tuple[int, int], ...]  # (failed GPU, the idle GPU of its domain taking its ranks)
-    n_degraded: int  # TP slots still degraded after in-domain spares, before spare domains
-    used_spares: int  # spare domains used
-    extra: int  # whole replicas formed from spare domains
-    note: str | None  # how the pool was used
-    order: np.ndarray  # [dp * pp * cp] physical TP slot of each replica slot (replica-major); -1 = spare
-    slot_survivors: np.ndarray  # [dp, pp, cp] healthy GPUs of each replica slot
-    kinds: tuple[_Outcome, ...]  # what replicas do, one entry per distinct decision
-    kind_of: np.ndarray  # [dp] index into ``kinds`` of each replica
-    reached: int  # sequences per step
-    paused: bool
-    throughput: float
 
 
 __all__ = [
@@ -147,7 +128,7 @@ class Replanner:
         self.min_degree = min(fits) if fits else self.n
         self.local = self.m * lay.micro_batch
         self._sequences: dict[tuple[int, float], int] = {}  # memo of sequences_at (ints, never handed out mutable)
-        self._decided: dict[tuple[str, tuple[int, ...]], _Outcome] = {}  # memo of decide (frozen outcomes)
+        self._decided: dict[tuple[str, tuple[int, ...]], Outcome] = {}  # memo of decide (frozen outcomes)
 
     # ---- per-replica decisions -------------------------------------------------------------
     def memory_at(self, degree: int) -> float:
@@ -175,7 +156,7 @@ class Replanner:
             self._sequences[key] = best
         return self._sequences[key]
 
-    def decide(self, policy: str, stage_survivors: list[int]) -> _Outcome:
+    def decide(self, policy: str, stage_survivors: list[int]) -> Outcome:
         """What one replica does, given the fewest survivors among its groups at each stage (over
         its cp slices: the slices run at one width, ``ntp_planner.failures.degrade``), and why."""
         key = (policy, tuple(stage_survivors))
@@ -183,14 +164,14 @@ class Replanner:
             self._decided[key] = self._decide(policy, list(stage_survivors))
         return self._decided[key]
 
-    def _decide(self, policy: str, stage_survivors: list[int]) -> _Outcome:
+    def _decide(self, policy: str, stage_survivors: list[int]) -> Outcome:
         pp, n = self.lay.pp, self.n
         worst = min(stage_survivors)
         if worst == n:
-            return _Outcome("healthy", (n,) * pp, self.local, (1.0,) * pp)
+            return Outcome("healthy", (n,) * pp, self.local, (1.0,) * pp)
         why = self._drop_reason(policy, worst)
         if why:
-            return _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, why)
+            return Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, why)
         if policy == "ntp":
             b = self.sequences_at(worst)
             return self._degraded((worst,) * pp, b, (1.0,) * pp) if b else self._too_slow(worst)
@@ -214,20 +195,20 @@ class Replanner:
             return degrade.memory_reason(worst, self.memory_at(worst), self.usable_bytes, self.min_degree, self.n)
         return None
 
-    def _degraded(self, stage_tp: tuple[int, ...], sequences: int, power: tuple[float, ...]) -> _Outcome:
+    def _degraded(self, stage_tp: tuple[int, ...], sequences: int, power: tuple[float, ...]) -> Outcome:
         lay = self.lay
         why = degrade.degraded_reason(stage_tp, sequences, self.local, lay.micro_batch, lay.cp, lay.is_per_layer)
         if any(p != 1.0 for p in power):
             why += f", at up to {max(power):.3g}x power"
-        return _Outcome("degraded", stage_tp, sequences, power, why)
+        return Outcome("degraded", stage_tp, sequences, power, why)
 
-    def _too_slow(self, degree: int, power: float = 1.0) -> _Outcome:
+    def _too_slow(self, degree: int, power: float = 1.0) -> Outcome:
         """A replica dropped because even one micro-batch at ``degree`` overruns the healthy step."""
         one = degraded_step_time(
             self.basis.time_breakdown_s, self.m, 1, self.n, degree, self.work[degree], speed_at_power(power)
         )
         pp = self.lay.pp
-        return _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, degrade.time_reason(degree, one, self.healthy_s, power))
+        return Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, degrade.time_reason(degree, one, self.healthy_s, power))
 
     # ---- the whole job -----------------------------------------------------------------------
     def replan(
@@ -241,7 +222,7 @@ class Replanner:
     ) -> ReplanResult:
         """Re-plan for ``failed`` GPUs: what every replica does and the GPU of every rank.
         ``domains_down``: domains lost whole, whose idle GPUs cannot stand in."""
-        packing = self._pack(failed, policy, spares, fallback, batch, domains_down)
+        packing = pack(self, failed, policy, spares, fallback, batch, domains_down)
         return self._result(policy, batch, failed, packing)
 
     def throughput(
@@ -255,94 +236,10 @@ class Replanner:
     ) -> ReplanThroughput:
         """The throughput and idle GPUs of ``replan`` without building the rank map (for sweeps
         and the simulator, which re-plan thousands of times)."""
-        packing = self._pack(failed, policy, spares, fallback, batch, domains_down)
+        packing = pack(self, failed, policy, spares, fallback, batch, domains_down)
         degree = np.array([o.stage_tp for o in packing.kinds])[packing.kind_of][:, :, None]  # [replica, stage, 1]
         idle = int(np.clip(packing.slot_survivors - degree, 0, None).sum())
         return ReplanThroughput(throughput_relative=packing.throughput, idle_gpus=idle, spares_used=packing.used_spares)
-
-    def _pack(
-        self,
-        failed: frozenset[int],
-        policy: str,
-        spares: int,
-        fallback: str,
-        batch: BatchMode,
-        domains_down: frozenset[int],
-    ) -> _Packing:
-        """Use the spare pool, pack the degraded TP slots into as few replicas as possible and
-        decide each replica."""
-        decider, fails, degraded, stand_in = self._degraded_slots(failed, policy, spares, fallback, domains_down)
-        shape, reached = self._pool_curve(fails, degraded, decider, most=spares * max(1, self._per_domain))
-        replace, extra, used = spare_pool.best_use(shape, reached, spares)
-        lay, n = self.lay, self.n
-        survivors = n - fails
-        healthy_groups = np.flatnonzero(fails == 0)
-        order = np.concatenate([healthy_groups, np.full(replace, -1, dtype=np.int64), degraded[replace:]])
-        slot_survivors = np.where(order >= 0, survivors[np.maximum(order, 0)], n).reshape(lay.dp, lay.pp, lay.cp)
-        # replicas with the same fewest survivors per stage do the same: decide once per kind
-        kinds, kind_of = np.unique(slot_survivors.min(axis=2), axis=0, return_inverse=True)
-        decided = [self.decide(decider, kind.tolist()) for kind in kinds]
-        kind_of = kind_of.reshape(-1)
-        reached_now = min(int(reached[replace]) + extra * self.local, lay.global_batch)
-        paused = batch == "fixed" and reached_now < lay.global_batch
-        return _Packing(
-            fallback=decider if policy == "spares" else None,
-            stand_in=stand_in,
-            n_degraded=int(degraded.size),
-            used_spares=used,
-            extra=extra,
-            note=spare_pool.describe(replace, extra, used, spares),
-            order=order,
-            slot_survivors=slot_survivors,
-            kinds=tuple(decided),
-            kind_of=kind_of,
-            reached=reached_now,
-            paused=paused,
-            throughput=0.0 if paused else reached_now / lay.global_batch,
-        )
-
-    def _degraded_slots(
-        self, failed: frozenset[int], policy: str, spares: int, fallback: str, domains_down: frozenset[int]
-    ) -> tuple[str, np.ndarray, np.ndarray, tuple[tuple[int, int], ...]]:
-        """(the policy that decides replicas, failed GPUs per physical TP slot, the degraded slots
-        worst first, the in-domain stand-ins), after checking the arguments."""
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        if fallback not in ("dp-drop", "ntp", "ntp-pw"):
-            raise ValueError(f"unknown fallback {fallback!r}; choose dp-drop, ntp or ntp-pw")
-        if spares < 0:
-            raise InputError(f"spares {spares} must be zero or more")
-        lay, R = self.lay, self.slots_per_replica
-        ids, covered, spare_ids = in_domain_cover(
-            self.cluster, np.fromiter(failed, np.int64, len(failed)), domains_down
-        )
-        # failed GPUs in each physical TP slot (index (r * pp + s) * cp + c)
-        fails = np.isin(self.slot_gpus, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.dp * R, np.int64)
-        degraded = np.flatnonzero(fails)
-        degraded = degraded[np.argsort(-fails[degraded], kind="stable")]  # worst first
-        stand_in = tuple(zip(covered.tolist(), spare_ids.tolist(), strict=True))
-        return (fallback if policy == "spares" else policy), fails, degraded, stand_in
-
-    @property
-    def _per_domain(self) -> int:
-        """TP slots one spare domain holds."""
-        return max(1, self.cluster.used_per_domain // self.n)
-
-    def _pool_curve(self, fails: np.ndarray, degraded: np.ndarray, decider: str, most: int | None = None):
-        """The pool's shape and the sequences per step for every number of slots replaced (up to
-        ``most``)."""
-        lay = self.lay
-        shape = spare_pool.PoolShape(
-            replicas=lay.dp,
-            stages=lay.pp,
-            cp=lay.cp,
-            tp=self.n,
-            local=self.local,
-            target=lay.global_batch,
-            per_domain=self._per_domain,  # a spare domain is used like the others
-        )
-        run = lambda stage_min: self.decide(decider, list(stage_min)).sequences  # noqa: E731
-        return shape, spare_pool.reached_by_replacements(shape, self.n - fails[degraded], run, most)
 
     def fewest_spares(
         self,
@@ -353,11 +250,11 @@ class Replanner:
     ) -> int:
         """The fewest spare domains with which a fixed batch does not pause: a re-plan with that
         many keeps the batch, one with one fewer pauses (``spare_pool.fewest_domains``)."""
-        decider, fails, degraded, _ = self._degraded_slots(failed, policy, 0, fallback, domains_down)
-        shape, reached = self._pool_curve(fails, degraded, decider)
+        decider, fails, degraded, _ = degraded_slots(self, failed, policy, 0, fallback, domains_down)
+        shape, reached = pool_curve(self, fails, degraded, decider)
         return spare_pool.fewest_domains(shape, reached)
 
-    def _result(self, policy: str, batch: BatchMode, failed: frozenset[int], packing: _Packing) -> ReplanResult:
+    def _result(self, policy: str, batch: BatchMode, failed: frozenset[int], packing: Packing) -> ReplanResult:
         """The detailed result: every replica's state and the GPU of every rank."""
         lay, n, R = self.lay, self.n, self.slots_per_replica
         groups = self.slot_gpus.reshape(lay.dp * R, n)  # GPUs of each physical TP slot
