@@ -101,7 +101,10 @@ def replica_flops(model: ModelSpec, training: TrainingSpec, with_vocab: bool = F
 
     for kind, count in model.kind_counts(0, model.num_layers).items():
         for unit, f in _op_work(layer_ops(model, kind, 1, seq, 1, 1, 1, False, flash)).items():
-            add(f"ffn{kind.ffn}", kind.ffn, count * f) if unit == "ffn" else add(unit, units[unit], count * f)
+            if unit == "ffn":  # a dense MLP's columns: each width its own kind (pruned layers differ)
+                add(f"ffn{kind.ffn}", kind.ffn, count * f)
+            else:
+                add(unit, units[unit], count * f)
     if with_vocab:
         for unit, f in _op_work(head_ops(model, 1, seq, 1, 1)).items():
             add(unit, units[unit], f)
