@@ -78,6 +78,9 @@ from topologies.errors import InputError
 
 @dataclass(frozen=True)
 class Outcome:
+    """What one kind of replica does (``Replanner.decide``): the fields of its ``ReplicaState``
+    that do not depend on which GPUs it holds."""
+
     status: str
     stage_tp: tuple[int, ...]
     sequences: int  # local batch
