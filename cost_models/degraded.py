@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 
+from cost_models.flops import head_ops, layer_ops
 from cost_models.model import ModelSpec
+from cost_models.training import TrainingSpec
 
 # perf/W loss(p) = A (p - 1) + B (p - 1)^2 through the paper's two points: 2.8% at 1.1x, 6.5% at 1.2x.
 _A, _B = 0.235, 0.45
@@ -41,23 +43,90 @@ def slowest_share_ratio(units: int, full: int, reduced: int) -> float:
     return max(uneven_shares(units, reduced)) / max(uneven_shares(units, full))
 
 
-def work_ratio(model: ModelSpec, full: int, reduced: int, seq_len: int, with_vocab: bool = False) -> float:
-    """How much longer the fullest GPU computes at ``reduced`` instead of ``full`` TP degree:
-    the ratios of heads, FFN columns (and vocabulary rows, on the first and last stage) weighted
-    by the FLOPs each kind of unit carries per token."""
-    h = model.hidden_size
-    attention = 2 * h * (model.q_width + 2 * model.kv_width) + 2 * model.q_width * h + 4 * seq_len * model.q_width
-    width = model.moe_ffn_hidden_size * model.moe_top_k if model.is_moe else model.ffn_hidden_size
-    units = model.moe_ffn_hidden_size if model.is_moe else model.ffn_hidden_size
-    mlp = 2 * model.mlp_matrices * h * width
-    parts = [
-        (attention * model.num_layers, slowest_share_ratio(model.num_heads, full, reduced)),
-        (mlp * model.num_layers, slowest_share_ratio(units, full, reduced)),
-    ]
+# Which units an op's work is spread over when TP shrinks (flops.layer_ops / head_ops names):
+# attention by heads, each MLP by its own columns, the LM head by vocabulary rows; the router is
+# replicated on every TP rank (no share).
+_UNITS = {
+    "qkv": "heads",
+    "attention-core": "heads",
+    "attention-scores": "heads",
+    "attention-values": "heads",
+    "out-proj": "heads",
+    "mlp-up": "ffn",
+    "mlp-down": "ffn",
+    "experts-up": "experts",
+    "experts-down": "experts",
+    "shared-expert-up": "shared",
+    "shared-expert-down": "shared",
+    "logits": "vocab",
+    "router": None,
+}
+
+
+def _op_work(ops) -> dict[str | None, float]:
+    """FLOPs of ``ops`` by the units they are spread over, each op paid fwd + bwd times (a GEMM
+    3 times, flash attention 3.5: ``flops.Op``); memory-bound passes carry no FLOPs."""
+    out: dict[str | None, float] = {}
+    for op in ops:
+        if op.kind in ("gemm", "flash"):
+            unit = _UNITS[op.name]
+            out[unit] = out.get(unit, 0.0) + op.flops * (op.fwd + op.bwd)
+    return out
+
+
+def replica_flops(model: ModelSpec, training: TrainingSpec, with_vocab: bool = False) -> dict[str, tuple[float, int]]:
+    """(FLOPs per sequence of the whole model at TP 1, units they are spread over) by kind of
+    unit, from the step estimator's own FLOP functions (``flops.layer_ops``, ``flops.head_ops``)
+    summed over the model's layer kinds: an MoE model's dense prefix layers count their dense
+    MLP (``ffn<width>``), its MoE layers their routed experts (top_k copies of every token), the
+    shared expert and the router, replicated on every TP rank (``replicated``, one unit).
+
+    >>> from cost_models import MODELS
+    >>> {k: n for k, (_, n) in replica_flops(MODELS["llama3-8b"], TrainingSpec(seq_len=4096)).items()}
+    {'heads': 32, 'ffn14336': 14336}
+    """
+    seq, flash = training.seq_len, training.flash_attention
+    units = {
+        "heads": model.num_heads,
+        "experts": model.moe_ffn_hidden_size,
+        "shared": model.moe_shared_ffn_hidden_size,
+        "vocab": model.vocab_size,
+        None: 1,
+    }
+    total: dict[tuple[str, int], float] = {}
+
+    def add(unit: str | None, n: int, flops: float) -> None:
+        key = (unit or "replicated", n)
+        total[key] = total.get(key, 0.0) + flops
+
+    for kind, count in model.kind_counts(0, model.num_layers).items():
+        for unit, f in _op_work(layer_ops(model, kind, 1, seq, 1, 1, 1, False, flash)).items():
+            if unit == "ffn":  # a dense MLP's columns: each width its own kind (pruned layers differ)
+                add(f"ffn{kind.ffn}", kind.ffn, count * f)
+            else:
+                add(unit, units[unit], count * f)
     if with_vocab:
-        parts.append((2 * h * model.vocab_size, slowest_share_ratio(model.vocab_size, full, reduced)))
-    total = sum(f for f, _ in parts)
-    return sum(f * r for f, r in parts) / total
+        for unit, f in _op_work(head_ops(model, 1, seq, 1, 1)).items():
+            add(unit, units[unit], f)
+    return {name: (f, n) for (name, n), f in total.items()}
+
+
+def work_ratio(model: ModelSpec, training: TrainingSpec, full: int, reduced: int, with_vocab: bool = False) -> float:
+    """How much longer the fullest GPU computes at ``reduced`` instead of ``full`` TP degree:
+
+        sum_k F_k max_share(U_k, reduced) / sum_k F_k max_share(U_k, full)
+
+    over the kinds k of ``replica_flops`` (F_k FLOPs spread over U_k units: heads, each MLP's
+    columns, vocabulary rows on the first and last stage; the router is replicated, share 1). GPU
+    0 holds the extra unit of every kind (``uneven_shares``), so it is the fullest for all at once.
+
+    >>> from cost_models import MODELS
+    >>> round(work_ratio(MODELS["llama3-8b"], TrainingSpec(seq_len=4096), 8, 7), 4)
+    1.1706
+    """
+    kinds = replica_flops(model, training, with_vocab).values()
+    work = [sum(f * max(uneven_shares(n, t)) / n for f, n in kinds) for t in (reduced, full)]
+    return work[0] / work[1]
 
 
 def speed_at_power(power: float) -> float:
@@ -96,31 +165,73 @@ def ring_factor(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
+def degraded_breakdown(
+    breakdown: dict[str, float],
+    micro_batches: int,
+    new_micro_batches: float,
+    full: int,
+    reduced: int,
+    work: float,
+    speed: float = 1.0,
+) -> dict[str, float]:
+    """The step breakdown (cost_models.step's terms) of a replica running at TP ``reduced``
+    instead of ``full`` with ``new_micro_batches``, scaled from a healthy step's ``breakdown``:
+
+    - per micro-batch, compute and recompute take ``work`` (``work_ratio``) times longer on the
+      fullest GPU, divided by ``speed`` (power boost, ``speed_at_power``); TP collectives move
+      ring_factor(n) of the same buffer; CP/EP/pipeline traffic is unchanged;
+    - the pipeline bubble scales with the per-micro-batch time;
+    - DP gradient sync and the optimizer scale with the parameters per GPU (``work``).
+
+    This is the one cost of a degraded replica: the re-planner (``ntp_planner.failures.replan``,
+    through ``degraded_step_time``) and the validate prediction (``executor.check.predict``) both
+    take it.
+    """
+    m, new_m = micro_batches, new_micro_batches
+    tp_scale = ring_factor(reduced) / ring_factor(full) if full > 1 else 1.0
+    scale = {"compute": work / speed, "recompute": work / speed, "tp_comm": tp_scale}
+    one = {k: breakdown[k] / m * scale.get(k, 1.0) for k in _PER_MICRO_BATCH}  # one micro-batch's
+    per_mb, new_per_mb = sum(breakdown[k] for k in _PER_MICRO_BATCH) / m, sum(one.values())
+    out = {k: new_m * v for k, v in one.items()}
+    out["pp_bubble"] = breakdown["pp_bubble"] * (new_per_mb / per_mb if per_mb else 1.0)
+    out["dp_comm_exposed"] = breakdown["dp_comm_exposed"] * work
+    out["optimizer"] = breakdown["optimizer"] * work
+    out["overhead"] = breakdown["overhead"]
+    return out
+
+
+_PER_MICRO_BATCH = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p")
+
+
 def degraded_step_time(
     breakdown: dict[str, float],
     micro_batches: int,
-    new_micro_batches: int,
+    new_micro_batches: float,
     full: int,
     reduced: int,
     work: float,
     speed: float = 1.0,
 ) -> float:
-    """Step time of a replica running at TP ``reduced`` instead of ``full`` with
-    ``new_micro_batches``, scaled from a healthy step's breakdown (cost_models.step):
+    """Step time of a degraded replica: the sum of ``degraded_breakdown``."""
+    return sum(degraded_breakdown(breakdown, micro_batches, new_micro_batches, full, reduced, work, speed).values())
 
-    - per micro-batch, compute and recompute take ``work`` times longer on the fullest GPU,
-      divided by ``speed`` (power boost); TP collectives move ring_factor(n) of the same buffer;
-      CP/EP/pipeline traffic is unchanged;
-    - the pipeline bubble scales with the per-micro-batch time;
-    - DP gradient sync and the optimizer scale with the parameters per GPU (``work``).
+
+def reshard_cost(
+    weight_bytes: float, grad_bytes: float, full: int, reduced: int, bw_bytes_per_s: float, micro_batch_compute_s: float
+) -> tuple[float, float, float]:
+    """(bytes the busiest GPU sends, seconds one way, seconds hidden) of NTP's gradient reshard:
+    healthy replicas reshard their gradients from ``full`` to the ``reduced`` degree inside their
+    NVLink domain before the DP all-reduce (extra ranks send their slices to core ranks) and back
+    after it; the busiest GPU moves its whole gradient shard each way. ``weight_bytes``: the
+    16-bit primary weights of one GPU, 2 bytes per parameter (fp8_params stores GEMM weights in 1
+    byte, so there this undercounts the parameters, at most by half). The way there hides behind
+    the last micro-batch's backward, 2/3 of its compute (backward costs twice forward:
+    ``cost_models.flops``).
+
+    >>> reshard_cost(2e9, 4.0, 8, 6, 4e11, 0.3)  # 1e9 parameters: a 4e9-byte shard, sent whole by an extra rank
+    (4000000000.0, 0.01, 0.01)
     """
-    m = micro_batches
-    comp = (breakdown["compute"] + breakdown["recompute"]) / m
-    tp = breakdown["tp_comm"] / m
-    other = (breakdown["cp_comm"] + breakdown["ep_comm"] + breakdown["pp_p2p"]) / m
-    per_mb = comp + tp + other
-    tp_scale = ring_factor(reduced) / ring_factor(full) if full > 1 else 1.0
-    new_per_mb = comp * work / speed + tp * tp_scale + other
-    bubble = breakdown["pp_bubble"] * (new_per_mb / per_mb if per_mb else 1.0)
-    fixed = (breakdown["dp_comm_exposed"] + breakdown["optimizer"]) * work + breakdown["overhead"]
-    return new_micro_batches * new_per_mb + bubble + fixed
+    shard = weight_bytes / 2 * grad_bytes
+    busiest = max(shard, shard * (full - reduced) / reduced)  # an extra rank sends all; a core rank (n-k)/k shares
+    one_way = busiest / bw_bytes_per_s
+    return busiest, one_way, min(one_way, micro_batch_compute_s * 2 / 3)

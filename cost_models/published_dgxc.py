@@ -20,7 +20,7 @@ Settings the READMEs do not print, from the NeMo release each ran (container ver
 from __future__ import annotations
 
 from cost_models.catalogue import MODELS
-from cost_models.published import PublishedRow, recipe_chunks, run_layout
+from cost_models.published_row import PublishedRow, recipe_chunks, run_layout
 from cost_models.training import TrainingSpec
 
 _SYSTEMS = {"H100": "dgx-h100", "GB200": "gb200-nvl72"}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from cost_models.catalogue import MODELS
 from cost_models.flops import model_flops_per_step
-from cost_models.published import PublishedRow, recipe_chunks, run_layout
+from cost_models.published_row import PublishedRow, recipe_chunks, run_layout
 from cost_models.training import TrainingSpec
 
 _SYSTEMS = {"H100": "dgx-h100", "B200": "dgx-b200", "GB200": "gb200-nvl72"}

@@ -24,6 +24,14 @@ Worked example, tp=2, dp=2, pp=2 on 8 GPUs:
 >>> g.array("dp", "pp", "tp")[1]  # replica 1: its stages (rows) and TP ranks (columns)
 array([[2, 3],
        [6, 7]])
+
+Expert parallelism regroups the ``cp x dp`` ranks of each (tp, pp) position, flattened cp
+fastest (index ``cp_i + cp * dp_i``): an EP group takes ``ep`` consecutive ones, the expert
+data-parallel group every ``ep``-th. With tp=1, cp=2, dp=2 (4 ranks, flattened index = rank):
+
+>>> e = RankGrid(cp=2, dp=2)
+>>> e.ep_group(2, 3), e.expert_dp_group(2, 3)
+((2, 3), (1, 3))
 """
 
 from __future__ import annotations
@@ -115,3 +123,23 @@ class RankGrid(BaseModel):
         members = [a for a in AXES[::-1] if a in varying]
         table = self.array(*others, *members).reshape(-1, math.prod(getattr(self, a) for a in members))
         return tuple(tuple(int(r) for r in row) for row in table)
+
+    def _flat(self, ep: int, rank: int) -> tuple[np.ndarray, int]:
+        """The ``cp x dp`` ranks at ``rank``'s (tp, pp), flattened cp fastest, and ``rank``'s index."""
+        if self.cp * self.dp % ep:
+            raise ValueError(f"ep {ep} does not divide cp({self.cp}) x dp({self.dp}) = {self.cp * self.dp}")
+        c = self.coords(rank)
+        flat = self.array("pp", "dp", "cp", "tp")[c.pp, :, :, c.tp].reshape(-1)
+        return flat, c.cp + self.cp * c.dp
+
+    def ep_group(self, ep: int, rank: int) -> tuple[int, ...]:
+        """The ``ep`` ranks that split the experts with ``rank``: consecutive in the flattened
+        ``cp x dp`` ranks of its (tp, pp) (Megatron's order "tp-cp-ep-dp-pp"), ascending."""
+        flat, i = self._flat(ep, rank)
+        return tuple(int(r) for r in flat[i - i % ep : i - i % ep + ep])
+
+    def expert_dp_group(self, ep: int, rank: int) -> tuple[int, ...]:
+        """Ranks holding the same experts as ``rank``: every ``ep``-th of the flattened ``cp x dp``
+        ranks of its (tp, pp), from its place in its EP group, ascending."""
+        flat, i = self._flat(ep, rank)
+        return tuple(int(r) for r in flat[i % ep :: ep])

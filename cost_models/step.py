@@ -10,20 +10,27 @@ fixed per-step overhead are added.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from cost_models.blocks import EMBED, EXECUTOR_TENSORS, HEAD, Block, CostEnv, Pass, pass_cache_key
-from cost_models.data_parallel import DpTraffic, bucket_count, exposed_dp_time
+from cost_models.blocks import EMBED, HEAD, Block, CostEnv, pass_cache_key
+from cost_models.data_parallel import exposed_dp_time
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from cost_models.flops import model_flops_per_step
+from cost_models.flops import model_flops_per_step, padded_vocab
 from cost_models.layout import ParallelLayout, check_layout
 from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
 from cost_models.pipeline import p2p_bytes, pipeline_time
-from cost_models.pipeline_layout import stage_chunk_spans
+from cost_models.profile import BlockShape
+from cost_models.stage import (  # re-exported: the solver and the tests import them from here
+    RUNTIME_RESERVED_BYTES,
+    Run,
+    StageCost,
+    range_blocks,
+    runs_of,
+    stage_blocks,
+    stage_cost,
+    stage_runs,
+)
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
 
@@ -33,17 +40,24 @@ __all__ = [
     "RUNTIME_RESERVED_BYTES",
     "Block",
     "CostEnv",
+    "Run",
+    "StageCost",
     "StepCost",
+    "StepEstimate",
     "estimate_step",
+    "estimate_step_detail",
     "pass_cache_key",
+    "range_blocks",
+    "runs_of",
     "stage_blocks",
+    "stage_cost",
+    "stage_runs",
 ]
 
 # Fused Adam (Transformer Engine's multi_tensor_adam) per parameter of this GPU's optimizer shard:
 # read fp32 param, grad, m, v (16) + write param, m, v (12) + write the 16-bit copy (2) + the
 # grad-norm read (4).
 ADAM_BYTES_PER_PARAM = 34.0
-RUNTIME_RESERVED_BYTES = 2e9  # CUDA context, NCCL buffers, allocator slack
 
 
 class StepCost(BaseModel):
@@ -79,161 +93,6 @@ class StepCost(BaseModel):
         return self.memory_per_gpu_bytes <= self.hbm_bytes * (1 - headroom)
 
 
-Run = tuple[Block, int, int]  # (block, degree, how many in a row)
-
-
-def range_blocks(
-    model: ModelSpec, layout: ParallelLayout, stage: int, start: int, count: int
-) -> list[tuple[int, Block]]:
-    """(block index, block) of layers start..start+count-1 on ``stage``, with the embedding
-    when it is the first stage and the LM head when it is the last: index 0 = embedding,
-    i + 1 = layer i, L + 1 = LM head."""
-    L = model.num_layers
-    blocks: list[tuple[int, Block]] = [(0, EMBED)] if stage == 0 else []
-    blocks += [(i + 1, model.layer_kind(i)) for i in range(start, start + count)]
-    return blocks + ([(L + 1, HEAD)] if stage == layout.pp - 1 else [])
-
-
-def stage_blocks(model: ModelSpec, layout: ParallelLayout, stage: int) -> list[tuple[int, Block]]:
-    """(block index, block) of every block ``stage`` runs for one micro-batch, chunk by chunk
-    (``ParallelLayout.stage_chunks``): the embedding opens chunk 0, the LM head closes the last."""
-    L, last = model.num_layers, layout.pp * layout.vpp - 1
-    blocks: list[tuple[int, Block]] = []
-    for chunk, start, count in layout.stage_chunks(stage, L):
-        blocks += [(0, EMBED)] if chunk == 0 else []
-        blocks += [(i + 1, model.layer_kind(i)) for i in range(start, start + count)]
-        blocks += [(L + 1, HEAD)] if chunk == last else []
-    return blocks
-
-
-def stage_runs(model: ModelSpec, layout: ParallelLayout, stage: int) -> list[Run]:
-    """The blocks of one stage as runs of equal (block, degree). A uniform layout's layers are
-    grouped by kind without walking them (order is irrelevant when no degree changes)."""
-    if layout.layer_tp is None:
-        return list(_uniform_stage_runs(model, layout.tp, layout.pp, layout.vpp, layout.chunk_layers, stage))
-    return runs_of(stage_blocks(model, layout, stage), layout.layer_tp)
-
-
-@lru_cache(maxsize=4096)
-def _uniform_stage_runs(
-    model: ModelSpec, tp: int, pp: int, vpp: int, chunk_layers: tuple[int, ...] | None, stage: int
-) -> tuple[Run, ...]:
-    """``stage_runs`` of a uniform layout, memoised: a search asks for the same few stages of
-    layouts that differ only in what the runs do not depend on (dp, micro-batch, ZeRO, ...)."""
-    last = pp * vpp - 1
-    runs: list[Run] = []
-    for chunk, start, count in stage_chunk_spans(pp, vpp, chunk_layers, stage, model.num_layers):
-        runs += [(EMBED, tp, 1)] if chunk == 0 else []
-        runs += [(kind, tp, n) for kind, n in model.kind_counts(start, start + count).items()]
-        runs += [(HEAD, tp, 1)] if chunk == last else []
-    return tuple(runs)
-
-
-def runs_of(blocks: list[tuple[int, Block]], degrees: tuple[int, ...]) -> list[Run]:
-    """Consecutive blocks of equal kind and degree merged into runs."""
-    runs: list[Run] = []
-    for index, block in blocks:
-        t = degrees[index]
-        if runs and runs[-1][0] == block and runs[-1][1] == t:
-            runs[-1] = (block, t, runs[-1][2] + 1)
-        else:
-            runs.append((block, t, 1))
-    return runs
-
-
-@dataclass
-class StageCost:
-    pass_: Pass  # per micro-batch, transitions included in fwd/bwd
-    params: float  # per GPU
-    state: dict[str, float]  # weights, grads, optimizer, low-precision weight bytes
-    act_per_micro_batch: float  # activation bytes one in-flight micro-batch leaves behind
-    act_fixed: float  # LM-head logits, the full-recompute and the ZeRO-3 working sets
-    dp: DpTraffic  # gradient reduction and parameter gathering
-    optimizer_params: float  # parameters this GPU's optimizer updates
-    buffer_params: float  # parameters whose gradient buffer this GPU zeroes each step
-    gemm_params: float  # low-precision GEMM weights recast once per step
-    tensors: float = 0.0  # parameter tensors, as the executor holds them (``EXECUTOR_TENSORS``)
-
-    def memory(self, held: float) -> dict[str, float]:
-        """Bytes per GPU by part when ``held`` micro-batches are in flight."""
-        act = self.act_per_micro_batch * held + self.act_fixed
-        return {**self.state, "activations": act, "runtime_reserved": RUNTIME_RESERVED_BYTES}
-
-
-def stage_cost(env: CostEnv, runs: list[Run]) -> StageCost:
-    """Time per micro-batch, memory and DP traffic of one stage made of ``runs``."""
-    lay, training = env.layout, env.training
-    p = Pass()
-    prev_t = None
-    params = opt_params = buffer = gemm = reduce_s = gather_s = working = act = head = 0.0
-    layers = tensors = 0
-    state = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0, "low_precision_weights": 0.0}
-    largest_block = 0.0
-    dp_group = lay.dp  # Megatron sizes buckets by the data-parallel group without cp
-    for block, t, n in runs:
-        p.add(env.block_pass(block, t), n)
-        if prev_t is not None and prev_t != t:
-            switch = env.transition_time(prev_t, t)
-            p.fwd += switch / 2
-            p.bwd += switch / 2
-        prev_t = t
-        layers += n if block not in (EMBED, HEAD) else 0
-        tensors += n * EXECUTOR_TENSORS.get(block if block in (EMBED, HEAD) else "layer")
-        f = env.block_facts(block, t)
-        for k in state:
-            state[k] += n * getattr(f.state, k)
-        head = max(head, f.logits)  # the logits live once, not per micro-batch in flight
-        act += n * f.act
-        working = max(working, f.working)
-        d = env.degree(t)
-        dp_group = max(dp_group, lay.dp * d.copies)
-        dense, expert = f.dense, f.expert
-        if env.executor and lay.sequence_parallel and t > 1:  # norms saw only this rank's tokens: their
-            # gradients are summed over the TP group, one all-reduce per norm (two per layer, the final norm)
-            norms = n * {EMBED: 0, HEAD: 1}.get(block, 2)
-            reduce_s += norms * env.coll("all_reduce", env.model.hidden_size * training.grad_bytes, d.tp_links)
-        params += n * (dense + expert)
-        largest_block = max(largest_block, dense + expert)
-        gemm += n * f.gemm
-        weight_bytes = f.weight_bytes
-        for nparams, links in ((n * dense, d.dp_links), (n * expert, d.expert_dp_links)):
-            if nparams <= 0:
-                continue
-            sharded = lay.zero >= 1 and links.size > 1
-            opt_params += nparams / (links.size if lay.zero >= 1 else 1)
-            buffer += nparams / (links.size if lay.zero >= 2 else 1)
-            if sharded:
-                reduce_s += env.coll("reduce_scatter", nparams * training.grad_bytes, links)
-                gather_s += env.coll("all_gather", nparams * weight_bytes, links)
-                if env.executor:  # one reduce-scatter and one all-gather per parameter tensor (executor.optimizer)
-                    calls = n * EXECUTOR_TENSORS.get(block if block in (EMBED, HEAD) else "layer")
-                    reduce_s += (calls - 1) * env.coll("reduce_scatter", 0.0, links)
-                    gather_s += (calls - 1) * env.coll("all_gather", 0.0, links)
-            elif env.executor:  # one all-reduce per parameter tensor, n blocks of them
-                calls = n * EXECUTOR_TENSORS.get(block if block in (EMBED, HEAD) else "layer")
-                reduce_s += env.coll("all_reduce", nparams * training.grad_bytes, links)
-                reduce_s += (calls - 1) * env.coll("all_reduce", 0.0, links)
-            else:
-                reduce_s += env.coll("all_reduce", nparams * training.grad_bytes, links)
-    if lay.zero >= 3:  # two layers' gathered weights live at once (double buffer), and one's gradients
-        working = max(working, largest_block * (2 * training.param_bytes + training.grad_bytes))
-        if not lay.reshard_after_forward:  # every layer's gathered weights stay from forward to backward
-            working = max(working, params * training.param_bytes + largest_block * training.grad_bytes)
-    buckets = bucket_count(params, dp_group, lay.zero, layers)
-    return StageCost(
-        pass_=p,
-        params=params,
-        state=state,
-        act_per_micro_batch=act,
-        act_fixed=head + working,
-        dp=DpTraffic(reduce_s=reduce_s, gather_s=gather_s, buckets=buckets),
-        optimizer_params=opt_params,
-        buffer_params=buffer,
-        gemm_params=gemm,
-        tensors=tensors,
-    )
-
-
 def estimate_step(
     model: ModelSpec,
     training: TrainingSpec,
@@ -245,6 +104,75 @@ def estimate_step(
     """Predict step time, memory per GPU and MFU of ``layout``; InputError if it is invalid.
     ``pass_caches`` (keyed by ``pass_cache_key``) lets many layouts share block passes."""
     return cost_from_stages(cost_env(model, training, layout, cluster, efficiency, pass_caches))
+
+
+class RunEstimate(BaseModel):
+    """One run of equal blocks of a stage, as a validation of the executor reads it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shape: BlockShape = Field(description="How a profile names the block at this degree.")
+    sequences: int = Field(description="Sequences per micro-batch its TP group runs (``Degree.seqs``).")
+    blocks: int = Field(description="Blocks in the run.")
+    params_per_gpu: float = Field(description="Parameters of one block on one GPU, the vocabulary unpadded.")
+    dp_ranks: int = Field(description="Ranks holding the same shard: the group ZeRO divides the states by.")
+
+
+class StageEstimate(BaseModel):
+    """One pipeline stage of a costed step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    busy_per_micro_batch_s: float = Field(description="Compute, recompute and TP communication of one micro-batch.")
+    memory_bytes: dict[str, float] = Field(description="Peak bytes per GPU by part, with its in-flight micro-batches.")
+    runs: list[RunEstimate] = Field(description="Its blocks as runs of equal (block, degree).")
+
+
+class StepEstimate(BaseModel):
+    """A costed step with what its stages are made of: the public entry for callers outside the
+    planner (``executor.check.predict``) that need more than ``StepCost``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cost: StepCost = Field(description="The step, its split and its memory.")
+    stages: list[StageEstimate] = Field(description="Every pipeline stage, in order.")
+
+
+def estimate_step_detail(
+    model: ModelSpec,
+    training: TrainingSpec,
+    layout: ParallelLayout,
+    cluster: Cluster,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    checked: bool = True,
+) -> StepEstimate:
+    """``estimate_step`` with every stage's busy time, memory and runs. ``checked=False`` costs
+    a layout ``check_layout`` refuses (a degree that does not divide the heads: each block is
+    then costed at the degree's whole share, as a profile measures the shard)."""
+    env = (
+        cost_env(model, training, layout, cluster, efficiency)
+        if checked
+        else CostEnv(model, training, layout, cluster, efficiency)
+    )
+    stages = layout_stages(env)
+    cost = cost_from_stages(env, stages)
+    out = []
+    for i, (st, memory) in enumerate(zip(stages, stage_memory(env, stages), strict=True)):
+        runs = [_run_estimate(env, block, t, n) for block, t, n in stage_runs(model, layout, i)]
+        busy = st.pass_.fwd + st.pass_.bwd + st.pass_.recompute + st.pass_.tp_comm
+        out.append(StageEstimate(busy_per_micro_batch_s=busy, memory_bytes=memory, runs=runs))
+    return StepEstimate(cost=cost, stages=out)
+
+
+def _run_estimate(env: CostEnv, block: Block, t: int, n: int) -> RunEstimate:
+    m, f = env.model, env.block_facts(block, t)
+    params = f.dense + f.expert
+    if block in (EMBED, HEAD):  # Megatron pads the vocabulary to a multiple of 128 t (flops.padded_vocab)
+        params -= (padded_vocab(m, t) - m.vocab_size) * m.hidden_size / t
+    d = env.degree(t)
+    return RunEstimate(
+        shape=env.profile_shape(block, t), sequences=d.seqs, blocks=n, params_per_gpu=params, dp_ranks=d.dp_ranks
+    )
 
 
 def cost_env(

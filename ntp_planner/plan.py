@@ -1,6 +1,6 @@
 """Plan: the one artifact. Inputs (model, training, cluster), the chosen layout, where each rank
 runs, the predicted cost, and the runner-up layouts. Emitters, the executor and the simulator
-read only this file.
+read only this file, and beside it the re-plan a failure leaves (``ntp_planner.replan_result``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ntp_planner.cli.options import Format, JsonOpt, PlanArg, load_replan
+from ntp_planner.cli.options import Format, JsonOpt, PlanArg
 from ntp_planner.cli.output import show, show_json
 
 FormatOpt = Annotated[
@@ -38,10 +38,11 @@ def export_cmd(
     from ntp_planner.emitters import EXPORT_FILES, check_options, export
     from ntp_planner.outputs import check_output_folder, write_folder
     from ntp_planner.plan import Plan
+    from ntp_planner.replan_result import ReplanResult
 
     check_options(fmt, replan=replan_file, data_path=data_path, save_dir=save_dir)
     p = Plan.load(plan_file)
-    replan_result = None if replan_file is None else load_replan(replan_file, p, "export")
+    replan_result = None if replan_file is None else ReplanResult.load(replan_file, p, "export")
     result = export(p, fmt, replan_result, data_path, save_dir)
     check_output_folder(out_dir, "--output", result.files, [plan_file, replan_file])
     scripts = [n for n in result.files if n.endswith(".sh")]

@@ -276,9 +276,9 @@ def sweep(
     """
     import numpy as np
 
-    from ntp_planner.failures.sweep import plot_sweep
     from ntp_planner.failures.sweep import sweep as run_sweep
     from ntp_planner.plan import Plan
+    from ntp_planner.views.plots import plot_sweep
 
     shares = parse_list(fractions, "--fractions", float, "0.001,0.002")
     bad = [f for f in shares if not 0 <= f < 1]
@@ -342,9 +342,10 @@ def simulate(
     """
     import numpy as np
 
-    from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR, SimConfig, check_pool_sweep, plot_simulation
+    from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR, SimConfig, check_pool_sweep
     from ntp_planner.failures.simulator import simulate as run_simulation
     from ntp_planner.plan import Plan
+    from ntp_planner.views.plots import plot_simulation
 
     names = parse_list(strategies, "--strategies", str, "restart,ntp", choices=get_args(Strategy))
     pools = parse_list(spares, "--spares", int, "0,8,16")

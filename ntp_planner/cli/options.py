@@ -182,29 +182,3 @@ def parse_list(text: str, option: str, kind: type = str, example: str = "", choi
     if unknown:
         raise InputError(f"{option} {text!r}: {', '.join(map(str, unknown))} is not one of {', '.join(choices)}")
     return values
-
-
-def load_replan(path: Path, plan, verb: str):
-    """A re-plan from `ntp replan -o`, checked against the plan it must come from."""
-    from pydantic import ValidationError
-
-    from ntp_planner.failures.replan import ReplanResult
-    from ntp_planner.plan import MAX_PLAN_BYTES
-    from topologies.cluster_catalogue import first_error
-    from topologies.files import read_mapping
-
-    data = read_mapping(path, "re-plan", max_bytes=MAX_PLAN_BYTES, kind="JSON")
-    try:
-        result = ReplanResult.model_validate(data)
-    except ValidationError as exc:
-        raise InputError(
-            f"{path} is not a re-plan written by `ntp replan -o`: {first_error(exc)}; re-plan the plan with "
-            "`ntp replan PLAN -o R.json` instead of editing the file"
-        ) from None
-    if len(result.rank_to_gpu) != plan.layout.world_size:
-        raise InputError(
-            f"re-plan {path} has {len(result.rank_to_gpu)} ranks but the plan "
-            f"has {plan.layout.world_size}; {verb} the plan it was made from"
-        )
-    result.check_against(plan)
-    return result

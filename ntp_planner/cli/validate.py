@@ -18,7 +18,7 @@ from ntp_planner.cli.live import (
     RepairOpt,
     parse_events,
 )
-from ntp_planner.cli.options import MAX_PROCS, Backend, Format, JsonOpt, PlanArg, load_replan
+from ntp_planner.cli.options import MAX_PROCS, Backend, Format, JsonOpt, PlanArg
 from ntp_planner.cli.output import show, show_json, with_step_progress
 from topologies.errors import InputError
 
@@ -195,6 +195,7 @@ def validate(
         raise InputError("--policy, --spares and --checkpoint-* shape a live recovery; add --fail RANK@STEP")
     torch = _import_torch()
     from ntp_planner.plan import Plan
+    from ntp_planner.replan_result import ReplanResult
     from ntp_planner.views.validate import validate_json, validate_view
 
     steps = steps or (8 if profile or live else 3)
@@ -202,7 +203,7 @@ def validate(
     if live:
         return _validate_live(p, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out,
                               (fails, repairs, policy, spares, checkpoint_every, checkpoint_dir))  # fmt: skip
-    replan_result = None if replan_file is None else load_replan(replan_file, p, "validate")
+    replan_result = None if replan_file is None else ReplanResult.load(replan_file, p, "validate")
     injected = _parse_fault(fault)
     n, torchrun = _world_size(torch, backend, nproc)
     measured_profile = None if profile is None else _machine_profile(profile, backend)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from ntp_planner.emitters import bridge, json_plan, megatron, nemo, nemo2
 from ntp_planner.emitters.common import Export
+from ntp_planner.plan import Plan
+from ntp_planner.replan_result import ReplanResult
 from topologies.errors import InputError
 
 FORMATS = {
@@ -83,7 +85,9 @@ def check_format(plan) -> None:
         )
 
 
-def export(plan, fmt: str, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
+def export(
+    plan: Plan, fmt: str, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
+) -> Export:
     if fmt not in FORMATS:
         raise InputError(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
     check_options(fmt, replan=replan, data_path=data_path, save_dir=save_dir)

@@ -14,9 +14,12 @@ from ntp_planner.emitters.common import (
     sharding_warnings,
 )
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import ReplanResult
 
 
-def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
+def emit(
+    plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
+) -> Export:
     layout, warnings = expressible_layout(plan, "Megatron-Bridge")
     warnings += sharding_warnings(layout, "Megatron-Bridge")
     model = {k: v for k, v in mcore_fields(plan, layout).items() if v is not None}

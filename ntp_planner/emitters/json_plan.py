@@ -6,9 +6,12 @@ import json
 
 from ntp_planner.emitters.common import Export, expressible_layout, launch_geometry
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import ReplanResult
 
 
-def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
+def emit(
+    plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
+) -> Export:
     layout, warnings = expressible_layout(plan, "A uniform export")
     hosts, per_host = launch_geometry(plan)
     data = {

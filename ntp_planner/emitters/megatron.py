@@ -22,6 +22,7 @@ from ntp_planner.emitters.common import (
     sharding_warnings,
 )
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import ReplanResult
 
 PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16"], "mxfp8": ["--bf16"], "nvfp4": ["--bf16"]}
 # The optimisation settings of the launch, which a Plan does not hold (it plans parallelism, not
@@ -232,7 +233,7 @@ def launch_script(plan: Plan, args: list[str]) -> str:
     return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
 
 
-def nonuniform_tp_settings(plan: Plan, replan) -> tuple[dict, list[str]]:
+def nonuniform_tp_settings(plan: Plan, replan: ReplanResult) -> tuple[dict, list[str]]:
     """Settings of Megatron's nonuniform-TP config for a re-planned state: reduced replicas come
     first in Megatron's rank order, so replicas are renumbered degraded-first."""
     lay = plan.layout
@@ -267,7 +268,9 @@ def nonuniform_tp_settings(plan: Plan, replan) -> tuple[dict, list[str]]:
     return settings, warnings
 
 
-def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
+def emit(
+    plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
+) -> Export:
     layout, warnings = expressible_layout(plan, "Megatron-LM")
     warnings += sharding_warnings(layout, "Megatron-LM")
     args = megatron_args(plan, layout, data_path, save_dir)

@@ -14,11 +14,14 @@ from ntp_planner.emitters.common import (
     sharding_warnings,
 )
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import ReplanResult
 
 FSDP_STRATEGY = {2: "grad", 3: "full"}  # NeMo 1.x model.fsdp_sharding_strategy for ZeRO-2 / ZeRO-3
 
 
-def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
+def emit(
+    plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
+) -> Export:
     layout, warnings = expressible_layout(plan, "NeMo")
     warnings += sharding_warnings(layout, "NeMo")
     hosts, per_host = launch_geometry(plan)

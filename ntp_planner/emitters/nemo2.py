@@ -13,6 +13,7 @@ from ntp_planner.emitters.common import (
     sharding_warnings,
 )
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import ReplanResult
 
 # NeMo 2.0 recipe modules for catalogue models (llm.<module>.pretrain_recipe)
 RECIPES = {
@@ -39,7 +40,9 @@ MODEL_FIELDS = (  # set on the model's TransformerConfig
 )
 
 
-def emit(plan: Plan, replan=None, data_path: str | None = None, save_dir: str | None = None) -> Export:
+def emit(
+    plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
+) -> Export:
     layout, warnings = expressible_layout(plan, "NeMo 2.0")
     warnings += sharding_warnings(layout, "NeMo 2.0")
     hosts, per_host = launch_geometry(plan)

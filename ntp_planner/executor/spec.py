@@ -11,7 +11,8 @@ a layer at degree 2:
 >>> s.copy_tp_groups(2), s.copy_dp_groups(2)
 (((4, 5), (6, 7)), ((4, 6), (5, 7)))
 
-Process groups are created by every rank in the same order (``process_groups``), members or not.
+The groups across stages and replicas (data-parallel, expert, all of them in creation order) are
+in ``ntp_planner.executor.groups``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Literal
 
 from cost_models.rank_grid import RankGrid
 from ntp_planner.executor.parallel.ownership import contiguous
+from ntp_planner.executor.spec_checks import DTYPES, check  # noqa: F401  (DTYPES re-exported)
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,18 @@ class StageSpec:
         return tuple(self.blocks[a : a + n] for a, n in zip(starts, sizes, strict=True))
 
     def copy_tp_groups(self, degree: int) -> tuple[tuple[int, ...], ...]:
-        """TP group of every copy of a block at ``degree``."""
-        r = self.ranks
-        return tuple(r[c * degree : (c + 1) * degree] for c in range(self.width // degree))
+        """TP group of every copy of a block at ``degree``: the stage's local ranks as a
+        ``RankGrid(tp=degree, dp=width // degree)``, its TP groups."""
+        return self._local_groups(degree, "tp")
 
     def copy_dp_groups(self, degree: int) -> tuple[tuple[int, ...], ...]:
-        """Ranks holding the same slice in every copy (in-stage data parallelism)."""
-        return tuple(self.ranks[j::degree] for j in range(degree))
+        """Ranks holding the same slice in every copy (in-stage data parallelism): the same grid's
+        DP groups."""
+        return self._local_groups(degree, "dp")
+
+    def _local_groups(self, degree: int, axis: Literal["tp", "dp"]) -> tuple[tuple[int, ...], ...]:
+        grid = RankGrid(tp=degree, dp=self.width // degree)
+        return tuple(tuple(self.ranks[i] for i in group) for group in grid.groups(axis))
 
     def position(self, rank: int, degree: int) -> tuple[int, int]:
         """(copy, TP rank) of process ``rank`` for a block at ``degree``."""
@@ -114,6 +121,19 @@ class ReplicaSpec:
     stages: tuple[StageSpec, ...]
     micro_batches: int  # per step; the replica's local batch is micro_batches * micro_batch
     cp_rank: int = 0  # which chunk of the sequence this pipeline holds
+
+    @property
+    def model_chunks(self) -> list[tuple[Block, ...]]:
+        """The chunks in model order: chunk c is virtual chunk c // pp of stage c % pp
+        (Megatron-Core's placement, as ``ntp_planner.plan.chunk_placements``); with one chunk per
+        stage, the stages in order.
+
+        >>> st = lambda *layers: StageSpec((0,), tuple(Block("layer", i, 1) for i in layers), (1, 1))
+        >>> [[b.layer for b in c] for c in ReplicaSpec((st(0, 2), st(1, 3)), 2).model_chunks]
+        [[0], [1], [2], [3]]
+        """
+        vpp = len(self.stages[0].chunks)
+        return [st.chunks[v] for v in range(vpp) for st in self.stages]
 
 
 @dataclass(frozen=True)
@@ -141,7 +161,7 @@ class RunSpec:
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again for backward
 
     def __post_init__(self):
-        check(self)
+        check(self)  # spec_checks: the run is one the executor can run exactly
 
     @property
     def world_size(self) -> int:
@@ -163,10 +183,18 @@ class RunSpec:
         """[start, end) of the sequence positions pipeline ``replica`` holds."""
         return contiguous(self.seq_len, self.cp)[self.replicas[replica].cp_rank]
 
+    @property
+    def pipeline_grid(self) -> RankGrid:
+        """The pipelines (``replicas``) as ranks of a ``RankGrid(cp, dp)``: pipeline ``q`` is cp
+        slice ``q % cp`` of data replica ``q // cp``, the project's rank order with tp = pp = 1.
+        The cp, EP and expert data-parallel groups are its groups (``executor.groups``)."""
+        return RankGrid(cp=self.cp, dp=self.data_replicas)
+
     def cp_group(self, replica: int, stage: int, local: int) -> tuple[int, ...]:
-        """Ranks at local position ``local`` of ``stage`` in every cp slice of the replica."""
-        first = replica - self.replicas[replica].cp_rank
-        return tuple(self.replicas[first + c].stages[stage].ranks[local] for c in range(self.cp))
+        """Ranks at local position ``local`` of ``stage`` in every cp slice of the replica (the
+        pipelines of its cp group in ``pipeline_grid``)."""
+        pipelines = self.pipeline_grid.group("cp", replica)
+        return tuple(self.replicas[q].stages[stage].ranks[local] for q in pipelines)
 
     def locate(self, rank: int) -> tuple[int, int]:
         """(replica, stage) of process ``rank``."""
@@ -183,281 +211,9 @@ class RunSpec:
         return sum(r.micro_batches for r in self.replicas[:first] if r.cp_rank == 0) * self.micro_batch
 
 
-def check(spec: RunSpec) -> None:
-    """Raise ValueError, showing the arithmetic, if ``spec`` cannot run."""
-    cfg = spec.cfg
-    _check_config(cfg)
-    _check_counts(spec)
-    ranks = sorted(r for rep in spec.replicas for st in rep.stages for r in st.ranks)
-    if ranks != list(range(len(ranks))):
-        raise ValueError(f"process ranks must be 0..{len(ranks) - 1}, each once; got {ranks}")
-    layout = [[[tuple((b.kind, b.layer) for b in c) for c in st.chunks] for st in rep.stages] for rep in spec.replicas]
-    if any(x != layout[0] for x in layout):
-        raise ValueError("every replica must hold the same blocks on the same stages")
-    _check_cp(spec)
-    _check_chunks(spec)
-    _check_moe(spec)
-    _check_zero(spec)
-    if spec.recompute not in ("none", "selective", "full"):
-        raise ValueError(f"recompute must be 'none', 'selective' or 'full'; got {spec.recompute!r}")
-    if cfg.positions == "learned" and spec.seq_len > cfg.max_positions:
-        raise ValueError(
-            f"the sequence of {spec.seq_len} tokens is longer than the {cfg.max_positions} learned positions"
-        )
-    names = [(b.kind, b.layer) for chunk in model_chunks(spec.replicas[0]) for b in chunk]
-    expected = [("embed", -1)] + [("layer", i) for i in range(cfg.layers)] + [("head", -1)]
-    if names != expected:
-        where = "stages" if spec.vpp == 1 else "chunks (chunk c on stage c % pp as virtual chunk c // pp)"
-        raise ValueError(f"{where} must hold embedding, layers 0..{cfg.layers - 1} and LM head in order; got {names}")
-    for i, rep in enumerate(spec.replicas):
-        if rep.micro_batches < 1:
-            raise ValueError(f"replica {i} has {rep.micro_batches} micro-batches; it needs at least 1")
-        if spec.vpp > 1 and rep.micro_batches % spec.pp:
-            raise ValueError(
-                f"replica {i} runs {rep.micro_batches} micro-batches but the interleaved schedule (vpp {spec.vpp}) "
-                f"needs a multiple of pp: {rep.micro_batches} % {spec.pp} = {rep.micro_batches % spec.pp}"
-            )
-        for s, st in enumerate(rep.stages):
-            for b in st.blocks:
-                if st.width % b.degree:
-                    raise ValueError(
-                        f"replica {i} stage {s}: {b.name} at degree {b.degree} does not divide the stage width "
-                        f"{st.width}"
-                    )
-                copies = st.width // b.degree
-                if spec.micro_batch % copies:
-                    raise ValueError(
-                        f"replica {i} stage {s}: micro_batch({spec.micro_batch}) is not divisible by the "
-                        f"{copies} copies of {b.name} (width {st.width} / degree {b.degree})"
-                    )
-                if b.degree > min(cfg.heads, cfg.ffn, cfg.vocab):
-                    raise ValueError(
-                        f"{b.name} degree {b.degree} exceeds the model's heads({cfg.heads}), ffn({cfg.ffn}) or "
-                        f"vocab({cfg.vocab}): every TP rank needs at least one of each"
-                    )
-                widths = (cfg.expert_ffn, *([cfg.shared_ffn] if cfg.shared_ffn else ()))
-                if b.kind == "layer" and cfg.is_moe(b.layer) and b.degree > min(widths):
-                    raise ValueError(f"{b.name} degree {b.degree} exceeds the expert widths {widths}")
-
-
-_CHOICES = {"norm": ("rms", "layer"), "mlp": ("swiglu", "gelu", "relu2"), "positions": ("rope", "learned")}
-
-
-def _check_config(cfg: TinyConfig) -> None:
-    """The decoder's shape: whole heads over the width, whole query groups per KV head, and
-    block styles the model knows (an unknown norm or positions would run as RMSNorm / rotary)."""
-    for name, choices in _CHOICES.items():
-        if getattr(cfg, name) not in choices:
-            raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(cfg, name)!r}")
-    if min(cfg.hidden, cfg.heads, cfg.kv_heads, cfg.vocab, cfg.ffn) < 1 or cfg.layers < 0:
-        raise ValueError(
-            f"hidden({cfg.hidden}), heads({cfg.heads}), kv_heads({cfg.kv_heads}), vocab({cfg.vocab}) and "
-            f"ffn({cfg.ffn}) must be at least 1 and layers({cfg.layers}) at least 0"
-        )
-    if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
-        raise ValueError(
-            f"hidden({cfg.hidden}) % heads({cfg.heads}) = {cfg.hidden % cfg.heads} and heads({cfg.heads}) % "
-            f"kv_heads({cfg.kv_heads}) = {cfg.heads % cfg.kv_heads} must both be 0"
-        )
-    if cfg.positions == "rope" and cfg.head_dim % 2:
-        raise ValueError(f"rotary positions rotate pairs of channels; head_dim {cfg.head_dim} is odd")
-
-
-def _check_counts(spec: RunSpec) -> None:
-    """At least one pipeline of non-empty stages, positive degrees, sequences and steps."""
-    if not spec.replicas or any(not rep.stages for rep in spec.replicas):
-        raise ValueError(f"a run needs at least one replica of at least one stage; got {len(spec.replicas)} replicas")
-    for i, rep in enumerate(spec.replicas):
-        for s, st in enumerate(rep.stages):
-            bad = [b.name for b in st.blocks if b.degree < 1]
-            if not st.ranks or bad:
-                raise ValueError(
-                    f"replica {i} stage {s} has {st.width} ranks and blocks at degree < 1: {bad}; it needs a rank "
-                    "and every degree at least 1"
-                )
-    if spec.micro_batch < 1 or spec.steps < 1:
-        raise ValueError(f"micro_batch({spec.micro_batch}) and steps({spec.steps}) must be at least 1")
-
-
-def _check_moe(spec: RunSpec) -> None:
-    cfg = spec.cfg
-    if cfg.moe_layers and (cfg.mlp != "swiglu" or cfg.bias):
-        raise ValueError(
-            "MoE layers run SwiGLU experts without biases; this config has a "
-            f"{cfg.mlp} MLP" + (" with biases" if cfg.bias else "")
-        )
-    if cfg.moe_layers and not (0 < cfg.top_k <= cfg.experts and cfg.expert_ffn >= 1):
-        raise ValueError(
-            f"MoE layers need 1 <= top_k({cfg.top_k}) <= experts({cfg.experts}) and expert_ffn({cfg.expert_ffn}) >= 1"
-        )
-    if any(not 0 <= i < cfg.layers for i in cfg.moe_layers):
-        raise ValueError(f"moe_layers {cfg.moe_layers} must be layer indices 0..{cfg.layers - 1}")
-    if spec.ep == 1:
-        return
-    pipelines = len(spec.replicas)
-    if not cfg.moe_layers or cfg.experts % spec.ep or pipelines % spec.ep:
-        raise ValueError(
-            f"ep({spec.ep}) needs MoE layers, experts({cfg.experts}) % ep = 0 and pipelines({pipelines}) "
-            f"= replicas x cp % ep = 0"
-        )
-    shape = lambda r: ([(st.width, [b.degree for b in st.blocks]) for st in r.stages], r.micro_batches)  # noqa: E731
-    if any(shape(r) != shape(spec.replicas[0]) for r in spec.replicas):
-        raise ValueError(
-            "expert parallelism beside replicas of different TP widths or batches (NTP) is not supported: "
-            "the all-to-all peers would hold different TP slices of their experts"
-        )
-
-
 def model_chunks(replica: ReplicaSpec) -> list[tuple[Block, ...]]:
-    """The replica's chunks in model order: chunk c is virtual chunk c // pp of stage c % pp
-    (Megatron-Core's placement, as ``ntp_planner.plan.chunk_placements``); with one chunk per
-    stage, the stages in order.
-
-    >>> st = lambda *layers: StageSpec((0,), tuple(Block("layer", i, 1) for i in layers), (1, 1))
-    >>> [[b.layer for b in c] for c in model_chunks(ReplicaSpec((st(0, 2), st(1, 3)), 2))]
-    [[0], [1], [2], [3]]
-    """
-    vpp = len(replica.stages[0].chunks)
-    return [st.chunks[v] for v in range(vpp) for st in replica.stages]
-
-
-def _check_chunks(spec: RunSpec) -> None:
-    """Every stage holds ``vpp`` chunks, each at least one block; interleaving needs two stages.
-
-    Megatron-Core's interleaved schedule runs micro-batches in groups of
-    ``microbatch_group_size_per_vp_stage`` (default pp) per chunk and requires that size to lie
-    in [pp, m] and the last group (m mod size) to be 0 or at least pp (``schedules.py``,
-    ``forward_backward_pipelining_with_interleaving``): with the default, m must be a multiple
-    of pp, which ``check`` asks of every replica.
-    """
-    if spec.vpp < 1 or (spec.vpp > 1 and spec.pp < 2):
-        raise ValueError(f"interleaving (vpp {spec.vpp}) needs vpp >= 1 and, above 1, at least 2 stages")
-    for s, st in enumerate(spec.replicas[0].stages):
-        sizes = st.chunk_sizes or (len(st.blocks),)
-        if len(sizes) != spec.vpp or sum(sizes) != len(st.blocks) or min(sizes) < 1:
-            raise ValueError(
-                f"stage {s} holds {len(st.blocks)} blocks in chunks of {list(sizes)}; vpp {spec.vpp} needs "
-                f"{spec.vpp} chunks of at least one block each, adding up to its blocks"
-            )
-
-
-def _check_cp(spec: RunSpec) -> None:
-    if spec.cp < 1 or len(spec.replicas) % spec.cp or spec.seq_len < spec.cp:
-        raise ValueError(
-            f"cp {spec.cp} needs a whole number of slices per replica ({len(spec.replicas)} pipelines) and at "
-            f"least one token each (sequence {spec.seq_len})"
-        )
-    for i, rep in enumerate(spec.replicas):
-        first = spec.replicas[i - rep.cp_rank]
-        shape = lambda r: ([[b.degree for b in st.blocks] for st in r.stages], r.micro_batches)  # noqa: E731
-        if rep.cp_rank != i % spec.cp or shape(rep) != shape(first):
-            raise ValueError(f"pipeline {i} is not cp slice {i % spec.cp} of its replica with the same stages")
-    if spec.sequence_parallel:
-        shortest = min(b - a for a, b in contiguous(spec.seq_len, spec.cp))
-        widest = max(st.width for rep in spec.replicas for st in rep.stages)
-        if shortest < widest:
-            raise ValueError(
-                f"sequence parallelism gives each of {widest} ranks a piece of a {shortest}-token chunk; "
-                "lengthen the sequence"
-            )
-
-
-DTYPES = ("float32", "float64", "bfloat16")  # bfloat16: fp32 master weights and gradients (``zero``)
-
-
-def _check_zero(spec: RunSpec) -> None:
-    if spec.dtype not in DTYPES:
-        raise ValueError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
-    if spec.zero not in (0, 1, 2, 3):
-        raise ValueError(f"zero {spec.zero} is not a ZeRO level (0, 1, 2 or 3)")
-    if not spec.reshard_after_forward and spec.zero < 3:
-        raise ValueError(f"keeping gathered parameters after forward needs zero 3 (this run is zero {spec.zero})")
-    if spec.zero < 3:
-        return
-    degrees = {tuple(b.degree for st in rep.stages for b in st.blocks) for rep in spec.replicas}
-    micro = sorted({rep.micro_batches for rep in spec.replicas})
-    if len(degrees) > 1:
-        raise ValueError("ZeRO-3 needs every replica to run each block at one TP degree (no NTP); use zero 2 or less")
-    if len(micro) > 1:
-        raise ValueError(
-            f"ZeRO-3 gathers parameters for every micro-batch, so replicas need equal micro-batches; got {micro}"
-        )
-
-
-def process_groups(spec: RunSpec) -> list[tuple[int, ...]]:
-    """Every group the run uses, deduplicated, in one order all ranks share: per stage its
-    whole width, then per block degree the copies' TP groups and in-stage DP groups; then per
-    stage and block the cross-replica groups (``dp_groups``)."""
-    out: dict[tuple[int, ...], None] = {}
-    for rep in spec.replicas:
-        for st in rep.stages:
-            out[st.ranks] = None
-            for t in sorted({b.degree for b in st.blocks}):
-                out.update(dict.fromkeys(st.copy_tp_groups(t)))
-                out.update(dict.fromkeys(st.copy_dp_groups(t)))
-    for s in range(spec.pp):
-        for b in range(len(spec.replicas[0].stages[s].blocks)):
-            out.update(dict.fromkeys(dp_groups(spec, s, b)))
-    if spec.cp > 1:
-        for i in range(0, len(spec.replicas), spec.cp):
-            for s, st in enumerate(spec.replicas[i].stages):
-                out.update(dict.fromkeys(spec.cp_group(i, s, local) for local in range(st.width)))
-    if spec.ep > 1:
-        for rep in spec.replicas:
-            for st in rep.stages:
-                for rank in st.ranks:
-                    out[ep_group(spec, rank)] = None
-                    out.update(dict.fromkeys(expert_dp_group(spec, rank, b.degree) for b in st.blocks))
-    return list(out)
-
-
-def ep_group(spec: RunSpec, rank: int) -> tuple[int, ...]:
-    """The expert-parallel group of process ``rank``: the ranks at its position of its stage in
-    the ``ep`` consecutive pipelines of its group (pipelines are replica-major, cp rank fastest:
-    Megatron's "tp-cp-ep-dp-pp" takes ep consecutive ranks of the flattened cp x dp ranks), in
-    rank order: the i-th owns the i-th block of experts (``moe.local_experts``).
-
-    >>> st = lambda ranks: StageSpec(ranks, (Block("embed", -1, 2), Block("layer", 0, 2), Block("head", -1, 2)))
-    >>> cfg = TinyConfig(layers=1, experts=4, top_k=2, expert_ffn=8, moe_layers=(0,))
-    >>> spec = RunSpec(cfg, tuple(ReplicaSpec((st((2 * i, 2 * i + 1)),), 1) for i in range(4)), 2, 4, ep=2)
-    >>> ep_group(spec, 5), expert_dp_group(spec, 5, 2)
-    ((5, 7), (1, 5))
-    """
-    pipeline, s = spec.locate(rank)
-    local = spec.replicas[pipeline].stages[s].ranks.index(rank)
-    first = pipeline - pipeline % spec.ep
-    return tuple(sorted(spec.replicas[q].stages[s].ranks[local] for q in range(first, first + spec.ep)))
-
-
-def expert_dp_group(spec: RunSpec, rank: int, degree: int) -> tuple[int, ...]:
-    """Ranks that hold the same slice of the same experts as ``rank`` for a layer at ``degree``:
-    its TP rank in every copy of its stage, in every pipeline at its place in an EP group."""
-    pipeline, s = spec.locate(rank)
-    stage = spec.replicas[pipeline].stages[s]
-    _, j = stage.position(rank, degree)
-    peers = range(pipeline % spec.ep, len(spec.replicas), spec.ep)
-    return tuple(r for q in peers for r in spec.replicas[q].stages[s].copy_dp_groups(degree)[j])
-
-
-def dp_groups(spec: RunSpec, stage: int, block: int) -> tuple[tuple[int, ...], ...]:
-    """Groups that sum block ``block`` of ``stage`` across replicas. When every replica runs it
-    at one degree t: group j holds TP rank j of every copy of every replica. Otherwise (NTP):
-    group j < n = the smallest degree holds TP rank j of copy 0 of every replica (the 1:1
-    exchange of resharded slices).
-
-    >>> st = lambda ranks, t: StageSpec(ranks, (Block("embed", -1, t), Block("layer", 0, t), Block("head", -1, t)))
-    >>> cfg = TinyConfig(layers=1)
-    >>> spec = RunSpec(cfg, (ReplicaSpec((st((0, 1, 2, 3), 4),), 1), ReplicaSpec((st((4, 5, 6), 3),), 1)), 1, 4)
-    >>> dp_groups(spec, 0, 1)
-    ((0, 4), (1, 5), (2, 6))
-    """
-    holders = [rep.stages[stage] for rep in spec.replicas]
-    degrees = {st.blocks[block].degree for st in holders}
-    if len(degrees) == 1:
-        (t,) = degrees
-        return tuple(tuple(r for st in holders for r in st.copy_dp_groups(t)[j]) for j in range(t))
-    n = min(degrees)
-    return tuple(tuple(st.ranks[j] for st in holders) for j in range(n))
+    """``ReplicaSpec.model_chunks``."""
+    return replica.model_chunks
 
 
 def make_spec(

@@ -45,279 +45,42 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cost_models.degraded import MAX_POWER, degraded_step_time, power_for_speed, speed_at_power, work_ratio
+from cost_models.degraded import (
+    MAX_POWER,
+    degraded_step_time,
+    power_for_speed,
+    reshard_cost,
+    speed_at_power,
+    work_ratio,
+)
 from ntp_planner.failures import degrade, spare_pool
-from ntp_planner.failures.sampling import in_domain_cover
+from ntp_planner.failures.packing import Packing, degraded_slots, pack, pool_curve
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import (  # re-exported: the artifact's types, where callers used to find them
+    BATCH_MODES,
+    FIX,
+    POLICIES,
+    BatchMode,
+    Count,
+    Fallback,
+    Policy,
+    ReplanResult,
+    ReplanThroughput,
+    ReplicaState,
+    Reshard,
+)
 from topologies.bounds import show
 from topologies.errors import InputError
 
-Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
-POLICIES: tuple[str, ...] = ("dp-drop", "ntp", "ntp-pw", "spares")
-Fallback = Literal["dp-drop", "ntp", "ntp-pw"]
-Count = Annotated[int, Field(ge=0)]
-FIX = "re-plan this plan with `ntp replan PLAN -o R.json` instead of editing the re-plan"
-BatchMode = Literal["flexible", "fixed"]
-BATCH_MODES: tuple[str, ...] = get_args(BatchMode)
-
-
-class ReplicaState(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    replica: int = Field(ge=0, description="Index of the replica in the plan (0..dp - 1).")
-    status: Literal["healthy", "degraded", "dropped"]
-    stage_tp: list[Annotated[int, Field(ge=0)]] = Field(description="TP degree each pipeline stage runs at.")
-    local_batch: int = Field(
-        ge=0,
-        description="Sequences this replica processes per step (a degraded replica re-cuts its micro-batches: "
-        "the last may be smaller than the plan's).",
-    )
-    power: list[Annotated[float, Field(ge=0, le=MAX_POWER)]] = Field(
-        description="Power multiplier of each stage's GPUs (0 for a dropped replica, at most MAX_POWER)."
-    )
-    gpus_used: int = Field(ge=0)
-    gpus_idle: int = Field(ge=0, description="Healthy GPUs of this replica's groups left idle.")
-    reason: str | None = Field(
-        default=None,
-        max_length=10_000,
-        description="Why a degraded replica runs as it does, or why a dropped one is dropped.",
-    )
-
-    @model_validator(mode="after")
-    def _runs_something(self) -> ReplicaState:
-        """A replica that runs holds at least one GPU per stage and one sequence; a dropped one
-        holds none; a healthy one runs at nominal power."""
-        if self.status != "dropped" and (0 in self.stage_tp or self.local_batch < 1):
-            raise InputError(
-                f"replica {self.replica} is {self.status} but runs stage_tp {self.stage_tp} with local_batch "
-                f"{self.local_batch}; a replica that runs needs every stage at TP 1 or more and a batch of 1 or more"
-            )
-        if self.status == "dropped" and (any(self.stage_tp) or self.local_batch or self.gpus_used or any(self.power)):
-            raise InputError(
-                f"replica {self.replica} is dropped but holds stage_tp {self.stage_tp}, local_batch "
-                f"{self.local_batch}, gpus_used {self.gpus_used}, power {self.power}; a dropped replica holds no GPU, "
-                "sequence or power"
-            )
-        if len(self.power) != len(self.stage_tp):
-            raise InputError(
-                f"replica {self.replica} gives {len(self.power)} power multipliers for {len(self.stage_tp)} stages; "
-                "it needs one per stage"
-            )
-        if self.status == "healthy" and any(p != 1.0 for p in self.power):
-            raise InputError(f"replica {self.replica} is healthy but runs at power {self.power}; healthy means 1.0")
-        return self
-
-
-class Reshard(BaseModel):
-    """NTP's gradient reshard between replicas of different TP degree (per GPU, NVLink)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    bytes_before_per_gpu: float = Field(ge=0, description="Bytes the busiest GPU sends before the DP all-reduce.")
-    bytes_after_per_gpu: float = Field(ge=0, description="Bytes it receives back after the all-reduce.")
-    time_s: float = Field(ge=0, description="Both directions over NVLink: overlap_s + exposed_s.")
-    overlap_s: float = Field(ge=0, description="Part hidden behind the last micro-batch's backward pass.")
-    exposed_s: float = Field(ge=0, description="Part left on the step's critical path.")
-
-    @model_validator(mode="after")
-    def _parts_sum(self) -> Reshard:
-        if not math.isclose(self.overlap_s + self.exposed_s, self.time_s, rel_tol=1e-9, abs_tol=1e-15):
-            raise InputError(
-                f"reshard overlap_s ({show(self.overlap_s)}) + exposed_s ({show(self.exposed_s)}) != time_s "
-                f"({show(self.time_s)}); the two parts make up the reshard"
-            )
-        return self
-
-
-class ReplanResult(BaseModel):
-    """What every replica does after failures and the GPU of every rank, for one plan (the one
-    whose inputs_hash it carries as ``plan_hash``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    plan_hash: str = Field(
-        pattern="^[0-9a-f]{64}$", description="inputs_hash of the plan re-planned: `check_against` refuses another."
-    )
-    policy: Policy
-    fallback: Fallback | None = Field(description="The policy that decided degraded replicas under spares, else None.")
-    batch: BatchMode
-    failed_gpus: Count
-    in_domain_spares_used: Count = Field(
-        default=0, description="Failed GPUs whose TP ranks moved onto idle GPUs of their own NVLink domain."
-    )
-    degraded_groups: Count = Field(
-        description="TP groups with a failed GPU no in-domain spare stood in for (before spare domains)."
-    )
-    spares_used: Count = Field(description="Spare domains used, as replacements or as extra replicas.")
-    throughput_relative: float = Field(
-        ge=0, le=1, description="Samples per second relative to the healthy job (the batch never grows past it)."
-    )
-    global_batch_target: int = Field(ge=1)
-    global_batch_reached: Count
-    paused: bool
-    healthy_step_time_s: float = Field(gt=0)
-    replicas: list[ReplicaState]
-    reshard: Reshard | None
-    rank_to_gpu: list[Count | None] = Field(description="GPU of every rank of the plan; None = inactive slot.")
-    idle_gpus: list[Count] = Field(description="Healthy GPUs not used, free to lend to other work.")
-    extra_replicas: int = Field(
-        default=0, ge=0, description="Whole replicas formed from spare domains, beyond the plan's dp (not in replicas)."
-    )
-    spares_note: str | None = Field(default=None, description="How the spare domains were used, or why not.")
-
-    @model_validator(mode="after")
-    def _replicas_in_order(self) -> ReplanResult:
-        numbers = [x.replica for x in self.replicas]
-        if numbers != list(range(len(numbers))):
-            given = ", ".join(show(n) for n in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
-            raise InputError(f"replicas are numbered {given}; they must be numbered 0, 1, 2, ... in order")
-        if self.global_batch_reached > self.global_batch_target:
-            raise InputError(
-                f"global_batch_reached {self.global_batch_reached} exceeds global_batch_target "
-                f"{self.global_batch_target}; a re-plan never grows the batch"
-            )
-        if (self.fallback is None) != (self.policy != "spares"):
-            raise InputError(
-                f"policy {self.policy} with fallback {self.fallback or 'null'}: spares needs a fallback, the "
-                "other policies none"
-            )
-        if self.paused != (self.batch == "fixed" and self.global_batch_reached < self.global_batch_target):
-            raise InputError(
-                f"paused is {str(self.paused).lower()} but batch {self.batch} reaches {self.global_batch_reached} of "
-                f"{self.global_batch_target} sequences; a job pauses exactly when a fixed batch falls short"
-            )
-        self._check_policy_states()
-        expected = 0.0 if self.paused else self.global_batch_reached / self.global_batch_target
-        if not math.isclose(self.throughput_relative, expected, rel_tol=1e-9, abs_tol=1e-12):
-            raise InputError(
-                f"throughput_relative {show(self.throughput_relative)} != global_batch_reached "
-                f"({self.global_batch_reached}) / global_batch_target ({self.global_batch_target}) = {show(expected)}"
-            )
-        return self
-
-    def _check_policy_states(self) -> None:
-        """The replicas are ones the deciding policy makes: dp-drop degrades none, ntp runs every
-        replica at nominal power, ntp-pw only raises it (``Replanner._decide``)."""
-        decider = self.fallback if self.policy == "spares" else self.policy
-        degraded = [x for x in self.replicas if x.status == "degraded"]
-        if decider == "dp-drop" and degraded:
-            raise InputError(
-                f"replica {degraded[0].replica} is degraded but {decider} decided the replicas, and dp-drop drops "
-                "a replica with a failed GPU instead of degrading it"
-            )
-        for x in degraded:
-            bad = [p for p in x.power if p != 1.0] if decider == "ntp" else [p for p in x.power if p < 1.0]
-            if bad:
-                rule = (
-                    "ntp runs every GPU at power 1.0"
-                    if decider == "ntp"
-                    else "ntp-pw only raises power, to 1.0 or more"
-                )
-                raise InputError(f"replica {x.replica} runs at power {x.power} but {rule}")
-
-    def check_against(self, plan: Plan) -> None:
-        """Raise InputError unless this re-plan comes from ``plan``: made for it (its hash), one
-        entry per replica and rank, every replica's stages at most the plan's TP (all of it when
-        healthy), a batch of whole micro-batches no larger than the plan's, ranks on distinct GPUs
-        of the cluster and the rank map as wide as every stage's degree."""
-        if self.plan_hash != plan.inputs_hash:
-            raise InputError(
-                f"the re-plan was made for another plan (plan_hash {self.plan_hash[:12]}..., this plan's inputs_hash "
-                f"{plan.inputs_hash[:12]}...); {FIX}"
-            )
-        if not math.isclose(self.healthy_step_time_s, plan.predicted.step_time_s, rel_tol=1e-9):
-            raise InputError(
-                f"the re-plan's healthy_step_time_s {show(self.healthy_step_time_s)} is not the plan's predicted "
-                f"step_time_s {show(plan.predicted.step_time_s)}; {FIX}"
-            )
-        lay, fix = plan.layout, FIX
-        local, cluster = lay.num_micro_batches * lay.micro_batch, plan.cluster.build()
-        gpus = cluster.spare_gpus(cluster.num_domains - 1).stop  # the job's ids, then its domains' idle ones
-        if len(self.rank_to_gpu) != lay.world_size or len(self.replicas) != lay.dp:
-            raise InputError(
-                f"the re-plan has {len(self.replicas)} replicas and {len(self.rank_to_gpu)} ranks but the plan has "
-                f"dp {lay.dp} and {lay.world_size} ranks; {fix}"
-            )
-        if self.global_batch_target != lay.global_batch or self.failed_gpus > plan.cluster.num_gpus:
-            raise InputError(
-                f"the re-plan targets {self.global_batch_target} sequences with {self.failed_gpus} failed GPUs but the "
-                f"plan runs {lay.global_batch} on {plan.cluster.num_gpus} GPUs; {fix}"
-            )
-        grid = lay.rank_grid.array("dp", "pp", "cp", "tp")
-        for x in self.replicas:
-            self._check_replica(x, plan, local, grid[x.replica])
-        placed = [g for g in self.rank_to_gpu if g is not None]
-        if any(g >= gpus for g in placed + self.idle_gpus) or len(set(placed)) < len(placed):
-            raise InputError(
-                f"rank_to_gpu must name distinct GPUs of the plan's cluster, ids 0..{gpus - 1} (its idle in-domain "
-                f"spares included), or null; {fix}"
-            )
-        if set(placed) & set(self.idle_gpus):
-            raise InputError(
-                f"idle_gpus lists GPU(s) {sorted(set(placed) & set(self.idle_gpus))[:5]} that run ranks; {fix}"
-            )
-
-    def _check_replica(self, x: ReplicaState, plan: Plan, local: int, ranks: np.ndarray) -> None:
-        """One replica against the plan: its stages, its batch, and its ranks in the rank map
-        (``ranks``: the replica's [pp, cp, tp] ranks; stage s places GPUs on its first stage_tp[s]
-        TP ranks only, gpus_used of them in all)."""
-        lay, fix = plan.layout, FIX
-        if len(x.stage_tp) != lay.pp or (x.status != "dropped" and max(x.stage_tp) > lay.tp):
-            raise InputError(
-                f"replica {x.replica} runs stage_tp {x.stage_tp} but the plan has {lay.pp} stages of TP "
-                f"{lay.tp} (a re-plan runs each at most at {lay.tp}); {fix}"
-            )
-        if x.status == "healthy" and (x.stage_tp != [lay.tp] * lay.pp or x.local_batch != local):
-            raise InputError(
-                f"replica {x.replica} is healthy but runs stage_tp {x.stage_tp} with local_batch "
-                f"{x.local_batch}; healthy replicas run the plan's TP {lay.tp} and {local} sequences; {fix}"
-            )
-        if x.status == "degraded" and x.local_batch > local:
-            raise InputError(
-                f"replica {x.replica} runs local_batch {show(x.local_batch)}; it must be at most the plan's "
-                f"{local} sequences; {fix}"
-            )
-        held = 0
-        for s, degree in enumerate(x.stage_tp):
-            gpus = [[self.rank_to_gpu[r] for r in group] for group in ranks[s].tolist()]
-            past = [
-                r
-                for group, g in zip(ranks[s].tolist(), gpus, strict=True)
-                for r, v in zip(group[degree:], g[degree:], strict=True)
-                if v is not None
-            ]
-            if past:
-                raise InputError(
-                    f"replica {x.replica} runs stage {s} at TP {degree} but rank_to_gpu gives rank {past[0]} (TP rank "
-                    f"{degree} or more) a GPU; {fix}"
-                )
-            held += sum(v is not None for g in gpus for v in g)
-        if held != x.gpus_used or x.gpus_used + x.gpus_idle > lay.pp * lay.cp * lay.tp:
-            raise InputError(
-                f"replica {x.replica} has gpus_used {x.gpus_used} and gpus_idle {x.gpus_idle} but rank_to_gpu places "
-                f"{held} of its {lay.pp * lay.cp * lay.tp} ranks; {fix}"
-            )
-
-
-class ReplanThroughput(BaseModel):
-    """What sweeps and the failure simulator need from a re-plan: no rank map, no replica detail."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    throughput_relative: float = Field(description="Samples per second relative to the healthy job.")
-    idle_gpus: int = Field(
-        description="Healthy GPUs in the replicas' TP slots that run no rank, those of spare domains included."
-    )
-    spares_used: int = Field(default=0, description="Spare domains used, as replacements or as extra replicas.")
-
 
 @dataclass(frozen=True)
-class _Outcome:
+class Outcome:
+    """What one kind of replica does (``Replanner.decide``): the fields of its ``ReplicaState``
+    that do not depend on which GPUs it holds."""
+
     status: str
     stage_tp: tuple[int, ...]
     sequences: int  # local batch
@@ -325,23 +88,20 @@ class _Outcome:
     reason: str | None = None  # ReplicaState.reason
 
 
-@dataclass(frozen=True)
-class _Packing:
-    """Which TP slot each replica slot takes after failures, and what each replica then does."""
-
-    fallback: str | None  # the policy that decided the degraded replicas, under ``spares``
-    stand_in: tuple[tuple[int, int], ...]  # (failed GPU, the idle GPU of its domain taking its ranks)
-    n_degraded: int  # TP slots still degraded after in-domain spares, before spare domains
-    used_spares: int  # spare domains used
-    extra: int  # whole replicas formed from spare domains
-    note: str | None  # how the pool was used
-    order: np.ndarray  # [dp * pp * cp] physical TP slot of each replica slot (replica-major); -1 = spare
-    slot_survivors: np.ndarray  # [dp, pp, cp] healthy GPUs of each replica slot
-    kinds: tuple[_Outcome, ...]  # what replicas do, one entry per distinct decision
-    kind_of: np.ndarray  # [dp] index into ``kinds`` of each replica
-    reached: int  # sequences per step
-    paused: bool
-    throughput: float
+__all__ = [
+    "BATCH_MODES",
+    "FIX",
+    "POLICIES",
+    "BatchMode",
+    "Count",
+    "Fallback",
+    "Policy",
+    "ReplanResult",
+    "ReplanThroughput",
+    "Replanner",
+    "ReplicaState",
+    "Reshard",
+]
 
 
 class Replanner:
@@ -366,13 +126,12 @@ class Replanner:
         # a degraded replica scales from every block at the stage width (per-layer plans: ntp_planner.failures.degrade)
         self.basis = degrade.degraded_basis(plan)
         self.usable_bytes = self.basis.hbm_bytes * (1 - plan.headroom)
-        seq = plan.training.seq_len
-        self.work = {k: work_ratio(plan.model, self.n, k, seq) for k in range(1, self.n + 1)}
+        self.work = {k: work_ratio(plan.model, plan.training, self.n, k) for k in range(1, self.n + 1)}
         fits = [k for k in range(1, self.n + 1) if self.memory_at(k) <= self.usable_bytes]
         self.min_degree = min(fits) if fits else self.n
         self.local = self.m * lay.micro_batch
         self._sequences: dict[tuple[int, float], int] = {}  # memo of sequences_at (ints, never handed out mutable)
-        self._decided: dict[tuple[str, tuple[int, ...]], _Outcome] = {}  # memo of decide (frozen outcomes)
+        self._decided: dict[tuple[str, tuple[int, ...]], Outcome] = {}  # memo of decide (frozen outcomes)
 
     # ---- per-replica decisions -------------------------------------------------------------
     def memory_at(self, degree: int) -> float:
@@ -400,7 +159,7 @@ class Replanner:
             self._sequences[key] = best
         return self._sequences[key]
 
-    def decide(self, policy: str, stage_survivors: list[int]) -> _Outcome:
+    def decide(self, policy: str, stage_survivors: list[int]) -> Outcome:
         """What one replica does, given the fewest survivors among its groups at each stage (over
         its cp slices: the slices run at one width, ``ntp_planner.failures.degrade``), and why."""
         key = (policy, tuple(stage_survivors))
@@ -408,14 +167,14 @@ class Replanner:
             self._decided[key] = self._decide(policy, list(stage_survivors))
         return self._decided[key]
 
-    def _decide(self, policy: str, stage_survivors: list[int]) -> _Outcome:
+    def _decide(self, policy: str, stage_survivors: list[int]) -> Outcome:
         pp, n = self.lay.pp, self.n
         worst = min(stage_survivors)
         if worst == n:
-            return _Outcome("healthy", (n,) * pp, self.local, (1.0,) * pp)
+            return Outcome("healthy", (n,) * pp, self.local, (1.0,) * pp)
         why = self._drop_reason(policy, worst)
         if why:
-            return _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, why)
+            return Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, why)
         if policy == "ntp":
             b = self.sequences_at(worst)
             return self._degraded((worst,) * pp, b, (1.0,) * pp) if b else self._too_slow(worst)
@@ -439,20 +198,20 @@ class Replanner:
             return degrade.memory_reason(worst, self.memory_at(worst), self.usable_bytes, self.min_degree, self.n)
         return None
 
-    def _degraded(self, stage_tp: tuple[int, ...], sequences: int, power: tuple[float, ...]) -> _Outcome:
+    def _degraded(self, stage_tp: tuple[int, ...], sequences: int, power: tuple[float, ...]) -> Outcome:
         lay = self.lay
         why = degrade.degraded_reason(stage_tp, sequences, self.local, lay.micro_batch, lay.cp, lay.is_per_layer)
         if any(p != 1.0 for p in power):
             why += f", at up to {max(power):.3g}x power"
-        return _Outcome("degraded", stage_tp, sequences, power, why)
+        return Outcome("degraded", stage_tp, sequences, power, why)
 
-    def _too_slow(self, degree: int, power: float = 1.0) -> _Outcome:
+    def _too_slow(self, degree: int, power: float = 1.0) -> Outcome:
         """A replica dropped because even one micro-batch at ``degree`` overruns the healthy step."""
         one = degraded_step_time(
             self.basis.time_breakdown_s, self.m, 1, self.n, degree, self.work[degree], speed_at_power(power)
         )
         pp = self.lay.pp
-        return _Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, degrade.time_reason(degree, one, self.healthy_s, power))
+        return Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, degrade.time_reason(degree, one, self.healthy_s, power))
 
     # ---- the whole job -----------------------------------------------------------------------
     def replan(
@@ -466,7 +225,7 @@ class Replanner:
     ) -> ReplanResult:
         """Re-plan for ``failed`` GPUs: what every replica does and the GPU of every rank.
         ``domains_down``: domains lost whole, whose idle GPUs cannot stand in."""
-        packing = self._pack(failed, policy, spares, fallback, batch, domains_down)
+        packing = pack(self, failed, policy, spares, fallback, batch, domains_down)
         return self._result(policy, batch, failed, packing)
 
     def throughput(
@@ -480,94 +239,10 @@ class Replanner:
     ) -> ReplanThroughput:
         """The throughput and idle GPUs of ``replan`` without building the rank map (for sweeps
         and the simulator, which re-plan thousands of times)."""
-        packing = self._pack(failed, policy, spares, fallback, batch, domains_down)
+        packing = pack(self, failed, policy, spares, fallback, batch, domains_down)
         degree = np.array([o.stage_tp for o in packing.kinds])[packing.kind_of][:, :, None]  # [replica, stage, 1]
         idle = int(np.clip(packing.slot_survivors - degree, 0, None).sum())
         return ReplanThroughput(throughput_relative=packing.throughput, idle_gpus=idle, spares_used=packing.used_spares)
-
-    def _pack(
-        self,
-        failed: frozenset[int],
-        policy: str,
-        spares: int,
-        fallback: str,
-        batch: BatchMode,
-        domains_down: frozenset[int],
-    ) -> _Packing:
-        """Use the spare pool, pack the degraded TP slots into as few replicas as possible and
-        decide each replica."""
-        decider, fails, degraded, stand_in = self._degraded_slots(failed, policy, spares, fallback, domains_down)
-        shape, reached = self._pool_curve(fails, degraded, decider, most=spares * max(1, self._per_domain))
-        replace, extra, used = spare_pool.best_use(shape, reached, spares)
-        lay, n = self.lay, self.n
-        survivors = n - fails
-        healthy_groups = np.flatnonzero(fails == 0)
-        order = np.concatenate([healthy_groups, np.full(replace, -1, dtype=np.int64), degraded[replace:]])
-        slot_survivors = np.where(order >= 0, survivors[np.maximum(order, 0)], n).reshape(lay.dp, lay.pp, lay.cp)
-        # replicas with the same fewest survivors per stage do the same: decide once per kind
-        kinds, kind_of = np.unique(slot_survivors.min(axis=2), axis=0, return_inverse=True)
-        decided = [self.decide(decider, kind.tolist()) for kind in kinds]
-        kind_of = kind_of.reshape(-1)
-        reached_now = min(int(reached[replace]) + extra * self.local, lay.global_batch)
-        paused = batch == "fixed" and reached_now < lay.global_batch
-        return _Packing(
-            fallback=decider if policy == "spares" else None,
-            stand_in=stand_in,
-            n_degraded=int(degraded.size),
-            used_spares=used,
-            extra=extra,
-            note=spare_pool.describe(replace, extra, used, spares),
-            order=order,
-            slot_survivors=slot_survivors,
-            kinds=tuple(decided),
-            kind_of=kind_of,
-            reached=reached_now,
-            paused=paused,
-            throughput=0.0 if paused else reached_now / lay.global_batch,
-        )
-
-    def _degraded_slots(
-        self, failed: frozenset[int], policy: str, spares: int, fallback: str, domains_down: frozenset[int]
-    ) -> tuple[str, np.ndarray, np.ndarray, tuple[tuple[int, int], ...]]:
-        """(the policy that decides replicas, failed GPUs per physical TP slot, the degraded slots
-        worst first, the in-domain stand-ins), after checking the arguments."""
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        if fallback not in ("dp-drop", "ntp", "ntp-pw"):
-            raise ValueError(f"unknown fallback {fallback!r}; choose dp-drop, ntp or ntp-pw")
-        if spares < 0:
-            raise InputError(f"spares {spares} must be zero or more")
-        lay, R = self.lay, self.slots_per_replica
-        ids, covered, spare_ids = in_domain_cover(
-            self.cluster, np.fromiter(failed, np.int64, len(failed)), domains_down
-        )
-        # failed GPUs in each physical TP slot (index (r * pp + s) * cp + c)
-        fails = np.isin(self.slot_gpus, ids).sum(axis=3).ravel() if ids.size else np.zeros(lay.dp * R, np.int64)
-        degraded = np.flatnonzero(fails)
-        degraded = degraded[np.argsort(-fails[degraded], kind="stable")]  # worst first
-        stand_in = tuple(zip(covered.tolist(), spare_ids.tolist(), strict=True))
-        return (fallback if policy == "spares" else policy), fails, degraded, stand_in
-
-    @property
-    def _per_domain(self) -> int:
-        """TP slots one spare domain holds."""
-        return max(1, self.cluster.used_per_domain // self.n)
-
-    def _pool_curve(self, fails: np.ndarray, degraded: np.ndarray, decider: str, most: int | None = None):
-        """The pool's shape and the sequences per step for every number of slots replaced (up to
-        ``most``)."""
-        lay = self.lay
-        shape = spare_pool.PoolShape(
-            replicas=lay.dp,
-            stages=lay.pp,
-            cp=lay.cp,
-            tp=self.n,
-            local=self.local,
-            target=lay.global_batch,
-            per_domain=self._per_domain,  # a spare domain is used like the others
-        )
-        run = lambda stage_min: self.decide(decider, list(stage_min)).sequences  # noqa: E731
-        return shape, spare_pool.reached_by_replacements(shape, self.n - fails[degraded], run, most)
 
     def fewest_spares(
         self,
@@ -578,11 +253,11 @@ class Replanner:
     ) -> int:
         """The fewest spare domains with which a fixed batch does not pause: a re-plan with that
         many keeps the batch, one with one fewer pauses (``spare_pool.fewest_domains``)."""
-        decider, fails, degraded, _ = self._degraded_slots(failed, policy, 0, fallback, domains_down)
-        shape, reached = self._pool_curve(fails, degraded, decider)
+        decider, fails, degraded, _ = degraded_slots(self, failed, policy, 0, fallback, domains_down)
+        shape, reached = pool_curve(self, fails, degraded, decider)
         return spare_pool.fewest_domains(shape, reached)
 
-    def _result(self, policy: str, batch: BatchMode, failed: frozenset[int], packing: _Packing) -> ReplanResult:
+    def _result(self, policy: str, batch: BatchMode, failed: frozenset[int], packing: Packing) -> ReplanResult:
         """The detailed result: every replica's state and the GPU of every rank."""
         lay, n, R = self.lay, self.n, self.slots_per_replica
         groups = self.slot_gpus.reshape(lay.dp * R, n)  # GPUs of each physical TP slot
@@ -641,27 +316,21 @@ class Replanner:
         )
 
     def _reshard(self, outs) -> Reshard | None:
-        """Healthy replicas reshard their gradients from n to the degraded degree inside their
-        NVLink domain before the DP all-reduce (extra ranks send their slices to core ranks) and
-        back after it. The busiest GPU moves its whole gradient shard each way."""
+        """NTP's gradient reshard between the healthy replicas and the narrowest degraded one
+        (``cost_models.degraded.reshard_cost``)."""
         n = self.n
         reduced = [min(t for t in o.stage_tp if t) for o in outs if o.status == "degraded"]
         if not reduced or all(o.status != "healthy" for o in outs) or min(reduced) == n:
             return None
-        k = min(reduced)
         cost = self.plan.predicted
-        # the primary weights are 16-bit: 2 bytes per parameter (fp8_params stores GEMM weights in
-        # 1 byte, so there this undercounts the parameters, at most by half)
-        params_per_gpu = cost.memory_breakdown_bytes["weights"] / 2
-        grad_bytes = 2.0 if self.plan.training.dtype == "fp16" else 4.0
-        shard = params_per_gpu * grad_bytes
-        busiest = max(shard, shard * (n - k) / k)  # an extra rank sends all; a core rank receives (n-k)/k shares
-        bw = self.plan.cluster.spec.nvlink_bw_bytes_per_s
-        before = busiest / bw
-        # backward costs twice forward (input and weight gradients: cost_models.flops), so one
-        # micro-batch's backward is 2/3 of its forward + backward compute
-        last_backward = cost.time_breakdown_s["compute"] * 2 / 3 / self.m
-        overlap = min(before, last_backward)
+        busiest, before, overlap = reshard_cost(
+            cost.memory_breakdown_bytes["weights"],
+            2.0 if self.plan.training.dtype == "fp16" else 4.0,
+            n,
+            min(reduced),
+            self.plan.cluster.spec.nvlink_bw_bytes_per_s,
+            cost.time_breakdown_s["compute"] / self.m,
+        )
         return Reshard(
             bytes_before_per_gpu=busiest,
             bytes_after_per_gpu=busiest,

@@ -37,7 +37,6 @@ from ntp_planner.failures.goodput import (
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.failures.states import Domains, failure_states
 from ntp_planner.plan import Plan
-from ntp_planner.views.plots import plot_simulation  # noqa: F401  (re-export: the CLI imports it from here)
 from topologies.bounds import show
 from topologies.errors import InputError
 
@@ -56,7 +55,6 @@ __all__ = [
     "check_workload",
     "draw_events",
     "failed_counts",
-    "plot_simulation",
     "simulate",
 ]
 

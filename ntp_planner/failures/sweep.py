@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from ntp_planner.failures.replan import POLICIES, BatchMode, Replanner
 from ntp_planner.failures.sampling import Blast, lost_domains, random_failures
 from ntp_planner.plan import Plan
-from ntp_planner.views.plots import plot_sweep  # noqa: F401  (re-export: the CLI imports it from here)
 from topologies.errors import InputError
 
 # ``benchmarks/replan.py``: 4 fractions x 200 samples x 3 policies = 2,400 re-plans of a

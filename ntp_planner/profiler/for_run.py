@@ -9,7 +9,7 @@ and sets its blocks aside (they time other kernels).
 from __future__ import annotations
 
 from cost_models.profile import Profile
-from ntp_planner.executor.check.predict import needed_blocks, run_envs
+from ntp_planner.executor.check.predict import needed_blocks
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.profiler.cluster import local_cluster
 
@@ -21,8 +21,8 @@ def complete_profile(prof: Profile, spec: RunSpec, model_name: str, say=None) ->
     if prof.dtype != spec.dtype:
         note = f"validate runs {spec.dtype}: the profile's {prof.dtype} blocks set aside"
         prof = prof.model_copy(update={"dtype": spec.dtype, "blocks": (), "notes": (*prof.notes, note)})
-    envs = run_envs(spec, model_name, prof, local_cluster(prof))
-    missing = [(shape, mb) for shape, mb in needed_blocks(envs) if prof.block_time(shape, mb) is None]
+    needed = needed_blocks(spec, model_name, prof, local_cluster(prof))
+    missing = [(shape, mb) for shape, mb in needed if prof.block_time(shape, mb) is None]
     if not missing:
         return prof
     if say is not None:

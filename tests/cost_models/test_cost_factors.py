@@ -254,21 +254,53 @@ def test_work_ratio_weights_heads_ffn_columns_and_vocabulary_rows_by_their_flops
     from cost_models.degraded import work_ratio
 
     # Llama 3 8B from tp8 to tp7: the fullest GPU gets 5 of 32 heads instead of 4, and
-    # 14,336 / 7 = 2,048 FFN columns instead of 1,792. Per token and layer, attention costs
-    # 2h(q + 2kv) + 2qh + 4sq FLOPs (h = q = 4,096, kv = 1,024, s = 4,096), the gated MLP 2 x 3 h f.
+    # 14,336 / 7 = 2,048 FFN columns instead of 1,792. Per token and layer, the attention GEMMs
+    # cost 2h(q + 2kv) + 2qh FLOPs paid 3 times (forward + 2 x backward), the flash core 2sq
+    # (the causal half of 4sq) paid 3.5 times; the gated MLP 2 x 3 h f, 3 times
+    # (h = q = 4,096, kv = 1,024, s = 4,096).
     h, s = 4096, 4096
-    attention = 2 * h * (h + 2 * 1024) + 2 * h * h + 4 * s * h
-    mlp = 2 * 3 * h * 14336
+    attention = 3 * (2 * h * (h + 2 * 1024) + 2 * h * h) + 3.5 * 2 * s * h
+    mlp = 3 * 2 * 3 * h * 14336
     expected = (attention * 5 / 4 + mlp * 2048 / 1792) / (attention + mlp)
-    assert work_ratio(L8, 8, 7, s) == pytest.approx(expected, rel=1e-12)
-    # with the vocabulary (first and last stage): 128,256 rows, 18,323 on the fullest of 7 GPUs, 16,032 of 8
-    vocab = 2 * h * 128256
+    training = TrainingSpec(seq_len=s)
+    assert work_ratio(L8, training, 8, 7) == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx(1.170588, rel=1e-6)
+    # with the vocabulary (first and last stage): 128,256 rows, 18,323 on the fullest of 7 GPUs,
+    # 16,032 of 8; the logits GEMM runs over the vocabulary padded to 128 (128,256 already is)
+    vocab = 3 * 2 * h * 128256
     with_vocab = (32 * (attention * 5 / 4 + mlp * 2048 / 1792) + vocab * 18323 / 16032) / (
         32 * (attention + mlp) + vocab
     )
-    assert work_ratio(L8, 8, 7, s, with_vocab=True) == pytest.approx(with_vocab, rel=1e-12)
+    assert work_ratio(L8, training, 8, 7, with_vocab=True) == pytest.approx(with_vocab, rel=1e-12)
     # down to one GPU, it holds everything: 8 times its share at tp8
-    assert work_ratio(L8, 8, 1, s) == 8.0
+    assert work_ratio(L8, training, 8, 1) == 8.0
+
+
+def test_work_ratio_of_an_moe_model_counts_its_dense_prefix_shared_expert_and_router():
+    from cost_models.degraded import work_ratio
+
+    # DeepSeek-MoE 16B from tp4 to tp3: 28 layers, the first dense (FFN 10,944), 27 MoE layers of
+    # 64 experts of 1,408 columns, top 6, a 2,816-column shared expert and a 64-way router
+    # (replicated on every TP rank). Fullest GPU at tp3 over tp4: heads 6/4, dense FFN 3,648/2,736,
+    # experts 470/352, shared 939/704, router 1. Per token, FLOPs paid 3 times (3.5 for flash).
+    m, s = MODELS["deepseek-moe-16b"], 4096
+    h, q, kv = m.hidden_size, m.q_width, m.kv_width
+    attention = 3 * (2 * h * (q + 2 * kv) + 2 * q * h) + 3.5 * 2 * s * q
+    dense = 3 * 2 * 3 * h * 10944
+    experts, shared, router = 3 * 2 * 3 * h * 1408 * 6, 3 * 2 * 3 * h * 2816, 3 * 2 * h * 64
+    # work of the fullest GPU: its share of each kind's FLOPs, the whole router on every GPU
+    at3 = 28 * attention * 6 / 16 + dense * 3648 / 10944 + 27 * (experts * 470 / 1408 + shared * 939 / 2816 + router)
+    at4 = (28 * attention + dense + 27 * (experts + shared)) / 4 + 27 * router
+    expected = at3 / at4
+    got = work_ratio(m, TrainingSpec(seq_len=s), 4, 3)
+    assert got == pytest.approx(expected, rel=1e-12)
+    # the old dense formula (every layer's MLP the top-6 routed experts, no shared expert, dense
+    # layer or router, the full 4sq core paid like a GEMM) put the ratio at 1.3999; the shared
+    # expert's 939/704 and the dense layer's 4/3 pull it towards 4/3, the attention's 3/2 up
+    old_attention = 2 * h * (q + 2 * kv) + 2 * q * h + 4 * s * q
+    old_mlp = 2 * 3 * h * 1408 * 6
+    old = (old_attention * 6 / 4 + old_mlp * 470 / 352) / (old_attention + old_mlp)
+    assert (round(old, 4), round(got, 4)) == (1.3999, 1.3787)
 
 
 # ---- collectives across two domains (cost_models.collectives) -----------------------------------

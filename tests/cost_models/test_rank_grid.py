@@ -91,3 +91,21 @@ def test_megatron_core_rank_generator_agrees(tp, cp, dp, pp):
     grid = RankGrid(tp=tp, cp=cp, dp=dp, pp=pp)
     for ours, theirs in [("tp", "tp"), ("cp", "cp"), ("dp", "dp"), ("pp", "pp"), ("dp_cp", "dp-cp")]:
         assert sorted(grid.groups(ours)) == sorted(tuple(g) for g in megatron.get_ranks(theirs)), ours
+
+
+@pytest.mark.parametrize(
+    ("tp", "cp", "dp", "pp", "ep"), [(2, 1, 4, 2, 2), (1, 2, 2, 1, 4), (2, 2, 3, 1, 2), (1, 3, 2, 2, 3)]
+)
+def test_ep_and_expert_dp_groups_against_brute_force(tp, cp, dp, pp, ep):
+    g = RankGrid(tp=tp, cp=cp, dp=dp, pp=pp)
+    flat = {r: g.coords(r).cp + cp * g.coords(r).dp for r in range(g.world_size)}  # cp fastest
+    for r in range(g.world_size):
+        c = g.coords(r)
+        same = [x for x in range(g.world_size) if (g.coords(x).tp, g.coords(x).pp) == (c.tp, c.pp)]
+        assert g.ep_group(ep, r) == tuple(x for x in same if flat[x] // ep == flat[r] // ep)
+        assert g.expert_dp_group(ep, r) == tuple(x for x in same if flat[x] % ep == flat[r] % ep)
+
+
+def test_ep_must_divide_the_cp_dp_ranks():
+    with pytest.raises(ValueError, match=r"ep 4 does not divide cp\(1\) x dp\(6\) = 6"):
+        RankGrid(dp=6).ep_group(4, 0)

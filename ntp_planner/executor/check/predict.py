@@ -6,19 +6,21 @@ stages and degrees on a local cluster of its processes. ``estimate_step`` then c
 profile's measurements and ``Efficiency.runtime = "executor"`` (the executor's synchronous
 collectives), exactly as ``ntp plan --profile`` costs a layout. A run whose replicas differ (NTP)
 is costed one replica kind at a time: the step is the slowest replica's pipeline, plus the data-
-parallel sync and optimizer of the healthy layout. No torch here.
+parallel sync and optimizer of the healthy layout; a degraded kind by the planner's one
+degraded-replica cost (``cost_models.degraded``), scaled from the healthy one. Everything goes
+through ``cost_models.step.estimate_step_detail``: the step is composed there, not here. No torch here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cost_models.blocks import CostEnv
+from cost_models.degraded import degraded_breakdown, work_ratio
 from cost_models.efficiency import DEFAULT_EFFICIENCY
 from cost_models.layout import ParallelLayout
 from cost_models.model import ModelSpec
 from cost_models.profile import BlockShape, Profile
-from cost_models.step import cost_env, cost_from_stages, layout_stages, stage_memory, stage_runs
+from cost_models.step import StepEstimate, estimate_step_detail
 from cost_models.training import TrainingSpec
 from ntp_planner.executor.spec import RunSpec, TinyConfig, model_chunks
 from topologies.cluster import Cluster
@@ -154,15 +156,15 @@ def host_cluster(base: ClusterSpec, ranks: int) -> Cluster:
     return Cluster(spec=ClusterSpec.model_validate(spec.model_dump()), num_gpus=ranks)
 
 
-def run_envs(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterSpec) -> list[CostEnv]:
-    """A cost environment per kind of replica (``replica_kinds``; the healthy one first, with
-    every data replica), on the local cluster of its processes, costed with ``profile`` as the
-    executor runs."""
+def _inputs(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterSpec):
+    """(model, efficiency, [(training, layout, local cluster) of each replica kind]) of the run:
+    the healthy kind (``replica_kinds``, widest first) with every data replica, costed with
+    ``profile`` as the executor runs; the other kinds one replica each."""
     model = run_model(spec, model_name)
     eff = DEFAULT_EFFICIENCY.with_profile(profile, runtime="executor", host_ranks=spec.world_size)
     if profile.calibration.step_overhead_s is None:
         eff = eff.model_copy(update={"step_overhead_s": 0.0})  # the executor's step has no data loader or logger
-    envs = []
+    kinds = []
     for i, (widths, micro) in enumerate(replica_kinds(spec)):
         lay = _layout(spec, widths, micro, spec.data_replicas if i == 0 else 1, healthy=i == 0)
         training = TrainingSpec(
@@ -172,48 +174,57 @@ def run_envs(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterS
             distributed_optimizer=spec.zero >= 1,
             fused_cross_entropy=False,
         )
-        local = host_cluster(cluster, lay.world_size)
-        # a degraded replica's degree need not divide the heads (NTP's uneven shares; its blocks are
-        # measured at the fullest rank's shard), so only the healthy layout goes through check_layout
-        envs.append(cost_env(model, training, lay, local, eff) if i == 0 else CostEnv(model, training, lay, local, eff))
-    return envs
+        kinds.append((training, lay, host_cluster(cluster, lay.world_size)))
+    return model, eff, kinds
 
 
-def needed_blocks(envs: list[CostEnv]) -> list[tuple[BlockShape, int]]:
-    """(shape, sequences per micro-batch) of every block the run costs, once each."""
-    out: dict[tuple[BlockShape, int], None] = {}
-    for env in envs:
-        for stage in range(env.layout.pp):
-            for block, t, _ in stage_runs(env.model, env.layout, stage):
-                out[env.profile_shape(block, t), env.degree(t).seqs] = None
-    return list(out)
+def needed_blocks(
+    spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterSpec
+) -> list[tuple[BlockShape, int]]:
+    """(shape, sequences per micro-batch) of every block the run costs, once each: those of the
+    healthy replicas (a degraded replica is scaled from them, ``cost_models.degraded``)."""
+    model, eff, kinds = _inputs(spec, model_name, profile, cluster)
+    training, lay, local = kinds[0]
+    detail = estimate_step_detail(model, training, lay, local, eff)
+    return list(dict.fromkeys((r.shape, r.sequences) for st in detail.stages for r in st.runs))
 
 
 def predict_run(spec: RunSpec, model_name: str, profile: Profile, cluster: ClusterSpec) -> Prediction:
     """The cost model's step time, split and memory of ``spec`` on the machine ``profile``
-    measured (``cluster``: the local cluster file ``ntp profile`` wrote)."""
-    envs = run_envs(spec, model_name, profile, cluster)
-    kinds = replica_kinds(spec)
-    healthy_env, stages = envs[0], layout_stages(envs[0])
-    costs = [cost_from_stages(healthy_env, stages), *(cost_from_stages(env) for env in envs[1:])]
-    notes = set().union(*(env.notes for env in envs), moe_notes(spec))
-    for widths, _ in kinds:
+    measured (``cluster``: the local cluster file ``ntp profile`` wrote). A degraded replica
+    kind is costed by the one degraded-replica cost (``cost_models.degraded.degraded_breakdown``)
+    from the healthy replicas' step, every block at the healthy width."""
+    model, eff, kinds = _inputs(spec, model_name, profile, cluster)
+    training, lay, local = kinds[0]
+    healthy = estimate_step_detail(model, training, lay, local, eff)
+    notes = set(healthy.cost.notes) | moe_notes(spec)
+    breakdowns = [healthy.cost.time_breakdown_s]
+    if len(kinds) > 1:
+        basis = healthy.cost
+        if lay.is_per_layer:  # a degraded replica scales from every block at the stage width (failures.degrade)
+            whole = lay.model_copy(update={"layer_tp": None})
+            basis = estimate_step_detail(model, training, whole, local, eff, checked=False).cost
+        for (_, micro), (_, degraded, _) in zip(replica_kinds(spec)[1:], kinds[1:], strict=True):
+            work = work_ratio(model, training, lay.tp, degraded.tp)
+            breakdowns.append(
+                degraded_breakdown(basis.time_breakdown_s, lay.num_micro_batches, micro, lay.tp, degraded.tp, work)
+            )
+    for widths, _ in replica_kinds(spec):
         if len(set(widths)) > 1:
             notes.add(f"a replica with stage widths {'/'.join(map(str, widths))} is costed at width {min(widths)}")
     if len(kinds) > 1:
         notes.add("NTP's gradient resharding between replicas of different widths is costed as a plain all-reduce")
-    base = costs[0].time_breakdown_s
-    slowest = max(costs, key=lambda c: sum(c.time_breakdown_s[k] for k in PIPELINE_TERMS))
-    breakdown = {k: (slowest.time_breakdown_s[k] if k in PIPELINE_TERMS else base[k]) for k in base}
+    base = breakdowns[0]
+    slowest = max(breakdowns, key=lambda b: sum(b[k] for k in PIPELINE_TERMS))
+    breakdown = {k: (slowest[k] if k in PIPELINE_TERMS else base[k]) for k in base}
     split = {name: sum(breakdown.get(k, 0.0) for k in terms) for name, terms in SPLIT.items()}
-    m = healthy_env.layout.num_micro_batches
+    m = lay.num_micro_batches
     compute, comm = _by_scaling(breakdown)
-    busy = [m * (s.pass_.fwd + s.pass_.bwd + s.pass_.recompute + s.pass_.tp_comm) for s in stages]
     return Prediction(
         step_time_s=sum(split.values()),
         time_split_s=split,
-        stage_busy_s=busy,
-        memory_bytes=_memory(healthy_env, stages, profile, spec),
+        stage_busy_s=[m * st.busy_per_micro_batch_s for st in healthy.stages],
+        memory_bytes=_memory(healthy, profile, spec),
         compute_s=compute,
         comm_s=comm,
         overhead_s=breakdown["overhead"],
@@ -232,7 +243,7 @@ def _by_scaling(b: dict[str, float]) -> tuple[float, float]:
     return compute + b["optimizer"] + share * bubble, comm + b["dp_comm_exposed"] + (1 - share) * bubble
 
 
-def _memory(env, stages, profile: Profile, spec: RunSpec) -> list[dict[str, float]]:
+def _memory(step: StepEstimate, profile: Profile, spec: RunSpec) -> list[dict[str, float]]:
     """Per stage, the cost model's memory in the executor's element sizes: per parameter (the
     vocabulary unpadded: the executor does not pad it) a weight of the profile's dtype, a
     gradient of the same (fp32 under bf16 mixed precision: Megatron's main_grad), AdamW's two
@@ -242,22 +253,17 @@ def _memory(env, stages, profile: Profile, spec: RunSpec) -> list[dict[str, floa
     from ZeRO-1, gradients from ZeRO-2, weights at ZeRO-3. The cost model's activation bytes are
     rescaled from 16-bit elements. The executor pads every tensor's flattened slice to a
     multiple of the group, so its fullest rank may hold up to one element more per tensor."""
-    from cost_models.blocks import DTYPE_BYTES, EMBED, HEAD
-    from cost_models.flops import padded_vocab
+    from cost_models.blocks import DTYPE_BYTES
 
-    elem, m, zero = DTYPE_BYTES[profile.dtype], env.model, spec.zero
+    elem, zero = DTYPE_BYTES[profile.dtype], spec.zero
     grad, opt = (4, 12) if spec.dtype == "bfloat16" else (elem, 2 * elem)
     out = []
-    for i, parts in enumerate(stage_memory(env, stages)):
+    for stage in step.stages:
         held = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0}
-        for block, t, n in stage_runs(m, env.layout, i):
-            f = env.block_facts(block, t)
-            params = n * (f.dense + f.expert)
-            if block in (EMBED, HEAD):
-                params -= n * (padded_vocab(m, t) - m.vocab_size) * m.hidden_size / t
-            d = env.degree(t).dp_ranks
+        for run in stage.runs:
+            params, d = run.blocks * run.params_per_gpu, run.dp_ranks
             held["weights"] += params * elem / (d if zero >= 3 else 1)
             held["grads"] += params * grad / (d if zero >= 2 else 1)
             held["optimizer"] += params * opt / (d if zero >= 1 else 1)
-        out.append({**held, "activations": parts["activations"] * elem / 2})
+        out.append({**held, "activations": stage.memory_bytes["activations"] * elem / 2})
     return out

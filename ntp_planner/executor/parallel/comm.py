@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ntp_planner.executor.spec import RunSpec, process_groups
+from ntp_planner.executor.groups import process_groups
+from ntp_planner.executor.spec import RunSpec
 
 KINDS = ("tp", "cp", "pp", "dp", "ep")  # the categories communication time is split into
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from ntp_planner.executor.groups import dp_groups, expert_dp_group
 from ntp_planner.executor.model.moe import EXPERT_KEYS
 from ntp_planner.executor.parallel.comm import Comm
 from ntp_planner.executor.parallel.reshard import reshard_plan
 from ntp_planner.executor.parallel.tensor import cuts_kv_heads, param_index
-from ntp_planner.executor.spec import RunSpec, dp_groups, expert_dp_group
+from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.train.stage import StageModel
 
 

@@ -42,12 +42,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ntp_planner.executor.groups import dp_groups, expert_dp_group
 from ntp_planner.executor.model.moe import EXPERT_KEYS
 from ntp_planner.executor.model.reference import Reference
 from ntp_planner.executor.parallel.comm import Comm
 from ntp_planner.executor.parallel.data import _with_cut_kv_summed, ntp_core, ntp_spread
 from ntp_planner.executor.parallel.tensor import param_index, rank_slice
-from ntp_planner.executor.spec import RunSpec, dp_groups, expert_dp_group
+from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.train.stage import StageModel
 
 ADAMW = {"weight_decay": 0.01}

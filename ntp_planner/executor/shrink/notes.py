@@ -4,7 +4,7 @@ no degraded replica. Pure text from the plan, the re-plan and the shrink's choic
 
 from __future__ import annotations
 
-from ntp_planner.failures.replan import ReplanResult
+from ntp_planner.replan_result import ReplanResult
 
 MAX_STAGES = 4  # the shrink runs at most this many pipeline stages (``shrink._fit``)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from cost_models.model import ModelSpec
 from ntp_planner.executor.shrink.notes import cut_runs_note, micro_why, replan_pick_notes, replicas_why, stages_why
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
-from ntp_planner.failures.replan import ReplanResult
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import ReplanResult
 from topologies.errors import InputError
 
 MAX_LAYERS_PER_STAGE = 6

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ntp_planner.executor.groups import ep_group
 from ntp_planner.executor.model.moe import EXPERT_KEYS, ExpertPlace, local_experts, rank_moe
 from ntp_planner.executor.model.reference import Reference, add_bias, block_params, normed
 from ntp_planner.executor.parallel.comm import (
@@ -31,7 +32,7 @@ from ntp_planner.executor.parallel.comm import (
 )
 from ntp_planner.executor.parallel.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 from ntp_planner.executor.parallel.tensor import rank_attention, rank_mlp, rank_slice
-from ntp_planner.executor.spec import Block, RunSpec, StageSpec, ep_group
+from ntp_planner.executor.spec import Block, RunSpec, StageSpec
 
 
 @dataclass

@@ -2,15 +2,14 @@
 
 import pytest
 
+from ntp_planner.executor.groups import dp_groups, process_groups
 from ntp_planner.executor.spec import (
     Block,
     ReplicaSpec,
     RunSpec,
     StageSpec,
     TinyConfig,
-    dp_groups,
     make_spec,
-    process_groups,
 )
 
 

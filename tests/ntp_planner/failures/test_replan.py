@@ -59,7 +59,7 @@ def test_ntp_runs_tp7_with_the_largest_batch_within_the_healthy_step():
     r = Replanner(plan).replan(frozenset({3}), "ntp")
     degraded = r.replicas[1]
     assert degraded.stage_tp == [7] and degraded.status == "degraded"
-    assert work_ratio(SEVEN, 8, 7, 4096) == pytest.approx(8 / 7)
+    assert work_ratio(SEVEN, TrainingSpec(seq_len=4096), 8, 7) == pytest.approx(8 / 7)
     m = plan.layout.num_micro_batches
     br, healthy = plan.predicted.time_breakdown_s, plan.predicted.step_time_s
     local = degraded.local_batch  # micro-batch size 1
@@ -70,6 +70,26 @@ def test_ntp_runs_tp7_with_the_largest_batch_within_the_healthy_step():
     # the 7 survivors hold TP ranks 0-6 of the degraded replica, rank 7 is an inactive slot
     assert r.rank_to_gpu[8:16] == [0, 1, 2, 4, 5, 6, 7, None]
     assert r.reshard is not None and r.reshard.exposed_s <= r.reshard.time_s
+
+
+def test_the_replan_and_the_simulators_throughput_take_the_one_degraded_replica_cost():
+    from cost_models.degraded import degraded_breakdown
+
+    # brute force over the local batch with cost_models.degraded's breakdown: the re-plan's
+    # degraded replica runs the most sequences whose step stays within the healthy one, and the
+    # throughput the simulator and the sweep ask for (``Replanner.throughput``) is that batch's
+    plan = two_replicas()
+    m, healthy = plan.layout.num_micro_batches, plan.predicted.step_time_s
+    work = work_ratio(SEVEN, plan.training, 8, 7)
+    assert work == pytest.approx(8 / 7, rel=1e-12)  # heads and columns split evenly over 7
+    fits = [
+        b
+        for b in range(1, m + 1)
+        if sum(degraded_breakdown(plan.predicted.time_breakdown_s, m, b, 8, 7, work).values()) <= healthy
+    ]
+    replanner = Replanner(plan)
+    assert replanner.replan(frozenset({3}), "ntp").replicas[1].local_batch == max(fits)
+    assert replanner.throughput(frozenset({3}), "ntp").throughput_relative == pytest.approx((m + max(fits)) / (2 * m))
 
 
 def test_ntp_pw_boost_is_the_inverse_of_the_power_curve():
@@ -96,7 +116,7 @@ def test_uneven_sharding_charges_the_fullest_gpu():
     assert sorted(shares, reverse=True)[:2] == [2, 2] and shares.count(1) == 28 and sum(shares) == 32
     assert slowest_share_ratio(32, 32, 30) == 2.0  # 2 heads instead of 1 on the slowest GPU
     model = MODELS["llama3-8b"]  # 32 heads, FFN 14,336
-    ratio = work_ratio(model, 32, 30, 4096)
+    ratio = work_ratio(model, TrainingSpec(seq_len=4096), 32, 30)
     ffn_ratio = math.ceil(14336 / 30) / (14336 / 32)
     assert ffn_ratio < ratio < 2.0  # between the MLP's mild and the attention's harsh penalty
     assert ratio > 32 / 30  # worse than an even split would be

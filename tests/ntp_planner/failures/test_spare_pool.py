@@ -142,6 +142,8 @@ def test_the_pool_curve_is_the_packing_redone_for_every_replacement_count():
     replica runs; pp 2 x cp 2, so a replica's stage runs at the fewer survivors of its two cp slices."""
     import numpy as np
 
+    from ntp_planner.failures.packing import degraded_slots, pool_curve
+
     layout = ParallelLayout(tp=8, pp=2, cp=2, dp=4, global_batch=32, sequence_parallel=True, distributed_optimizer=True)
     training = TrainingSpec(seq_len=4096, global_batch=32)
     plan = plan_from_layout(SEVEN, training, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=128), layout)
@@ -149,8 +151,8 @@ def test_the_pool_curve_is_the_packing_redone_for_every_replacement_count():
     rng = np.random.default_rng(5)
     for _ in range(5):
         failed = frozenset(int(g) for g in rng.choice(128, size=7, replace=False))
-        decider, fails, degraded, _ = replanner._degraded_slots(failed, "ntp", 0, "dp-drop", frozenset())
-        _, curve = replanner._pool_curve(fails, degraded, decider)
+        decider, fails, degraded, _ = degraded_slots(replanner, failed, "ntp", 0, "dp-drop", frozenset())
+        _, curve = pool_curve(replanner, fails, degraded, decider)
         for x in range(len(degraded) + 1):
             order = np.concatenate([np.flatnonzero(fails == 0), np.full(x, -1), degraded[x:]])
             slots = np.where(order >= 0, 8 - fails[np.maximum(order, 0)], 8).reshape(4, 2, 2).min(axis=2)

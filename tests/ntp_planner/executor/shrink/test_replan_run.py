@@ -8,9 +8,9 @@ import pytest
 from cost_models.catalogue import MODELS
 from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
+from ntp_planner.executor.groups import dp_groups
 from ntp_planner.executor.shrink.notes import no_degraded_warning
 from ntp_planner.executor.shrink.run import shrink
-from ntp_planner.executor.spec import dp_groups
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.solver.planner import plan_from_layout
 from topologies.cluster import Cluster
