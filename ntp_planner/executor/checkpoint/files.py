@@ -231,7 +231,10 @@ def read_rows(d: Path, wants: dict[str, Rows], what: str) -> dict[str, torch.Ten
     md = _metadata(d)
     for fqn, rows in wants.items():
         item = md.state_dict_metadata.get(fqn)
-        lost = [None] if not isinstance(item, TensorStorageMetadata) else missing_rows(item, rows)
+        if isinstance(item, TensorStorageMetadata):
+            lost = missing_rows(item, rows)
+        else:  # not saved at all
+            lost = [None] if rows is None else list(rows[1])
         if lost:
             shown = "the whole tensor" if lost == [None] else f"rows {lost[:8]}" + (" ..." if len(lost) > 8 else "")
             raise ValueError(f"{what} has no copy of {shown} of {fqn.split('.', 1)[1]}")

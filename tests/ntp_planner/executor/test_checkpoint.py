@@ -11,6 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from ntp_planner.executor import checkpoint as ckpt
+from ntp_planner.executor.checkpoint import files
 from ntp_planner.executor.checkpoint.planners import Chunk, RowsSavePlanner, runs
 from ntp_planner.executor.elastic.state import held
 from ntp_planner.executor.model.reference import Reference
@@ -136,6 +137,29 @@ def test_the_cut_kv_head_of_uneven_ntp_is_written_by_its_first_holder(tmp_path):
     assert boxes("param.layers.0.q") == [(0, 12), (12, 12), (24, 8)]
     owners = {md.storage_data[i].relative_path.split("/")[0] for i in md.storage_data if i.fqn == "exp_avg.layers.1.v"}
     assert owners == {"rank-00000", "rank-00001"}
+
+
+def test_rows_held_out_of_order_are_written_and_read_as_runs(tmp_path, monkeypatch):
+    # no layout of ours holds rows out of order, but the formats allow it: rank 0 holding K rows
+    # 6, 7, 0..5 writes two boxes (rows 6..7 from positions 0..1, rows 0..5 from 2..7), and a
+    # reader wanting rows 5, 6, 1, 2 reads them across both boxes, in that order
+    order = (6, 7, 0, 1, 2, 3, 4, 5)
+    monkeypatch.setattr(files, "held", lambda spec, rank: {"layers.0.k": (0, order)})
+    full = _full_state("layers.0.k")
+    state = {"layers.0.k": {k: v if k == "step" else _slice(v, (0, order)) for k, v in full.items()}}
+    ckpt.save(tmp_path, 10, 0, tp(1), 0, state)
+    ckpt.finish(tmp_path, 10, 1)
+    boxes = sorted(
+        (c.offsets[0], c.sizes[0]) for c in _metadata(tmp_path, 10).state_dict_metadata["param.layers.0.k"].chunks
+    )
+    assert boxes == [(0, 6), (6, 2)]
+    wants = {f"{k}.layers.0.k": (0, (5, 6, 1, 2)) for k in KEYS} | {"param.layers.0.q": (0, (3,))}
+    with pytest.raises(ValueError, match=r"^here has no copy of rows \[3\] of layers.0.q$"):
+        ckpt.read_rows(ckpt.step_dir(tmp_path, 10), wants, "here")
+    del wants["param.layers.0.q"]
+    got = ckpt.read_rows(ckpt.step_dir(tmp_path, 10), wants, "here")
+    for k in KEYS:
+        assert torch.equal(got[f"{k}.layers.0.k"], _slice(full[k], (0, (5, 6, 1, 2)))), k
 
 
 def test_a_checkpoint_without_its_manifest_does_not_count(tmp_path):
