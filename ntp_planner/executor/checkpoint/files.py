@@ -135,17 +135,17 @@ def finish(root: str | Path, step: int, world: int, meta: dict | None = None) ->
     ]  # fmt: skip
     if problems:
         raise ValueError(f"checkpoint step {step} in {root} is inconsistent: {problems[0]}")
-    train = {"train": {"step": -1, "consumed_samples": -1, "model": ""}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.load(train, storage_reader=dcp.FileSystemReader(rank_dir(root, step, 0)), no_dist=True)
-        dcp.FileSystemWriter(d).finish(merged, results)
+    train = _train_record(root, step)
+    try:
+        dcp.FileSystemWriter(d).finish(merged, results)  # .metadata.tmp, then renamed
+    except OSError as exc:
+        raise ValueError(f"cannot write checkpoint file {d / METADATA}: {exc.strerror or exc}") from None
     manifest = {
         "format": FORMAT,
         "step": step,
         "world": world,
-        "consumed_samples": train["train"]["consumed_samples"],
-        "model": train["train"]["model"],
+        "consumed_samples": train["consumed_samples"],
+        "model": train["model"],
         "meta": meta or {},
         "chunks": sum(len(r) for r in results),
     }
@@ -153,6 +153,20 @@ def finish(root: str | Path, step: int, world: int, meta: dict | None = None) ->
     _atomic(path, json.dumps(manifest, indent=1).encode())
     _prune(root)
     return path
+
+
+def _train_record(root: str | Path, step: int) -> dict:
+    """Rank 0's step, samples consumed and model, read back with DCP's default planner."""
+    train = {"train": {"step": -1, "consumed_samples": -1, "model": ""}}
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore")
+            dcp.load(train, storage_reader=dcp.FileSystemReader(rank_dir(root, step, 0)), no_dist=True)
+    except (Exception, CheckpointException) as exc:  # DCP's failure is a BaseException
+        raise ValueError(
+            f"checkpoint step {step} in {root}: rank-00000 holds no readable train record ({_why(exc)})"
+        ) from None
+    return train["train"]
 
 
 def _merge(root: str | Path, step: int, world: int) -> tuple[Metadata, list[list[WriteResult]]]:
@@ -169,6 +183,12 @@ def _merge(root: str | Path, step: int, world: int) -> tuple[Metadata, list[list
                 mine.append((MetadataIndex(fqn), MetadataIndex(fqn)))
                 continue
             into = tensors.setdefault(fqn, TensorStorageMetadata(item.properties, item.size, []))
+            if (into.size, into.properties.dtype) != (item.size, item.properties.dtype):
+                raise ValueError(
+                    f"checkpoint step {step} in {root} is inconsistent: rank {r} saved {fqn} as "
+                    f"{list(item.size)} {item.properties.dtype}, an earlier rank as "
+                    f"{list(into.size)} {into.properties.dtype}"
+                )
             for c in item.chunks:
                 mine.append((MetadataIndex(fqn, c.offsets), MetadataIndex(fqn, c.offsets, len(into.chunks))))
                 into.chunks.append(c)

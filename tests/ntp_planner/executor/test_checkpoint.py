@@ -30,9 +30,9 @@ def _slice(full: torch.Tensor, index) -> torch.Tensor:
     return full if index is None else full.index_select(index[0], torch.tensor(index[1]))
 
 
-def _full_state(name: str) -> dict[str, torch.Tensor]:
+def _full_state(name: str, cfg: TinyConfig = CFG) -> dict[str, torch.Tensor]:
     """A state whose three tensors differ everywhere, so a row read from the wrong key or place shows."""
-    p = FULL[name]
+    p = FULL[name] if cfg == CFG else dict(Reference(cfg).named_parameters())[name].detach().double()
     return {"param": p, "exp_avg": p * 2 + 1, "exp_avg_sq": p.square() + 3, "step": torch.tensor(7.0)}
 
 
@@ -40,7 +40,7 @@ def rank_state(spec: RunSpec, rank: int) -> dict:
     """What ``state.snapshot`` gives on ``rank``: its rows of the reference's state."""
     out = {}
     for name, index in held(spec, rank).items():
-        full = _full_state(name)
+        full = _full_state(name, spec.cfg)
         out[name] = {k: v if k == "step" else _slice(v, index).clone() for k, v in full.items()}
     return out
 
@@ -187,6 +187,18 @@ def test_finish_refuses_rows_written_twice(tmp_path):
     with pytest.raises(ValueError, match=r"checkpoint step 10 in .* is inconsistent: param\.\S+ at \[\d+(, 0)?\]"):
         ckpt.finish(tmp_path, 10, 8)
     assert ckpt.latest(tmp_path) is None
+
+
+def test_finish_refuses_ranks_of_another_model(tmp_path):
+    save_all(tmp_path, 10, tp(2), finish=False)
+    other = tp(2, cfg=TinyConfig(ffn=40))  # rank 1 saved again from a model with a smaller FFN
+    ckpt.save(tmp_path, 10, 0, other, 1, rank_state(other, 1))
+    with pytest.raises(
+        ValueError,
+        match=r"is inconsistent: rank 1 saved param\.layers\.0\.(gate|up) as \[40, 32\] torch.float64, an earlier "
+        r"rank as \[48, 32\] torch.float64$",
+    ):
+        ckpt.finish(tmp_path, 10, 2)
 
 
 def test_a_smaller_layout_saving_a_step_again_drops_the_larger_ones_folders(tmp_path):
