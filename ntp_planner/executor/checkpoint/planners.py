@@ -132,7 +132,7 @@ class RowsSavePlanner(SavePlanner):
         metadata = replace(metadata, planner_data=dict(ChainMap(*(p.planner_data or {} for p in all_plans))))
         problems = overlaps(metadata)
         if problems:
-            raise ValueError(f"checkpoint chunks overlap: {problems[0]}")
+            raise ValueError(f"rows would be written twice: {problems[0]}")
         return plans, metadata
 
     def finish_plan(self, new_plan: SavePlan) -> SavePlan:
@@ -159,7 +159,7 @@ def overlaps(metadata: Metadata) -> list[str]:
                     oa < ob + sb and ob < oa + sa
                     for oa, sa, ob, sb in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
                 ):
-                    out.append(f"{fqn} at {list(a.offsets)} and {list(b.offsets)}")
+                    out.append(f"the chunks of {fqn} at {list(a.offsets)} and {list(b.offsets)} overlap")
     return out
 
 
