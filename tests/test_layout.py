@@ -22,19 +22,6 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 
 # Strongly connected components of the import graph that exist today, as sets of modules.
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"cost_models.published", "cost_models.published_dgxc", "cost_models.published_runs"}): (
-        "being removed (issue 23)"
-    ),
-    frozenset(
-        {
-            "ntp_planner.failures.events",
-            "ntp_planner.failures.goodput",
-            "ntp_planner.failures.simulator",
-            "ntp_planner.failures.states",
-            "ntp_planner.failures.sweep",
-            "ntp_planner.views.plots",
-        }
-    ): "being removed (issue 23)",
     frozenset({"ntp_planner.executor.model.moe", "ntp_planner.executor.model.reference"}): "being removed (issue 23)",
 }
 
@@ -45,7 +32,6 @@ TOO_LONG: dict[str, str] = {
     "ntp_planner/executor/elastic/worker.py::_run_generation": "being split (issue 23)",
     "ntp_planner/executor/shrink/run.py": "being split (issue 23)",
     "ntp_planner/executor/shrink/run.py::shrink": "being split (issue 23)",
-    "ntp_planner/executor/spec.py": "being split (issue 23)",
     "ntp_planner/executor/spec.py::make_spec": "being split (issue 23)",
     "ntp_planner/executor/train/runtime.py::run_rank": "being split (issue 23)",
     "ntp_planner/cli/estimate.py::estimate": "being split (issue 23)",

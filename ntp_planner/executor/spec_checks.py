@@ -1,17 +1,37 @@
 """Which runs the executor can run exactly: ``check`` refuses a ``RunSpec`` (ValueError, one
 sentence) whose model, counts, experts, virtual chunks, context parallelism or ZeRO level it
-cannot shard; ``RunSpec`` calls it on construction. Duck-typed on the spec: no import of
-``executor.spec`` at run time (it imports this module).
+cannot shard; ``RunSpec`` calls it on construction, so this module reads the spec through a
+protocol of the fields it checks and imports nothing of ``executor.spec``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from ntp_planner.executor.parallel.ownership import contiguous
 
-if TYPE_CHECKING:
-    from ntp_planner.executor.spec import RunSpec, TinyConfig
+
+class RunSpec(Protocol):
+    """What the checks read of a run (``executor.spec.RunSpec``, which calls ``check`` on
+    construction): a protocol, so that this module does not import the one that imports it."""
+
+    cfg: Any  # TinyConfig
+    replicas: Sequence[Any]  # ReplicaSpec
+    micro_batch: int
+    seq_len: int
+    steps: int
+    dtype: str
+    recompute: str
+    sequence_parallel: bool
+    zero: int
+    reshard_after_forward: bool
+    vpp: int
+    cp: int
+    ep: int
+
+    @property
+    def pp(self) -> int: ...
 
 
 def check(spec: RunSpec) -> None:
@@ -74,7 +94,7 @@ def check(spec: RunSpec) -> None:
 _CHOICES = {"norm": ("rms", "layer"), "mlp": ("swiglu", "gelu", "relu2"), "positions": ("rope", "learned")}
 
 
-def _check_config(cfg: TinyConfig) -> None:
+def _check_config(cfg: Any) -> None:
     """The decoder's shape: whole heads over the width, whole query groups per KV head, and
     block styles the model knows (an unknown norm or positions would run as RMSNorm / rotary)."""
     for name, choices in _CHOICES.items():

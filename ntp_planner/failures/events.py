@@ -21,7 +21,7 @@ import numpy as np
 from ntp_planner.failures.sampling import BLASTS
 
 if TYPE_CHECKING:
-    from ntp_planner.failures.simulator import SimConfig
+    from ntp_planner.failures.sim_config import SimConfig
 
 
 @dataclass

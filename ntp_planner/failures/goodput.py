@@ -26,7 +26,8 @@ from ntp_planner.failures.renewal import covered_share, restart_work, stall_seco
 from ntp_planner.failures.states import FailureStates
 
 if TYPE_CHECKING:
-    from ntp_planner.failures.simulator import SimConfig, ThroughputTables
+    from ntp_planner.failures.sim_config import SimConfig
+    from ntp_planner.failures.tables import ThroughputTables
 
 
 class StrategyStats(BaseModel):

@@ -7,7 +7,7 @@ decide each kind of replica once (``Replanner.decide``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -16,8 +16,35 @@ from ntp_planner.failures.sampling import in_domain_cover
 from ntp_planner.replan_result import POLICIES, BatchMode
 from topologies.errors import InputError
 
-if TYPE_CHECKING:  # the replanner passes itself; no import at run time
-    from ntp_planner.failures.replan import Outcome, Replanner
+if TYPE_CHECKING:
+    from cost_models.layout import ParallelLayout
+    from topologies.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one kind of replica does (``Replanner.decide``): the fields of its ``ReplicaState``
+    that do not depend on which GPUs it holds."""
+
+    status: str
+    stage_tp: tuple[int, ...]
+    sequences: int  # local batch
+    power: tuple[float, ...]
+    reason: str | None = None  # ReplicaState.reason
+
+
+class Replanner(Protocol):
+    """What packing asks of the re-planner (``failures.replan.Replanner``, which passes itself):
+    a protocol, so that packing does not import the module that imports it."""
+
+    cluster: Cluster
+    lay: ParallelLayout
+    n: int  # the plan's TP degree
+    local: int  # sequences per replica per step
+    slots_per_replica: int  # pp * cp TP slots
+    slot_gpus: np.ndarray  # [dp, pp, cp, tp] physical GPU of each rank
+
+    def decide(self, policy: str, stage_survivors: list[int]) -> Outcome: ...
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,6 @@ when the replicas cannot reach the target batch within a healthy step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,7 +56,7 @@ from cost_models.degraded import (
     work_ratio,
 )
 from ntp_planner.failures import degrade, spare_pool
-from ntp_planner.failures.packing import Packing, degraded_slots, pack, pool_curve
+from ntp_planner.failures.packing import Outcome, Packing, degraded_slots, pack, pool_curve
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import (  # re-exported: the artifact's types, where callers used to find them
     BATCH_MODES,
@@ -74,19 +73,6 @@ from ntp_planner.replan_result import (  # re-exported: the artifact's types, wh
 )
 from topologies.bounds import show
 from topologies.errors import InputError
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one kind of replica does (``Replanner.decide``): the fields of its ``ReplicaState``
-    that do not depend on which GPUs it holds."""
-
-    status: str
-    stage_tp: tuple[int, ...]
-    sequences: int  # local batch
-    power: tuple[float, ...]
-    reason: str | None = None  # ReplicaState.reason
-
 
 __all__ = [
     "BATCH_MODES",
