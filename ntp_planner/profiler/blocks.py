@@ -6,7 +6,7 @@ timed is the executor's code (``tp_slices.rank_attention`` / ``rank_mlp``, the v
 lookup, the LM head with its full-vocabulary cross-entropy) on TP rank 0, which holds the largest
 shard when a degree splits the heads unevenly. The weights are made at the shard's shape directly
 (``tp_slices.param_index`` gives it), so a 70B layer never allocates the whole model. An MoE layer
-runs ``moe.rank_moe`` with every expert on the rank (ep 1: no all-to-all, which ``collectives``
+runs ``expert.rank_moe`` with every expert on the rank (ep 1: no all-to-all, which ``collectives``
 times; the expert rows a rank computes, tokens x top-k, are the same under any ep with balanced
 routing). A shape names no shared expert (``BlockShape`` has no width for it): a model's shared
 expert is not in the measured time.
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 import torch
 
 from cost_models.profile import BlockShape, BlockTime
-from ntp_planner.executor.model.moe import ExpertPlace
 from ntp_planner.executor.model.reference import block_params
 from ntp_planner.executor.parallel.comm import AllGatherSeq
+from ntp_planner.executor.parallel.expert import ExpertPlace
 from ntp_planner.executor.parallel.ownership import contiguous, layer_shards
 from ntp_planner.executor.parallel.tensor import param_index
 from ntp_planner.executor.spec import Block, TinyConfig, make_spec

@@ -31,7 +31,7 @@ from functools import partial
 OWNERSHIP = "ntp_planner.executor.parallel.ownership"
 DATA = "ntp_planner.executor.parallel.data"
 STAGE = "ntp_planner.executor.train.stage"
-MOE = "ntp_planner.executor.model.moe"
+EXPERT = "ntp_planner.executor.parallel.expert"
 ZERO = "ntp_planner.executor.parallel.zero"
 WORKER = "ntp_planner.executor.elastic.worker"
 COORDINATOR = "ntp_planner.executor.elastic.coordinator"
@@ -151,7 +151,7 @@ BUGS = {
     "embed-mask-off-by-one": lambda p: _swap_method(p, STAGE, "StageModel", "_embed_partial", _embed_off_by_one),
     "row-bias-twice": lambda p: _swap_method(p, STAGE, "StageModel", "_row_parallel", _bias_twice),
     "chunk-layers-reversed": lambda p: _swap_method(p, STAGE, "StageModel", "chunk", _chunk_reversed),
-    "moe-combine-wrong-weight": lambda p: _swap(p, MOE, "_dispatch_combine", _weights_flipped),
+    "moe-combine-wrong-weight": lambda p: _swap(p, EXPERT, "_dispatch_combine", _weights_flipped),
     "zero-shard-offset": lambda p: _swap(p, ZERO, "shard_bounds", _neighbours_shard),
     "live-crash-proc3": lambda p: _swap(p, WORKER, "_injector", _crash_proc3),
     "skip-a-sample": lambda p: _swap_method(p, COORDINATOR, "Coordinator", "_consumed", _one_sample_late),

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ntp_planner.executor.model.activations import ACTIVATIONS, swiglu  # noqa: F401  (swiglu: the model's MLP)
 from ntp_planner.executor.model.moe import init_moe, moe_keys, moe_reference
 from ntp_planner.executor.spec import TinyConfig
 
@@ -135,13 +136,6 @@ def attend(q, k, v, kv_index: list[int], o_w, q_offset: int | None = None, recom
         out = core_attention(q, k, v, q_offset)
     b, h, s, d = out.shape
     return out.transpose(1, 2).reshape(b, s, h * d) @ o_w.T
-
-
-def swiglu(x, gate_w, up_w, down_w):
-    return (F.silu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T
-
-
-ACTIVATIONS = {"gelu": F.gelu, "relu2": lambda x: F.relu(x).square()}
 
 
 def mlp(cfg: TinyConfig, x: torch.Tensor, p: dict) -> torch.Tensor:

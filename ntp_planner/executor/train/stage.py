@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ntp_planner.executor.groups import ep_group
-from ntp_planner.executor.model.moe import EXPERT_KEYS, ExpertPlace, local_experts, rank_moe
+from ntp_planner.executor.model.moe import EXPERT_KEYS, local_experts
 from ntp_planner.executor.model.reference import Reference, add_bias, block_params, normed
 from ntp_planner.executor.parallel.comm import (
     AllGatherSeq,
@@ -30,6 +30,7 @@ from ntp_planner.executor.parallel.comm import (
     ReduceScatterSeq,
     ScatterSeq,
 )
+from ntp_planner.executor.parallel.expert import ExpertPlace, rank_moe
 from ntp_planner.executor.parallel.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 from ntp_planner.executor.parallel.tensor import rank_attention, rank_mlp, rank_slice
 from ntp_planner.executor.spec import Block, RunSpec, StageSpec
@@ -234,7 +235,7 @@ class StageModel:
         return x + self._row_parallel(self._mlp(bs, h, route_in, 1.0), p, "down_bias", reduce)
 
     def _mlp(self, bs: BlockState, h: torch.Tensor, route_in: torch.Tensor, router_scale: float) -> torch.Tensor:
-        """This rank's partial MLP output: dense, or a mixture of experts (``moe.rank_moe``; the
+        """This rank's partial MLP output: dense, or a mixture of experts (``expert.rank_moe``; the
         load-balancing loss of each copy is reported by its TP rank 0)."""
         if not self.cfg.is_moe(bs.block.layer):
             return rank_mlp(h, bs.params, self.cfg)
