@@ -6,17 +6,20 @@ parallelism of an MoE model): its plans name rows, as the checkpoint files do. E
 committed state as ``snapshot`` gives it, which either mover can read.
 
 Checkpoints stay in rows (``checkpoint``): a sharded run all-gathers each shard's AdamW state
-into the slices the rank holds before writing (a collective every rank of the layout makes, in
-the same order as the step's all-gather), and loads the whole tensors back to cut its shards
-from them (``holdings``).
+into the slices the rank holds, and an expert-parallel one its EP group's experts, before
+writing (collectives every rank of the layout makes in one order), and loads the whole tensors
+back to cut its holdings from them (``sharded.holdings``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ntp_planner.executor.elastic import sharded, state
-from ntp_planner.executor.spec import Block, ReplicaSpec, RunSpec, StageSpec
+from ntp_planner.executor.model.moe import EXPERT_KEYS
+from ntp_planner.executor.spec import Block, ReplicaSpec, RunSpec, StageSpec, ep_group
 
 
 def by_rows(spec: RunSpec) -> bool:
@@ -59,12 +62,30 @@ def carry(old: RunSpec, old_procs, new_procs, tr, kept: dict, start_step: int, t
     return sharded.carry_shards(moves, tr.rank, _flat(kept), tr, start_step, timeout_s)
 
 
+def checkpoint_spec(spec: RunSpec) -> RunSpec:
+    """The layout a rank's checkpoint file is written in: ``spec``, every pipeline holding every
+    expert (rows of one dimension per parameter, what the files name)."""
+    return dataclasses.replace(spec, ep=1) if spec.ep > 1 else spec
+
+
 def checkpoint_state(tr, steps_done: int) -> dict:
-    """The rank's state in rows, as ``checkpoint.save`` writes it (``steps_done``: AdamW's step)."""
-    if tr.engine is None:
-        return state.snapshot(tr.model, tr.opt)
-    engine, out = tr.engine, {}
-    opt_state = engine.opt.state if engine.opt is not None else {}
+    """The rank's state in rows of ``checkpoint_spec``'s layout, as ``checkpoint.save`` writes it
+    (``steps_done``: AdamW's step). Sharded runs gather each shard's state into the rank's slices
+    and the experts of its EP group (collectives every rank makes in the same order)."""
+    rows = state.snapshot(tr.model, tr.opt) if tr.engine is None else _gathered(tr.engine, steps_done)
+    if tr.spec.ep > 1 and tr.spec.cfg.moe_layers:
+        group = ep_group(tr.spec, tr.rank)
+        for name, row in rows.items():
+            if name.rsplit(".", 1)[-1] in EXPERT_KEYS:  # experts in EP-rank order: all of them
+                for k in ("param", "exp_avg", "exp_avg_sq"):
+                    row[k] = torch.cat(tr.comm.all_gather(row[k].contiguous(), group), dim=0)
+    return rows
+
+
+def _gathered(engine, steps_done: int) -> dict:
+    """Every slot's parameter and AdamW moments in the rank's own slice, from the shards (the
+    masters hold the committed parameters, ``sharded``)."""
+    out, opt_state = {}, engine.opt.state if engine.opt is not None else {}
     with torch.no_grad():
         for s in engine.slots:
             row = {}
@@ -80,21 +101,19 @@ def checkpoint_state(tr, steps_done: int) -> dict:
 
 
 def load(root: str, step: int, tr) -> None:
-    """Install checkpoint ``step`` into ``tr`` (any layout, any ZeRO level)."""
+    """Install checkpoint ``step`` into ``tr`` (any layout, any ZeRO level, any ep)."""
     from ntp_planner.executor import checkpoint
 
-    if tr.engine is None:
+    if by_rows(tr.spec):
         state.install(tr.model, tr.opt, checkpoint.load(root, step, tr.spec, tr.rank))
         return
     whole = checkpoint.load(root, step, _one_rank(tr.spec), 0)
     flat = {}
     for name, (param, opt) in sharded.holdings(tr.spec, tr.rank).items():
-        w = whole[name]
-        flat[name] = {"param": w["param"].reshape(-1)[torch.from_numpy(param)]} | {
-            k: w[src].reshape(-1)[torch.from_numpy(opt)]
-            for k, src in (("master", "param"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq"))
-        }
-        flat[name]["step"] = float(w["step"])
+        w = {k: v.reshape(-1) for k, v in whole[name].items() if k != "step"}
+        flat[name] = {"param": w["param"][torch.from_numpy(param)], "step": float(whole[name]["step"])}
+        for k, src in (("master", "param"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
+            flat[name][k] = w[src][torch.from_numpy(opt)]
     sharded.install_flat(tr, flat, step + 1)
 
 

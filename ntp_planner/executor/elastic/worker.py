@@ -234,7 +234,8 @@ def _live_step(proc, store, gen: Generation, cfg: LiveConfig, pool, tr, step: in
     tokens, targets = pool
     train_step(tr, (tokens[rows], targets[rows]), vote)
     if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-        checkpoint.save(cfg.checkpoint_dir, step, consumed + batch, spec, rank, handover.checkpoint_state(tr, step + 1))
+        saved = handover.checkpoint_state(tr, step + 1)
+        checkpoint.save(cfg.checkpoint_dir, step, consumed + batch, handover.checkpoint_spec(spec), rank, saved)
         if store.add(f"g{n}/saved/{step}", 1) == spec.world_size:
             meta = {"consumed": consumed + batch, "generation": n}
             checkpoint.finish(cfg.checkpoint_dir, step, spec.world_size, meta)
