@@ -191,6 +191,9 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         _wake_peers(rank, spec.world_size)
         return handover.snapshot(tr) if installed else None
     finally:
+        if tr is not None:  # ZeRO-2/3's engine and its ``BlockShards`` refer to each other: without this
+            tr.comm.groups.clear()  # their groups outlive the generation until a garbage collection, and
+            # a peer waiting in one of them waits out the whole collective timeout instead of failing at once
         if dist.is_initialized():
             dist.destroy_process_group()
 
