@@ -509,7 +509,7 @@ class Coordinator:
         complete checkpoint, or the initial weights when there is none; the committed steps after
         it are marked lost."""
         from ntp_planner.executor import checkpoint
-        from ntp_planner.executor.elastic.state import plan_moves
+        from ntp_planner.executor.elastic import handover
 
         held = None if self.state_gen is None else self.gens[self.state_gen]
         start, consumed, source, ckpt, note, moves = self._committed(), self._consumed(), "memory", None, "", None
@@ -518,7 +518,7 @@ class Coordinator:
         if self.policy == "restart":
             source = "checkpoint"
         else:
-            moves = plan_moves(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
+            moves = handover.plan(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
             if moves.missing:
                 source = "checkpoint"
                 names = sorted({m[0] for m in moves.missing})
@@ -626,16 +626,11 @@ def recovery_costs(timeline: list[dict]) -> dict[str, float]:
 
 
 def live_spec(spec):
-    """The run a live recovery trains: replicated optimizer state (ZeRO 0) and experts on every
-    pipeline (ep 1), since state is carried row by row (``state``); notes say so."""
-    notes = list(spec.notes)
-    if spec.zero:
-        notes.append(f"ZeRO-{spec.zero} runs as ZeRO-0 under live recovery: each rank carries whole optimizer rows")
-    if spec.ep > 1:
-        notes.append(f"ep {spec.ep} runs as ep 1 under live recovery: every pipeline holds every expert")
+    """The run a live recovery trains: the plan's, at its ZeRO level and ep (state moves shard by
+    shard, ``handover``); only mixed precision is refused (its fp32 masters are not carried)."""
     if spec.dtype in ("bfloat16", "float16"):
         raise ValueError(f"live recovery runs in float32 or float64, not {spec.dtype}; use --dtype float32")
-    return replace(spec, zero=0, ep=1, notes=tuple(notes))
+    return spec
 
 
 def launch_live(plan, shrunk, policy: str = "ntp", faults=(), repairs=(), spares: int = 0, checkpoint_every: int = 0,

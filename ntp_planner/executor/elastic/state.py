@@ -6,7 +6,9 @@ the committed parameters and AdamW state and are in the new process group. Every
 cut along one dimension (``tp_slices.CUTS``) into rows; a rank holds some rows of it (``held``).
 For each new rank and parameter, the rows its process already held are copied locally, the
 others come from one up-to-date holder, chosen to spread the load; rows no source holds are
-``missing`` (the caller falls back to a checkpoint).
+``missing`` (the caller falls back to a checkpoint). This is the mover of runs that hold whole
+rows with a plain AdamW (ZeRO-0, no expert parallelism); ZeRO shards and expert blocks move
+element by element (``sharded``; ``handover`` picks).
 
 Worked example, the FFN's up projection (48 rows) when process 3 of a lone TP4 replica on
 processes (0, 1, 2, 3) dies and the survivors run it at TP3 (16 rows each). Process 0 held rows

@@ -39,17 +39,13 @@ import torch
 import torch.distributed as dist
 
 from ntp_planner.executor.check.holders import holdings
+from ntp_planner.executor.elastic import handover
 from ntp_planner.executor.elastic.faults import Fault
 from ntp_planner.executor.elastic.relayout import Layout
 from ntp_planner.executor.model.batch import sample_rows, synthetic_batch
-from ntp_planner.executor.model.reference import Reference
 from ntp_planner.executor.parallel.comm import Comm, lost_peer
-from ntp_planner.executor.parallel.data import sync_gradients
-from ntp_planner.executor.parallel.pipeline import one_f_one_b
-from ntp_planner.executor.parallel.zero import ADAMW
 from ntp_planner.executor.spec import RunSpec
-from ntp_planner.executor.train.runtime import loss_scale
-from ntp_planner.executor.train.stage import StageModel
+from ntp_planner.executor.train.step import build, synced_grads, train_step
 
 POLL_S = 0.002  # store polling interval while waiting for a decision
 
@@ -150,15 +146,11 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
     """Train this generation's steps as its rank. Returns the committed state when leaving or
     done, in this generation's layout, or None when it left before its state was in place (the
     coordinator then carries from the previous layout again)."""
-    from ntp_planner.executor import checkpoint
-    from ntp_planner.executor.elastic.state import carry, install, plan_moves, snapshot
-
     n, layout = gen.number, gen.layout
     spec, rank = layout.spec, layout.procs.index(proc)
-    t0 = time.time()
-    model = opt = None
-    step, installed = gen.start_step, False
+    tr, step, installed = None, gen.start_step, False
     try:
+        t0 = time.time()
         dist.init_process_group(
             cfg.backend,
             store=dist.PrefixStore(f"g{n}/pg/", store),
@@ -167,65 +159,28 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
             timeout=timedelta(seconds=cfg.timeout_s),
         )
         view = None if progress is None else _ProcView(progress, proc, rank)
-        comm = Comm(spec, rank, view, timedelta(seconds=cfg.timeout_s))
-        replica, s = spec.locate(rank)
-        ref = Reference(spec.cfg, seed=spec.seed)
-        shapes = {k: v.shape for k, v in ref.named_parameters()}
-        model = StageModel(spec, spec.replicas[replica].stages[s], rank, ref, comm, torch.device("cpu"))
-        weights = [t for *_, t in model.named_parameters()]
-        opt = torch.optim.AdamW(weights, lr=spec.lr, **ADAMW)
+        tr = build(spec, rank, Comm(spec, rank, view, timedelta(seconds=cfg.timeout_s)), torch.device("cpu"))
         t1 = time.time()
-        moved = 0
-        if gen.source == "memory":
-            _fail_in_carry(cfg.faults, proc, gen.start_step, store)
-            _, old_spec, old_procs = gen.previous
-            moves = plan_moves(old_spec, old_procs, spec, layout.procs)
-            moved = carry(moves, rank, state, model, opt, cfg.timeout_s)
-        elif gen.source == "checkpoint" and gen.checkpoint_step is not None:
-            install(model, opt, checkpoint.load(cfg.checkpoint_dir, gen.checkpoint_step, spec, rank))
+        moved = _bring_state(proc, store, gen, state, cfg, tr)
         t2, installed = time.time(), True
         store.set(f"g{n}/times/{rank}", json.dumps({"regroup_s": t1 - t0, "move_s": t2 - t1, "bytes": moved, "t": t2}))
-        tokens, targets = pool
-        scale = loss_scale(spec, replica)
-        batch = spec.total_sequences
-        first_grads = None
+        first_grads = []
         for step in range(gen.start_step, cfg.steps):
-            if store.compare_set(f"g{n}/go/{step}", "", "go") != b"go":
-                raise Leave(f"stopped before step {step}")
-            consumed = gen.consumed + (step - gen.start_step) * batch
-            rows = sample_rows(cfg.base, consumed, batch)
-            comm.fault = _injector(cfg.faults, proc, step, store)
-            opt.zero_grad()
-            share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens[rows], targets[rows]), scale)
-            share += model.take_aux()
-            with comm.category("dp"):
-                sync_gradients(model, spec, s, comm, shapes)
-            if comm.fault is not None and not store.check([f"fired/{proc}/{step}"]):
-                comm.fault("dp")  # a step without collectives (a layout of one process) fails at its end
-            comm.fault = None
-            if first_grads is None:  # the generation's first synced gradients, compared with the reference's
-                first_grads = [p.grad.detach().clone() for p in weights]
-            if _vote(store, n, step, rank, spec.world_size, share, consumed, batch, cfg.timeout_s) != "commit":
-                raise Leave(f"step {step} aborted")
-            opt.step()
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-                checkpoint.save(cfg.checkpoint_dir, step, consumed + batch, spec, rank, snapshot(model, opt))
-                if store.add(f"g{n}/saved/{step}", 1) == spec.world_size:
-                    meta = {"consumed": consumed + batch, "generation": n}
-                    checkpoint.finish(cfg.checkpoint_dir, step, spec.world_size, meta)
+            _live_step(proc, store, gen, cfg, pool, tr, step, first_grads)
         # a fault at step ``cfg.steps`` fires here, in the final gather: every step is committed,
         # and the next generation runs no step, it only gathers again (its holdings carry no
         # gradients: nothing was synced since the regroup)
-        comm.fault = _injector(cfg.faults, proc, cfg.steps, store)
-        grads = None if first_grads is None else [g.cpu() for g in first_grads]
-        held = comm.gather_objects(holdings(model, spec, rank, grads))
-        comm.fault = None
+        tr.comm.fault = _injector(cfg.faults, proc, cfg.steps, store)
+        if tr.engine:
+            tr.engine.materialize()  # ZeRO-3: the full parameters, for the comparison
+        held = tr.comm.gather_objects(holdings(tr.model, spec, rank, first_grads or None))
+        tr.comm.fault = None
         if rank == 0:
             torch.save({"holders": [h for per_rank in held for h in per_rank], "generation": n}, cfg.out_file)
             store.set("done", str(n))
         # the committed state, kept: a peer that fails in the gather after this rank's part of it
         # went through makes the coordinator re-plan, and the next generation carries it from here
-        return snapshot(model, opt)
+        return handover.snapshot(tr)
     except Exception as exc:
         if not (isinstance(exc, Leave) or is_peer_loss(exc)):
             raise  # this process is broken: it dies, and the others recover from that
@@ -233,10 +188,57 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         store.set(f"g{n}/left/{proc}", json.dumps({"why": why[:300], "t": time.time(), "step": step}))
         store.add(f"g{n}/left", 1)
         _wake_peers(rank, spec.world_size)
-        return snapshot(model, opt) if installed else None
+        return handover.snapshot(tr) if installed else None
     finally:
+        if tr is not None:  # ZeRO-2/3's engine and its ``BlockShards`` refer to each other: without this
+            tr.comm.groups.clear()  # their groups outlive the generation until a garbage collection, and
+            # a peer waiting in one of them waits out the whole collective timeout instead of failing at once
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _bring_state(proc, store, gen: Generation, state: dict, cfg: LiveConfig, tr) -> int:
+    """The committed state into the new model and optimizer: from the peers (``handover.carry``)
+    or a checkpoint; the initial weights stay as built. Returns the bytes received."""
+    if gen.source == "memory":
+        _fail_in_carry(cfg.faults, proc, gen.start_step, store)
+        _, old_spec, old_procs = gen.previous
+        return handover.carry(old_spec, old_procs, gen.layout.procs, tr, state, gen.start_step, cfg.timeout_s)
+    if gen.source == "checkpoint" and gen.checkpoint_step is not None:
+        handover.load(cfg.checkpoint_dir, gen.checkpoint_step, tr)
+    return 0
+
+
+def _live_step(proc, store, gen: Generation, cfg: LiveConfig, pool, tr, step: int, first_grads: list) -> None:
+    """Step ``step`` under the commit protocol: run only on "go", fire this process's injected
+    faults in its collectives, vote after the gradient sync and let the optimizer step only on
+    "commit" (``Leave`` otherwise); a checkpoint after it when one is due."""
+    from ntp_planner.executor import checkpoint
+
+    n, spec, rank, batch = gen.number, tr.spec, tr.rank, tr.spec.total_sequences
+    if store.compare_set(f"g{n}/go/{step}", "", "go") != b"go":
+        raise Leave(f"stopped before step {step}")
+    consumed = gen.consumed + (step - gen.start_step) * batch
+    rows = sample_rows(cfg.base, consumed, batch)
+    tr.comm.fault = _injector(cfg.faults, proc, step, store)
+
+    def vote(share: float) -> None:
+        if tr.comm.fault is not None and not store.check([f"fired/{proc}/{step}"]):
+            tr.comm.fault("dp")  # a step without collectives (a layout of one process) fails at its end
+        tr.comm.fault = None
+        if not first_grads:  # the generation's first synced gradients, compared with the reference's
+            first_grads.extend(synced_grads(tr))
+        if _vote(store, n, step, rank, spec.world_size, share, consumed, batch, cfg.timeout_s) != "commit":
+            raise Leave(f"step {step} aborted")
+
+    tokens, targets = pool
+    train_step(tr, (tokens[rows], targets[rows]), vote)
+    if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+        saved = handover.checkpoint_state(tr, step + 1)
+        checkpoint.save(cfg.checkpoint_dir, step, consumed + batch, handover.checkpoint_spec(spec), rank, saved)
+        if store.add(f"g{n}/saved/{step}", 1) == spec.world_size:
+            meta = {"consumed": consumed + batch, "generation": n}
+            checkpoint.finish(cfg.checkpoint_dir, step, spec.world_size, meta)
 
 
 def _wake_peers(rank: int, world: int) -> None:

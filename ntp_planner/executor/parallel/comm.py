@@ -347,4 +347,6 @@ def lost_peer(exc: BaseException) -> bool:
     """Whether an exception is a collective that lost a peer (failed or timed out), not the
     process's own error: what the launcher, live recovery and torchrun's report all ask."""
     text = str(exc).lower()
-    return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection", "timed out"))
+    return isinstance(exc, dist.DistError) or any(
+        w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout")
+    )

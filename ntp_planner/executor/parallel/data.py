@@ -13,7 +13,7 @@ whole batch (samples weight themselves), so every sync is a sum.
   sum back to its own layout and copy 0 broadcasts it to the other copies.
 - Routed experts under expert parallelism (``moe``): TP rank j sums over its expert-data-parallel
   group, TP rank j of every copy in every pipeline holding the same experts
-  (``spec.expert_dp_group``); the other EP ranks hold other experts.
+  (``groups.expert_dp_group``); the other EP ranks hold other experts.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One rank's expert-parallel share of a mixture-of-experts layer (``model.moe`` is the plain one).
 
-Expert parallelism: the ``ep`` ranks of an EP group (``spec.ep_group``) own ``experts / ep``
+Expert parallelism: the ``ep`` ranks of an EP group (``groups.ep_group``) own ``experts / ep``
 consecutive experts each. A rank sorts its (token, slot) pairs by expert, exchanges per-expert
 counts, sends each row to its expert's owner with one ``all_to_all_single`` (gloo supports it
 on CPU, uneven splits included, in torch 2.13), the owner runs its experts and a second
@@ -89,7 +89,7 @@ def rank_moe(h, route_in, p: dict, place: ExpertPlace, tp_ranks, router_scale: f
     gathered stream under sequence parallelism, with ``router_scale`` 1 / t so that the TP sum of
     the router's and the input's gradients counts them once. The combine weights' gradient is
     summed over TP (their products with the partial outputs are partial). ``aux_scale``: the
-    loss scale (1 / tokens in the step, ``runtime.loss_scale``) that makes this chunk's aux piece
+    loss scale (1 / tokens in the step, ``step.loss_scale``) that makes this chunk's aux piece
     add up with the others' to aux_coeff x mean L_s."""
     cfg, comm = place.cfg, place.comm
     logits = route_in @ p["router"].T

@@ -1,12 +1,7 @@
-"""One rank's training loop, and the single-process reference it is compared with.
+"""One rank's training loop (the launcher's), and the single-process reference it is compared with.
 
-Each step: 1F1B over the replica's micro-batches, gradient sync (``data``), AdamW (or, under ZeRO
-or bf16, ``zero``'s reduce-scatter, sharded AdamW and all-gather), timed and
-its memory counted by ``measure`` (the instrumentation only watches: the math is unchanged). The loss of a
-micro-batch is summed over its tokens and scaled by 1 / (tokens in the whole step), so summed
-gradients are the gradient of the batch mean and replicas of different local batches weigh by
-their samples. ``weighted=False`` scales each replica by 1 / (its tokens x replicas) instead: the
-plain mean of replica gradients, wrong when local batches differ.
+Each step is ``step.train_step`` (1F1B, gradient sync or ZeRO's reduce-scatter, AdamW, all-gather),
+timed and its memory counted by ``measure`` (the instrumentation only watches: the math is unchanged).
 """
 
 from __future__ import annotations
@@ -23,24 +18,9 @@ from ntp_planner.executor.check.measure import ActivationMeter, StepClock, gathe
 from ntp_planner.executor.model.batch import sample_rows, synthetic_batch
 from ntp_planner.executor.model.reference import Reference
 from ntp_planner.executor.parallel.comm import Comm
-from ntp_planner.executor.parallel.data import sync_gradients
-from ntp_planner.executor.parallel.pipeline import one_f_one_b
-from ntp_planner.executor.parallel.zero import (
-    ADAMW,
-    MASTER_DTYPE,
-    ShardedOptimizer,
-    default_dtype,
-    uses_engine,
-)
+from ntp_planner.executor.parallel.zero import ADAMW, MASTER_DTYPE, default_dtype
 from ntp_planner.executor.spec import RunSpec
-from ntp_planner.executor.train.stage import StageModel
-
-
-def loss_scale(spec: RunSpec, replica: int) -> float:
-    if spec.weighted:
-        return 1.0 / (spec.total_sequences * spec.seq_len)
-    local = spec.replicas[replica].micro_batches * spec.micro_batch
-    return 1.0 / (local * spec.seq_len * spec.data_replicas)
+from ntp_planner.executor.train.step import build, synced_grads, train_step
 
 
 def _inject(fault, rank: int, step: int) -> None:
@@ -71,17 +51,17 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
         backend, init_method=init_method, rank=rank, world_size=spec.world_size, timeout=timedelta(seconds=timeout_s)
     )
     comm = Comm(spec, rank, progress, timedelta(seconds=timeout_s))
-    replica, s = spec.locate(rank)
-    ref = Reference(spec.cfg, seed=spec.seed)
-    shapes = {k: v.shape for k, v in ref.named_parameters()}
-    model = StageModel(spec, spec.replicas[replica].stages[s], rank, ref, comm, device)
+    tr = build(spec, rank, comm, device)
     tokens, targets = (t.to(device) for t in synthetic_batch(spec))
-    engine = ShardedOptimizer(spec, model, ref, comm) if uses_engine(spec) else None
-    weights = [t for *_, t in model.named_parameters()]
-    opt = engine or torch.optim.AdamW(weights, lr=spec.lr, **ADAMW)
-    scale = loss_scale(spec, replica)
+    engine, weights = tr.engine, tr.weights
     clock, meter = StepClock(comm), ActivationMeter([*weights, tokens, targets])
-    losses = []
+    losses, first_grads = [], []
+
+    def keep_first_grads(share: float) -> None:
+        if step == 0:
+            with clock.excluded():
+                first_grads.extend(synced_grads(tr))
+
     for step in range(spec.steps):
         if progress is not None:
             progress[3 * rank] = step + 1  # steps counted from 1 in reports
@@ -90,34 +70,12 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
             meter.reset_peak()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-        clock.start()
-        with clock.optimizer():
-            opt.zero_grad()
-        with meter.hooks():
-            share = one_f_one_b(model, spec, replica, s, rank, comm, (tokens, targets), scale)
-            share += model.take_aux()  # MoE layers' load-balancing loss, part of the loss
-        with comm.category("dp"):
-            engine.reduce() if engine else sync_gradients(model, spec, s, comm, shapes)
-        if step == 0:
-            with clock.excluded():
-                if engine:  # the synced gradient, rebuilt from the shards
-                    synced = engine.synced_grads()
-                    first_grads = [synced(name).detach().cpu().clone() for name, *_ in model.named_parameters()]
-                else:
-                    first_grads = [p.grad.detach().cpu().clone() for p in weights]
-        with clock.optimizer():
-            opt.step()
-        if engine:
-            with comm.category("dp"):
-                engine.gather()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        clock.stop()
+        share = train_step(tr, (tokens, targets), keep_first_grads, clock, meter)
         losses.append(comm.world_reduce(torch.tensor([share], device=device)).item())
     if engine:
         engine.materialize()
-    held = comm.gather_objects(holdings(model, spec, rank, first_grads))
-    row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device, engine)
+    held = comm.gather_objects(holdings(tr.model, spec, rank, first_grads))
+    row = [v for r in clock.rows for v in r] + rank_memory(weights, tr.opt, meter, device, engine)
     stats = gather_rows(comm, row, rank, spec.world_size, device)
     if rank == 0:
         holders = [h for rank_held in held for h in rank_held]
