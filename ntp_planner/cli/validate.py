@@ -64,13 +64,22 @@ ValidateProfileOpt = Annotated[
     ),
 ]
 ShrunkSeqOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--seq-len",
         min=1,
         max=65536,
-        help="Tokens per sequence of the shrunk run, at least enough for its batch to hold every vocabulary id: "
-        "longer ones give timing more compute per step (and fp32 more rounding: allow a larger --tolerance).",
+        help="Tokens per sequence of the shrunk run (default 8), at least enough for its batch to hold every "
+        "vocabulary id: longer ones give timing more compute per step (and fp32 more rounding: allow a larger "
+        "--tolerance).",
+    ),
+]
+FullSizeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--full-size",
+        help="Run a one-GPU plan unshrunk: the model's own width, layers and vocabulary at the plan's sequence and "
+        "batch, on one process (a ~1B model on one GPU; on CPU a toy model).",
     ),
 ]
 RecordOpt = Annotated[
@@ -135,7 +144,7 @@ def validate(
     timeout: TimeoutOpt = 180.0,
     tolerance: ToleranceOpt = None,
     seed: WeightSeedOpt = 0,
-    seq_len: ShrunkSeqOpt = 8,
+    seq_len: ShrunkSeqOpt = None,
     profile: ValidateProfileOpt = None,
     record: RecordOpt = None,
     fault: FaultOpt = None,
@@ -147,6 +156,7 @@ def validate(
     spares: LiveSparesOpt = 0,
     checkpoint_every: CheckpointEveryOpt = 0,
     checkpoint_dir: CheckpointDirOpt = None,
+    full: FullSizeOpt = False,
 ) -> None:
     """Run a plan for real on a shrunk model with torch.distributed and compare it with one process.
 
@@ -168,6 +178,7 @@ def validate(
              ntp validate plan.json --dtype float64
              ntp validate plan.json --profile profile.json --record runs.jsonl
              ntp validate plan.json --steps 8 --fail 1@3 --repair 1@6 --policy ntp
+             ntp validate one_gpu_plan.json --full-size --backend nccl --profile profile.json
     """
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
@@ -193,6 +204,12 @@ def validate(
         )
     if not live and (policy != "ntp" or spares or checkpoint_every or checkpoint_dir is not None):
         raise InputError("--policy, --spares and --checkpoint-* shape a live recovery; add --fail RANK@STEP")
+    if full and (live or replan_file or seq_len is not None):
+        raise InputError("--full-size runs the plan's own model, sequence and batch on one process; drop --fail, "
+                         "--repair, --replan and --seq-len")  # fmt: skip
+    from ntp_planner.executor.shrink.run import SEQ_LEN
+
+    seq_len = SEQ_LEN if seq_len is None else seq_len
     torch = _import_torch()
     from ntp_planner.plan import Plan
     from ntp_planner.views.report import validate_json, validate_view
@@ -204,9 +221,12 @@ def validate(
                               (fails, repairs, policy, spares, checkpoint_every, checkpoint_dir))  # fmt: skip
     replan_result = None if replan_file is None else load_replan(replan_file, p, "validate")
     injected = _parse_fault(fault)
-    n, torchrun = _world_size(torch, backend, nproc)
+    n, torchrun = _world_size(torch, backend, 1 if full and nproc is None else nproc)
     measured_profile = None if profile is None else _machine_profile(profile, backend)
-    shrunk, cuts = _shrunk_run(p, n, replan_result, steps, seed, seq_len, dtype, json_out)
+    if full:
+        shrunk, cuts = _full_run(torch, p, n, backend, steps, seed, dtype)
+    else:
+        shrunk, cuts = _shrunk_run(p, n, replan_result, steps, seed, seq_len, dtype, json_out)
     replan_fields = {} if replan_result is None else _replan_coverage(replan_result, shrunk, n)
     if measured_profile is not None:
         from ntp_planner.profiler.for_run import complete_profile
@@ -299,6 +319,21 @@ def _shrunk_run(plan, n: int, replan_result, steps: int, seed: int, seq_len: int
         typer.echo(f"error: {mismatches(cuts)}.", err=True)
         raise typer.Exit(1)
     return shrunk, cuts
+
+
+def _full_run(torch, plan, n: int, backend: str, steps: int, seed: int, dtype: str):
+    """The one-GPU ``plan`` unshrunk on one process (``shrink.full``), if its state fits the GPU or host."""
+    import os
+
+    from ntp_planner.executor.shrink.full import full_run
+
+    gpu = backend == "nccl"
+    memory = (
+        torch.cuda.get_device_properties(0).total_memory
+        if gpu
+        else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    )
+    return full_run(plan, n, backend, steps, seed, dtype, memory)
 
 
 def _machine_profile(path: Path, backend: str):

@@ -128,7 +128,7 @@ def launch(spec: RunSpec, backend: str = "gloo", timeout_s: float = 120.0, fault
         with supervised(procs):
             _watch(spec, procs, progress, errs, timeout_s, tick)
         got = torch.load(out)
-    ref = reference_run(spec)
+    ref = reference_run(spec, device="cuda" if backend == "nccl" else "cpu")  # a full-size model's is a GPU's work
     return _compare(spec, got, ref, time.perf_counter() - start)
 
 
