@@ -19,16 +19,16 @@ set -euo pipefail
 
 DEVICE=cuda
 OUT=""
-usage() { echo "usage: bash benchmarks/gpu_check.sh [--device cuda|cpu] [--out DIR]" >&2; exit 2; }
+die() { echo "error: $1; usage: bash benchmarks/gpu_check.sh [--device cuda|cpu] [--out DIR]" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --device) [[ $# -ge 2 ]] || usage; DEVICE="$2"; shift 2 ;;
-        --out) [[ $# -ge 2 ]] || usage; OUT="$2"; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "error: unknown argument '$1'" >&2; usage ;;
+        --device|--out) [[ $# -ge 2 ]] || die "$1 needs a value"
+            if [[ "$1" == --device ]]; then DEVICE="$2"; else OUT="$2"; fi; shift 2 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) die "unknown argument '$1'" ;;
     esac
 done
-[[ "$DEVICE" == cuda || "$DEVICE" == cpu ]] || { echo "error: --device must be cuda or cpu, not '$DEVICE'" >&2; exit 2; }
+[[ "$DEVICE" == cuda || "$DEVICE" == cpu ]] || die "--device must be cuda or cpu, not '$DEVICE'"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-gpu-check-$DEVICE}"
@@ -55,24 +55,21 @@ fi
 RUN_DTYPE=float32
 PROFILE_DTYPE=$([[ "$DEVICE" == cuda ]] && echo bfloat16 || echo float32)
 
-# A Python that has torch (and, for cuda, sees a GPU): $PYTHON, the repo's .venv, then the PATH's.
-pick_python() {
-    local want="import torch, typer, pydantic, rich"
-    [[ "$DEVICE" == cuda ]] && want="$want; assert torch.cuda.is_available()"
-    local c
-    for c in "${PYTHON:-}" "$ROOT/.venv/bin/python" python3 python; do
-        [[ -n "$c" ]] && command -v "$c" >/dev/null 2>&1 || continue
-        if "$c" -c "$want" >/dev/null 2>&1; then echo "$c"; return 0; fi
-    done
-    return 1
-}
-if ! PY="$(pick_python)"; then
+# A Python that has torch (and, for cuda, sees a GPU): $PYTHON, the repo's .venv, then the PATH's;
+# each is asked once, and says why not when it cannot.
+PROBE='import torch, typer, pydantic, rich
+gpu = torch.cuda.is_available()
+print("ok" if gpu or "'"$DEVICE"'" == "cpu" else f"torch {torch.__version__}, CUDA build {torch.version.cuda}, torch.cuda UNAVAILABLE")'
+PY="" WHY=""
+for c in "${PYTHON:-}" "$ROOT/.venv/bin/python" python3 python; do
+    [[ -n "$c" ]] && command -v "$c" >/dev/null 2>&1 || continue
+    said="$("$c" -c "$PROBE" 2>&1 | tail -n 1)" || true
+    if [[ "$said" == ok ]]; then PY="$c"; break; fi
+    WHY="$WHY  $c: $said"$'\n'
+done
+if [[ -z "$PY" ]]; then
     echo "error: no Python here can run the $DEVICE check; each one tried says:" >&2
-    for c in "${PYTHON:-}" "$ROOT/.venv/bin/python" python3 python; do
-        [[ -n "$c" ]] && command -v "$c" >/dev/null 2>&1 || continue
-        echo "  $c: $("$c" -c 'import torch; print(f"torch {torch.__version__}, CUDA build {torch.version.cuda},",
-              "torch.cuda available" if torch.cuda.is_available() else "torch.cuda UNAVAILABLE")' 2>&1 | tail -1)" >&2
-    done
+    printf '%s' "$WHY" >&2
     [[ "$DEVICE" == cuda ]] && echo "  (a CPU-only torch cannot run it: install a CUDA torch, or run --device cpu)" >&2
     exit 2
 fi
