@@ -194,7 +194,9 @@ def _views(data: dict) -> list:
     p = data.get("profile")
     if p:
         t.add_row("device", f"{p['name']} ({p['gpu']}), torch {p['torch']}, CUDA {p['cuda']}")
-        t.add_row(f"GEMM peak ({p['dtype']})", f"{p['gemm_peak_flops_per_s'] / 1e12:.1f} TFLOP/s")
+        rate = p["gemm_peak_flops_per_s"]
+        shown = f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.1f} GFLOP/s"
+        t.add_row(f"GEMM peak ({p['dtype']})", shown)
     v = data.get("validate")
     if v and "predicted_step_time_s" in v:
         verdict = "PASS" if v["passed"] else "FAIL"

@@ -10,8 +10,8 @@ training step: what `ntp validate --profile` then predicts is the plan's own ste
 (``benchmarks/gpu_check.sh`` sets the prediction against ``torch.cuda.max_memory_allocated``).
 
 The reference trains the whole batch at once beside the run, so both need memory: the run
-holds weights, gradients and AdamW moments (16 bytes per parameter in fp32, 20 with bf16's fp32
-masters), and on CPU the reference holds as much again in the same host (``memory_check``). No
+holds weights, gradients and AdamW's two moments (``STATE_BYTES``), and on CPU the reference
+holds as much again in the same host (``memory_check``). No
 torch here.
 """
 
@@ -25,7 +25,9 @@ from ntp_planner.executor.spec import TinyConfig, make_spec
 from ntp_planner.plan import Plan
 from topologies.errors import InputError
 
-STATE_BYTES_PER_PARAM = 20  # fp32 AdamW: weights, gradients, two moments (bf16: fp32 masters, a bf16 copy)
+# bytes per parameter of the run's dtype: weights, gradients, AdamW's two moments; bf16 keeps a bf16
+# copy beside fp32 masters, gradients and moments (``zero.MASTER_DTYPE``)
+STATE_BYTES = {"float64": 4 * 8, "float32": 4 * 4, "bfloat16": 2 + 3 * 4 + 4}
 
 
 def full_size(plan: Plan, steps: int = 3, seed: int = 0) -> Shrunk:
@@ -56,7 +58,7 @@ def full_size(plan: Plan, steps: int = 3, seed: int = 0) -> Shrunk:
     note = (
         f"full size: {model.name} unshrunk ({model.num_layers} layers, hidden {model.hidden_size}, "
         f"{model.num_heads} heads, {model.num_kv_heads} KV heads, FFN {model.ffn_hidden_size}, vocabulary "
-        f"{model.vocab_size}, {model.num_params / 1e9:.2f}B parameters), sequence {seq_len} tokens, "
+        f"{model.vocab_size}, {_count(model.num_params)} parameters), sequence {seq_len} tokens, "
         f"{micro} micro-batches of {lay.micro_batch} per step, as planned"
     )
     skipped = ["tied input and output embeddings (run as two matrices)"] if model.tie_embeddings else []
@@ -69,19 +71,19 @@ def full_size(plan: Plan, steps: int = 3, seed: int = 0) -> Shrunk:
     return Shrunk(spec, ((0, plan.placement[0]),), (0,), ((0,),))
 
 
-def memory_check(plan: Plan, backend: str, device_bytes: float) -> None:
-    """InputError when the run's training state alone exceeds the memory it runs in:
-    ``device_bytes`` of one GPU (nccl), or of the host (gloo), which also holds the reference's
-    copy of the state."""
+def memory_check(plan: Plan, backend: str, dtype: str, device_bytes: float) -> None:
+    """InputError when the run's training state alone (``STATE_BYTES`` per parameter of
+    ``dtype``; activations come on top) exceeds the memory it runs in: ``device_bytes`` of one
+    GPU (nccl), or of the host (gloo), which also holds the reference's copy of the state."""
     params = plan.model.num_params + (plan.model.embedding_params if plan.model.tie_embeddings else 0)
-    copies = 1 if backend == "nccl" else 2
-    need = copies * STATE_BYTES_PER_PARAM * params
+    copies, per = (1 if backend == "nccl" else 2), STATE_BYTES[dtype]
+    need = copies * per * params
     if need > device_bytes:
         where = "one GPU's" if backend == "nccl" else "this host's"
         raise InputError(
-            f"--full-size needs about {copies} x {STATE_BYTES_PER_PARAM} bytes x {params / 1e9:.2f}B parameters = "
+            f"--full-size in {dtype} needs about {copies} x {per} bytes x {params / 1e9:.2f}B parameters = "
             f"{need / 2**30:.1f} GiB of training state, more than {where} {device_bytes / 2**30:.1f} GiB; "
-            "choose a smaller model or drop --full-size"
+            "choose a smaller model, a narrower --dtype or drop --full-size"
         )
 
 
@@ -91,6 +93,18 @@ def full_run(plan: Plan, nproc: int, backend: str, steps: int, seed: int, dtype:
     if nproc != 1:
         raise InputError(f"--full-size runs the one-GPU plan on one process, not {nproc}; drop --nproc or torchrun")
     shrunk = full_size(plan, steps, seed)
-    memory_check(plan, backend, memory_bytes)
+    memory_check(plan, backend, dtype, memory_bytes)
     shrunk = replace(shrunk, spec=replace(shrunk.spec, dtype=dtype))
     return shrunk, compare_cuts(shrunk.spec, plan.model)
+
+
+def _count(n: int) -> str:
+    """'1.10B', '121.2K': a parameter count in the unit that shows it.
+
+    >>> _count(1_100_048_384), _count(6_738_415_616), _count(121_152)
+    ('1.10B', '6.74B', '121.2K')
+    """
+    for unit, size in (("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n / 1e3:.1f}K"

@@ -60,12 +60,14 @@ def test_memory_check_counts_the_state_and_on_cpu_the_reference_beside_it():
     # 22 layers x 44,044,288 (q, k, v, o; gate, up, down; two norms) + 2 x 65,536,000 (embedding, head) + 2048
     params = plan.model.num_params
     assert params == 1_100_048_384
-    memory_check(plan, "nccl", 20 * params)  # exactly fits one GPU
-    with pytest.raises(InputError, match=r"1 x 20 bytes x 1.10B parameters = 20.5 GiB"):
-        memory_check(plan, "nccl", 20 * params - 1)
-    host = r"2 x 20 bytes x 1.10B parameters = 41.0 GiB of training state, more than this host's 30.7 GiB"
+    memory_check(plan, "nccl", "float32", 16 * params)  # exactly fits one GPU
+    with pytest.raises(InputError, match=r"in float32 needs about 1 x 16 bytes x 1.10B parameters = 16.4 GiB"):
+        memory_check(plan, "nccl", "float32", 16 * params - 1)
+    # bf16: a bf16 copy (2) beside fp32 masters, gradients and moments (16); on CPU the reference's too
+    host = r"in bfloat16 needs about 2 x 18 bytes x 1.10B parameters = 36.9 GiB of training state, more than this host"
     with pytest.raises(InputError, match=host):
-        memory_check(plan, "gloo", 30 * params)
+        memory_check(plan, "gloo", "bfloat16", 30 * params)
+    memory_check(plan, "gloo", "float64", 64 * params)
 
 
 @pytest.fixture(scope="module")
