@@ -13,8 +13,9 @@
 #
 # Every step is timed and its output kept under DIR (default gpu-check-<device>): DIR/<step>.out
 # (its JSON) and DIR/<step>.err; DIR/gpu_check.json holds every figure; the summary table is printed.
-# Exit 0 when every step ran (a poor prediction is reported, not failed), 1 when a step failed,
-# 2 for a bad argument or a machine that cannot run the check (no CUDA torch, say).
+# Exit 0 when every step ran (a poor prediction is reported, not failed), 1 when a step failed (the
+# steps that need it are skipped), 2 for a bad argument or a machine that cannot run the check (no
+# CUDA torch, say).
 set -euo pipefail
 
 DEVICE=cuda
@@ -82,15 +83,20 @@ STEPS_TSV="$OUT/steps.tsv"
 printf 'step\tseconds\trc\n' > "$STEPS_TSV"
 FAILED=0
 
-# step NAME CMD...: run CMD with what is left of the total budget, its stdout in DIR/NAME.out and
-# stderr in DIR/NAME.err, its time and exit code in DIR/steps.tsv; after a failed step the rest are
-# skipped (rc -1): each needs the one before.
+# step NAME NEEDS CMD...: run CMD with what is left of the total budget, its stdout in DIR/NAME.out
+# and stderr in DIR/NAME.err, its time and exit code in DIR/steps.tsv; skipped (rc -1) unless every
+# step named in NEEDS (comma-separated, or -) ran, or when the budget is spent.
+OK=","
 step() {
-    local name="$1"; shift
-    local left=$(( DEADLINE - $(date +%s) )) rc=0 t0 t1 ms
-    if (( FAILED )) || (( left <= 0 )); then
+    local name="$1" needs="$2"; shift 2
+    local left=$(( DEADLINE - $(date +%s) )) rc=0 t0 t1 ms why="" n
+    for n in ${needs//,/ }; do
+        [[ "$n" == - || "$OK" == *",$n,"* ]] || why="it needs step $n"
+    done
+    (( left > 0 )) || why="the ${TOTAL_S} s budget is spent"
+    if [[ -n "$why" ]]; then
         printf '%s\t0.000\t-1\n' "$name" >> "$STEPS_TSV"
-        echo "== $name: skipped ($( (( FAILED )) && echo 'an earlier step failed' || echo "the ${TOTAL_S} s budget is spent"))" >&2
+        echo "== $name: skipped ($why)" >&2
         return 0
     fi
     echo "== $name (at most ${left} s): $*" >&2
@@ -100,7 +106,9 @@ step() {
     ms=$(( (t1 - t0) / 1000000 ))
     printf '%s\t%d.%03d\t%d\n' "$name" $(( ms / 1000 )) $(( ms % 1000 )) "$rc" >> "$STEPS_TSV"
     echo "   $name: $(( ms / 1000 )).$(printf '%03d' $(( ms % 1000 ))) s, exit $rc" >&2
-    if (( rc != 0 )); then
+    if (( rc == 0 )); then
+        OK="$OK$name,"
+    else
         FAILED=1
         echo "== $name FAILED (exit $rc$( (( rc == 124 )) && echo ': out of time')); the end of its output:" >&2
         tail -n 5 "$OUT/$name.out" "$OUT/$name.err" >&2
@@ -110,15 +118,15 @@ NTP=("$PY" -m ntp_planner)
 CHECK=("$PY" "$ROOT/benchmarks/gpu_check.py")
 
 # a. the machine: GEMMs, this model's blocks at the run's shape, attention, passes (one GPU: no collectives)
-step profile "${NTP[@]}" profile --device "$DEVICE" --nproc 1 --tp 1 --model "$MODEL" --dtype "$PROFILE_DTYPE" --seq-len "$SEQ" \
+step profile - "${NTP[@]}" profile --device "$DEVICE" --nproc 1 --tp 1 --model "$MODEL" --dtype "$PROFILE_DTYPE" --seq-len "$SEQ" \
     --micro-batches "$MICRO" ${QUICK[@]+"${QUICK[@]}"} -o "$OUT/profile.json" --cluster-out "$OUT/profile.cluster.json" --json
 # b. a plan for this very machine (the profile's cluster file: one GPU), then that plan run at full size
-step plan "${NTP[@]}" estimate -m "$MODEL" -c "$OUT/profile.cluster.json" -n 1 --tp 1 --pp 1 --micro-batch "$MICRO" \
+step plan profile "${NTP[@]}" estimate -m "$MODEL" -c "$OUT/profile.cluster.json" -n 1 --tp 1 --pp 1 --micro-batch "$MICRO" \
     --seq-len "$SEQ" --global-batch "$BATCH" --profile "$OUT/profile.json" -o "$OUT/plan.json" --json
-step validate "${NTP[@]}" validate "$OUT/plan.json" --full-size --backend "$BACKEND" --dtype "$RUN_DTYPE" --steps "$STEPS" \
+step validate profile,plan "${NTP[@]}" validate "$OUT/plan.json" --full-size --backend "$BACKEND" --dtype "$RUN_DTYPE" --steps "$STEPS" \
     --profile "$OUT/profile.json" --timeout 300 --json
 # c. the profile's blocks against the analytical model's on this GPU
-step blocks "${CHECK[@]}" blocks --profile "$OUT/profile.json" --model "$MODEL" \
+step blocks profile "${CHECK[@]}" blocks --profile "$OUT/profile.json" --model "$MODEL" \
     --out "$OUT/blocks.json"
 
 # profiles/<gpu>.json: the profile under its GPU's name, for `ntp plan --profile`; commit it (cuda only:

@@ -121,6 +121,24 @@ def test_a_failed_step_fails_the_summary_and_names_it(tmp_path):
     ]  # fmt: skip
 
 
+def test_a_failed_step_skips_the_steps_that_need_it_and_exits_1(tmp_path):
+    # a Python that answers the probe and fails `ntp profile` (exit 3), as a machine might
+    fake = tmp_path / "python"
+    fake.write_text(
+        f'#!/bin/sh\ncase "$*" in *"ntp_planner profile"*) echo boom >&2; exit 3;; esac\nexec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    done = _run("--device", "cpu", "--out", str(out), PYTHON=str(fake))
+    assert done.returncode == 1
+    assert "== profile FAILED (exit 3)" in done.stderr and "boom" in done.stderr
+    assert "== plan: skipped (it needs step profile)" in done.stderr
+    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
+    assert [(r[0], r[2]) for r in rows] == [("profile", "3"), ("plan", "-1"), ("validate", "-1"), ("blocks", "-1")]
+    data = json.loads((out / "gpu_check.json").read_text())
+    assert not data["passed"] and "profile" not in data and "A STEP FAILED" in done.stdout
+
+
 def test_the_gpu_slug_and_byte_sizes():
     check = _load_check()
     assert check.gpu_slug({"device": {"gpu": "H200"}}) == "h200"
