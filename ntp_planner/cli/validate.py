@@ -69,19 +69,11 @@ ShrunkSeqOpt = Annotated[
         "--seq-len",
         min=1,
         max=65536,
-        help="Tokens per sequence of the shrunk run (default 8), at least enough for its batch to hold every "
-        "vocabulary id: longer ones give timing more compute per step (and fp32 more rounding: allow a larger "
-        "--tolerance).",
+        help="Tokens per sequence of the shrunk run (default 8), at least enough for its batch to hold every vocabulary"
+        " id: longer ones give timing more compute per step (and fp32 more rounding: allow a larger --tolerance).",
     ),
 ]
-FullSizeOpt = Annotated[
-    bool,
-    typer.Option(
-        "--full-size",
-        help="Run a one-GPU plan unshrunk: the model's own width, layers and vocabulary at the plan's sequence and "
-        "batch, on one process (a ~1B model on one GPU; on CPU a toy model).",
-    ),
-]
+FullSizeOpt = Annotated[bool, typer.Option("--full-size", help="Run a one-GPU plan unshrunk, as planned, on 1 rank.")]
 RecordOpt = Annotated[
     Path | None,
     typer.Option("--record", help="With --profile: append the run (measured and predicted) to this JSON-lines file."),
@@ -224,7 +216,9 @@ def validate(
     n, torchrun = _world_size(torch, backend, 1 if full and nproc is None else nproc)
     measured_profile = None if profile is None else _machine_profile(profile, backend)
     if full:
-        shrunk, cuts = _full_run(torch, p, n, backend, steps, seed, dtype)
+        from ntp_planner.executor.shrink.full import device_memory_bytes, full_run
+
+        shrunk, cuts = full_run(p, n, backend, steps, seed, dtype, device_memory_bytes(backend))
     else:
         shrunk, cuts = _shrunk_run(p, n, replan_result, steps, seed, seq_len, dtype, json_out)
     replan_fields = {} if replan_result is None else _replan_coverage(replan_result, shrunk, n)
@@ -319,21 +313,6 @@ def _shrunk_run(plan, n: int, replan_result, steps: int, seed: int, seq_len: int
         typer.echo(f"error: {mismatches(cuts)}.", err=True)
         raise typer.Exit(1)
     return shrunk, cuts
-
-
-def _full_run(torch, plan, n: int, backend: str, steps: int, seed: int, dtype: str):
-    """The one-GPU ``plan`` unshrunk on one process (``shrink.full``), if its state fits the GPU or host."""
-    import os
-
-    from ntp_planner.executor.shrink.full import full_run
-
-    gpu = backend == "nccl"
-    memory = (
-        torch.cuda.get_device_properties(0).total_memory
-        if gpu
-        else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    )
-    return full_run(plan, n, backend, steps, seed, dtype, memory)
 
 
 def _machine_profile(path: Path, backend: str):

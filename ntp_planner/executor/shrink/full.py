@@ -11,8 +11,8 @@ training step: what `ntp validate --profile` then predicts is the plan's own ste
 
 The reference trains the whole batch at once beside the run, so both need memory: the run
 holds weights, gradients and AdamW's two moments (``STATE_BYTES``), and on CPU the reference
-holds as much again in the same host (``memory_check``). No
-torch here.
+holds as much again in the same host (``memory_check``). Torch only in ``device_memory_bytes``,
+imported when it is called.
 """
 
 from __future__ import annotations
@@ -108,3 +108,14 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.2f}{unit}"
     return f"{n / 1e3:.1f}K"
+
+
+def device_memory_bytes(backend: str) -> float:
+    """Memory the run computes in: the first GPU's (nccl), or this host's (gloo)."""
+    if backend == "nccl":
+        import torch
+
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    import os
+
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
