@@ -116,8 +116,9 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
         losses.append(comm.world_reduce(torch.tensor([share], device=device)).item())
     if engine:
         engine.materialize()
+    memory = rank_memory(weights, opt, meter, device, engine)  # before the gather's buffers join the CUDA peak
     held = comm.gather_objects(holdings(model, spec, rank, first_grads))
-    row = [v for r in clock.rows for v in r] + rank_memory(weights, opt, meter, device, engine)
+    row = [v for r in clock.rows for v in r] + memory
     stats = gather_rows(comm, row, rank, spec.world_size, device)
     if rank == 0:
         holders = [h for rank_held in held for h in rank_held]
