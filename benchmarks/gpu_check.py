@@ -103,11 +103,28 @@ def nbytes(n: float) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """The JSON object a step printed, or None: the whole file, or else the object that starts at
+    its first line reading ``{`` (a library that logs to stdout, NCCL_DEBUG's, say, puts lines first).
+
+    >>> import tempfile
+    >>> f = Path(tempfile.mkdtemp()) / "x.out"
+    >>> _ = f.write_text('NCCL INFO ring 0\\n{\\n "passed": true\\n}\\n')
+    >>> read_json(f), read_json(f.with_name("missing.out"))
+    ({'passed': True}, None)
+    """
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
         return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        start = text.find("\n{\n")
+        try:
+            return json.JSONDecoder().raw_decode(text[start + 1 :])[0] if start >= 0 else None
+        except ValueError:
+            return None
 
 
 def _steps(folder: Path) -> list[dict]:
@@ -157,10 +174,10 @@ def validate_figures(v: dict) -> dict:
 def summary(folder: Path, device: str) -> tuple[dict, list]:
     """(gpu_check.json's content, the renderables to print)."""
     steps = _steps(folder)
-    profile = _read_json(folder / "profile.json")
-    plan_out = _read_json(folder / "plan.out")
-    val = _read_json(folder / "validate.out")
-    blocks = _read_json(folder / "blocks.json")
+    profile = read_json(folder / "profile.json")
+    plan_out = read_json(folder / "plan.out")
+    val = read_json(folder / "validate.out")
+    blocks = read_json(folder / "blocks.json")
     data: dict = {"device": device, "passed": all(s["ok"] for s in steps), "steps": steps}
     if profile is not None:
         best = max(profile["gemms"], key=lambda g: g["flops_per_s"])

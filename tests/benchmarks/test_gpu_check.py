@@ -1,6 +1,7 @@
 """`benchmarks/gpu_check.sh --device cpu`: the GPU check's dry run on CPU and gloo, so that the
 script a GPU machine will run stays working where there is none (about 25 s on two cores)."""
 
+import doctest
 import importlib.util
 import json
 import math
@@ -141,6 +142,8 @@ def test_a_failed_step_skips_the_steps_that_need_it_and_exits_1(tmp_path):
 
 def test_the_gpu_slug_and_byte_sizes():
     check = _load_check()
+    ran = doctest.testmod(check)  # pytest skips benchmarks/: gpu_slug's and read_json's examples
+    assert ran.failed == 0 and ran.attempted >= 4
     assert check.gpu_slug({"device": {"gpu": "H200"}}) == "h200"
     assert check.gpu_slug({"device": {"gpu": "cuda-nvidia-l40s"}}) == "nvidia-l40s"
     assert (check.nbytes(3 * 2**30), check.nbytes(1.5 * 2**20), check.nbytes(512)) == ("3.00 GiB", "1.50 MiB",
