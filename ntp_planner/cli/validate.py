@@ -170,7 +170,7 @@ def validate(
              ntp validate plan.json --dtype float64
              ntp validate plan.json --profile profile.json --record runs.jsonl
              ntp validate plan.json --steps 8 --fail 1@3 --repair 1@6 --policy ntp
-             ntp validate one_gpu_plan.json --full-size --backend nccl --profile profile.json
+             ntp validate one_gpu.json --full-size --backend nccl
     """
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
