@@ -34,6 +34,7 @@ TOO_LONG: dict[str, str] = {
     "ntp_planner/cli/failures.py": "being split (issue 23)",
     "ntp_planner/cli/failures.py::simulate": "being split (issue 23)",
     "ntp_planner/cli/plan.py::plan": "being split (issue 23)",
+    "ntp_planner/cli/validate.py": "being split (issue 23)",
     "ntp_planner/cli/validate.py::validate": "being split (issue 23)",
 }
 

@@ -64,15 +64,16 @@ ValidateProfileOpt = Annotated[
     ),
 ]
 ShrunkSeqOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--seq-len",
         min=1,
         max=65536,
-        help="Tokens per sequence of the shrunk run, at least enough for its batch to hold every vocabulary id: "
-        "longer ones give timing more compute per step (and fp32 more rounding: allow a larger --tolerance).",
+        help="Tokens per sequence of the shrunk run (default 8), at least enough for its batch to hold every vocabulary"
+        " id: longer ones give timing more compute per step (and fp32 more rounding: allow a larger --tolerance).",
     ),
 ]
+FullSizeOpt = Annotated[bool, typer.Option("--full-size", help="Run a one-GPU plan unshrunk, as planned, on 1 rank.")]
 RecordOpt = Annotated[
     Path | None,
     typer.Option("--record", help="With --profile: append the run (measured and predicted) to this JSON-lines file."),
@@ -135,7 +136,7 @@ def validate(
     timeout: TimeoutOpt = 180.0,
     tolerance: ToleranceOpt = None,
     seed: WeightSeedOpt = 0,
-    seq_len: ShrunkSeqOpt = 8,
+    seq_len: ShrunkSeqOpt = None,
     profile: ValidateProfileOpt = None,
     record: RecordOpt = None,
     fault: FaultOpt = None,
@@ -147,6 +148,7 @@ def validate(
     spares: LiveSparesOpt = 0,
     checkpoint_every: CheckpointEveryOpt = 0,
     checkpoint_dir: CheckpointDirOpt = None,
+    full: FullSizeOpt = False,
 ) -> None:
     """Run a plan for real on a shrunk model with torch.distributed and compare it with one process.
 
@@ -168,6 +170,7 @@ def validate(
              ntp validate plan.json --dtype float64
              ntp validate plan.json --profile profile.json --record runs.jsonl
              ntp validate plan.json --steps 8 --fail 1@3 --repair 1@6 --policy ntp
+             ntp validate one_gpu.json --full-size --backend nccl
     """
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
@@ -193,6 +196,12 @@ def validate(
         )
     if not live and (policy != "ntp" or spares or checkpoint_every or checkpoint_dir is not None):
         raise InputError("--policy, --spares and --checkpoint-* shape a live recovery; add --fail RANK@STEP")
+    if full and (live or replan_file or seq_len is not None):
+        raise InputError("--full-size runs the plan's own model, sequence and batch on one process; drop --fail, "
+                         "--repair, --replan and --seq-len")  # fmt: skip
+    from ntp_planner.executor.shrink.run import SEQ_LEN
+
+    seq_len = SEQ_LEN if seq_len is None else seq_len
     torch = _import_torch()
     from ntp_planner.plan import Plan
     from ntp_planner.replan_result import ReplanResult
@@ -205,9 +214,14 @@ def validate(
                               (fails, repairs, policy, spares, checkpoint_every, checkpoint_dir))  # fmt: skip
     replan_result = None if replan_file is None else ReplanResult.load(replan_file, p, "validate")
     injected = _parse_fault(fault)
-    n, torchrun = _world_size(torch, backend, nproc)
+    n, torchrun = _world_size(torch, backend, 1 if full and nproc is None else nproc)
     measured_profile = None if profile is None else _machine_profile(profile, backend)
-    shrunk, cuts = _shrunk_run(p, n, replan_result, steps, seed, seq_len, dtype, json_out)
+    if full:
+        from ntp_planner.executor.shrink.full import device_memory_bytes, full_run
+
+        shrunk, cuts = full_run(p, n, backend, steps, seed, dtype, device_memory_bytes(backend))
+    else:
+        shrunk, cuts = _shrunk_run(p, n, replan_result, steps, seed, seq_len, dtype, json_out)
     replan_fields = {} if replan_result is None else _replan_coverage(replan_result, shrunk, n)
     if measured_profile is not None:
         from ntp_planner.profiler.for_run import complete_profile

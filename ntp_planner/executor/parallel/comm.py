@@ -93,7 +93,10 @@ class Comm:
         return t
 
     def gather_objects(self, obj) -> list | None:
-        """Every rank's picklable ``obj``, in rank order, on rank 0 (None on the others); untimed."""
+        """Every rank's picklable ``obj``, in rank order, on rank 0 (None on the others); untimed.
+        One process keeps its own: a full-size model's holdings are gigabytes to pickle and copy."""
+        if dist.get_world_size() == 1:
+            return [obj]
         out = [None] * dist.get_world_size() if self.rank == 0 else None
         with self._counted():
             dist.gather_object(obj, out, dst=0)

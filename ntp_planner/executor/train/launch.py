@@ -132,7 +132,7 @@ def launch(
         with supervised(procs):
             _watch(spec, procs, progress, errs, timeout_s, tick)
         got = torch.load(out)
-    ref = reference_run(spec)
+    ref = reference_run(spec, device="cuda" if backend == "nccl" else "cpu")  # a full-size model's is a GPU's work
     return _compare(spec, got, ref, time.perf_counter() - start)
 
 

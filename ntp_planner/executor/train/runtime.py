@@ -74,8 +74,9 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
         losses.append(comm.world_reduce(torch.tensor([share], device=device)).item())
     if engine:
         engine.materialize()
+    memory = rank_memory(weights, tr.opt, meter, device, engine)  # before the gather's buffers join the CUDA peak
     held = comm.gather_objects(holdings(tr.model, spec, rank, first_grads))
-    row = [v for r in clock.rows for v in r] + rank_memory(weights, tr.opt, meter, device, engine)
+    row = [v for r in clock.rows for v in r] + memory
     stats = gather_rows(comm, row, rank, spec.world_size, device)
     if rank == 0:
         holders = [h for rank_held in held for h in rank_held]
@@ -84,32 +85,34 @@ def run_rank(rank: int, spec: RunSpec, init_method: str, backend: str, out_file:
     dist.destroy_process_group()
 
 
-def reference_run(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad_step: int = 0) -> dict:
+def reference_run(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad_step: int = 0,
+                  device: str = "cpu") -> dict:  # fmt: skip
     """The same training in one process on the whole batch (mean over its tokens). With
     ``samples``, one step per (first sample, count) on exactly those samples of the pool (a live
     run's log: ``batch.sample_rows``), and the gradients reported are those of step ``grad_step``. In mixed
     precision (bf16) the model is a bf16 copy of fp32 master weights: its gradients become fp32,
     AdamW updates the masters and the copy is cast from them again; parameters are reported as
-    the copy's, in fp32."""
+    the copy's, in fp32. ``device``: where it computes (a full-size model's reference on "cuda":
+    the weights are made on the CPU, as the ranks make theirs, then moved); results on the CPU."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(default_dtype(spec))
     try:
-        return _reference(spec, samples, grad_step)
+        return _reference(spec, samples, grad_step, torch.device(device))
     finally:
         torch.set_default_dtype(previous)
 
 
-def _reference(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad_step: int = 0) -> dict:
+def _reference(spec: RunSpec, samples: list[tuple[int, int]] | None, grad_step: int, device: torch.device) -> dict:
     mixed = spec.dtype in MASTER_DTYPE
-    master = Reference(spec.cfg, seed=spec.seed)
-    model = Reference(spec.cfg, seed=spec.seed).to(getattr(torch, spec.dtype)) if mixed else master
+    master = Reference(spec.cfg, seed=spec.seed).to(device)
+    model = Reference(spec.cfg, seed=spec.seed).to(device, getattr(torch, spec.dtype)) if mixed else master
     opt = torch.optim.AdamW(list(master.parameters()), lr=spec.lr, **ADAMW)
-    tokens, targets = synthetic_batch(spec)
+    tokens, targets = (t.to(device) for t in synthetic_batch(spec))
     if samples is None:
         samples = [(0, spec.total_sequences)] * spec.steps
     losses, grads = [], {}
     for step, (first, count) in enumerate(samples):
-        rows = sample_rows(spec, first, count)
+        rows = sample_rows(spec, first, count).to(device)
         model.zero_grad()
         loss = model.loss(tokens[rows], targets[rows])
         loss.backward()
@@ -117,7 +120,7 @@ def _reference(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad
             for m, p in zip(master.parameters(), model.parameters(), strict=True):
                 m.grad = p.grad.float()
         if step == grad_step:
-            grads = {k: v.grad.clone() for k, v in master.named_parameters()}
+            grads = {k: v.grad.cpu().clone() for k, v in master.named_parameters()}
         opt.step()
         if mixed:
             with torch.no_grad():
@@ -125,5 +128,5 @@ def _reference(spec: RunSpec, samples: list[tuple[int, int]] | None = None, grad
                     p.copy_(m)
         losses.append(loss.item())
     dtype = torch.get_default_dtype()  # the masters' (fp32 in mixed precision)
-    params = {k: v.detach().to(dtype, copy=True) for k, v in model.named_parameters()}
+    params = {k: v.detach().to("cpu", dtype, copy=True) for k, v in model.named_parameters()}
     return {"losses": losses, "grads": grads, "params": params}
