@@ -1,6 +1,7 @@
 """One rank's expert-parallel MoE share (``expert``) against the one-process reference
 (``model.moe.moe_reference``, float64): ep 1 forward and backward, the TP partials of the
-experts' width summed, ``_local_experts`` on a hand-made counts matrix, the autograd pieces."""
+experts' width summed, ep 2's all-to-all dispatch and combine on two forked gloo ranks,
+``_local_experts`` on a hand-made counts matrix, the autograd pieces."""
 
 import pytest
 
@@ -19,6 +20,7 @@ from ntp_planner.executor.parallel.expert import (  # noqa: E402
 )
 from ntp_planner.executor.parallel.tensor import rank_slice  # noqa: E402
 from ntp_planner.executor.spec import TinyConfig, make_spec  # noqa: E402
+from tests.support.gloo_ranks import run_ranks  # noqa: E402
 
 MOE = TinyConfig(layers=1, experts=4, top_k=2, expert_ffn=12, moe_layers=(0,), shared_ffn=8, aux_coeff=0.1)
 BATCH, SEQ = 2, 5
@@ -133,3 +135,55 @@ def test_scale_grad_and_attach_aux_by_hand():
     assert out.tolist() == [2.0, 3.0]
     (out * torch.tensor([5.0, 7.0])).sum().backward()
     assert y.grad.tolist() == [5.0, 7.0] and w.grad.item() == 8.0 and sink == [16.0]
+
+
+# ---- ep 2 on two forked gloo ranks -----------------------------------------------------------
+EP2 = make_spec(MOE, [[1, 1, 1]], [([1], 1), ([1], 1)], BATCH, SEQ, dtype="float64", ep=2)
+
+
+def ep2_inputs():
+    """The layer, each rank's own batch and output gradient (float64, fixed seeds)."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        layer = Reference(MOE, seed=11).layers[0]
+    finally:
+        torch.set_default_dtype(torch.float32)
+    gen = torch.Generator().manual_seed(12)
+    hs = [torch.randn(BATCH, SEQ, MOE.hidden, generator=gen, dtype=torch.float64) for _ in range(2)]
+    gs = [torch.randn(BATCH, SEQ, MOE.hidden, generator=gen, dtype=torch.float64) for _ in range(2)]
+    return layer, hs, gs
+
+
+def _ep2_rank(rank: int) -> dict:
+    layer, hs, gs = ep2_inputs()
+    mine = local_experts(MOE, 2, rank)  # experts 0-1 on rank 0, 2-3 on rank 1
+    p = {k: getattr(layer, k).detach() for k in moe_keys(MOE)}
+    p = {k: (t[mine] if k.startswith("expert_") else t).clone().requires_grad_(True) for k, t in p.items()}
+    comm = Comm(EP2, rank)
+    where = ExpertPlace(MOE, comm, ep_ranks=(0, 1), ep_rank=rank, cp_ranks=(rank,), seq_len=SEQ)
+    h = hs[rank].clone().requires_grad_(True)
+    sink: list = []
+    y = rank_moe(h, h, p, where, (rank,), 1.0, 1.0 / (2 * BATCH * SEQ), sink)  # aux over both ranks' tokens
+    (y * gs[rank]).sum().backward()
+    return {"y": y.detach(), "h": h.grad, "aux": sink, "ep_s": comm.spent_s["ep"], **{k: p[k].grad for k in p}}
+
+
+def test_ep2_dispatch_and_combine_equal_the_reference_over_both_batches(tmp_path):
+    # each rank routes its own batch; an expert's owner gets every row routed to it (both ranks'),
+    # so its gradient is the whole batch's; the router and shared expert hold each rank's part
+    results = run_ranks(2, _ep2_rank, tmp_path)
+    layer, hs, gs = ep2_inputs()
+    h = torch.cat(hs).requires_grad_(True)
+    y, aux = moe_reference(h, layer, MOE)  # one process, both batches, every expert
+    ((y * torch.cat(gs)).sum() + aux).backward()
+    for rank, got in enumerate(results):
+        rows = slice(rank * BATCH, (rank + 1) * BATCH)
+        torch.testing.assert_close(got["y"], y[rows].detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got["h"], h.grad[rows], rtol=1e-12, atol=1e-12)
+        for k in ("expert_gate", "expert_up", "expert_down"):
+            want = getattr(layer, k).grad[local_experts(MOE, 2, rank)]
+            torch.testing.assert_close(got[k], want, rtol=1e-12, atol=1e-12, msg=f"rank {rank} {k}")
+        assert got["ep_s"] > 0  # the counts and both rows' exchanges, forward and backward
+    for k in ("router", "shared_gate", "shared_up", "shared_down"):  # summed later by the data sync
+        torch.testing.assert_close(results[0][k] + results[1][k], getattr(layer, k).grad, rtol=1e-12, atol=1e-12)
+    assert results[0]["aux"][0] + results[1]["aux"][0] == pytest.approx(aux.item(), rel=1e-12)
