@@ -27,9 +27,6 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {}
 TOO_LONG: dict[str, str] = {
     "ntp_planner/executor/elastic/coordinator.py": "being split (issue 23)",
     "ntp_planner/executor/elastic/coordinator.py::Coordinator._reconfigure": "being split (issue 23)",
-    "ntp_planner/executor/shrink/run.py": "being split (issue 23)",
-    "ntp_planner/executor/shrink/run.py::shrink": "being split (issue 23)",
-    "ntp_planner/executor/spec.py::make_spec": "being split (issue 23)",
     "ntp_planner/cli/estimate.py::estimate": "being split (issue 23)",
     "ntp_planner/cli/failures.py": "being split (issue 23)",
     "ntp_planner/cli/failures.py::simulate": "being split (issue 23)",

@@ -251,27 +251,8 @@ def make_spec(
         raise ValueError(f"{len(chunk_degrees)} chunks of degrees do not split into pp stages of vpp({vpp}) chunks")
     pp = len(chunk_degrees) // vpp
     healthy = width or max(max(d) for d in chunk_degrees)
-    layer = 0
-    chunk_blocks = []
-    for c, degrees in enumerate(chunk_degrees):
-        kinds = ["layer"] * len(degrees)
-        if c == 0:
-            kinds[0] = "embed"
-        if c == len(chunk_degrees) - 1:
-            kinds[-1] = "head"
-        blocks = []
-        for kind in kinds:
-            blocks.append((kind, layer if kind == "layer" else -1))
-            layer += kind == "layer"
-        chunk_blocks.append(blocks)
-    next_rank = 0
-    ranks: dict[tuple[int, int, int], tuple[int, ...]] = {}
-    stage_slots = RankGrid(cp=cp, dp=len(replicas), pp=pp)  # one rank per TP group
-    for slot in range(stage_slots.world_size):
-        _, c, r, s = stage_slots.coords(slot)
-        width = replicas[r][0][s]
-        ranks[r, c, s] = tuple(range(next_rank, next_rank + width))
-        next_rank += width
+    chunk_blocks = _chunk_blocks([len(d) for d in chunk_degrees])
+    ranks = _stage_ranks(replicas, cp, pp)
     reps = []
     for r, (widths, micro) in enumerate(replicas):
         for c in range(cp):
@@ -286,3 +267,41 @@ def make_spec(
                 stages.append(StageSpec(ranks[r, c, s], tuple(held), sizes))
             reps.append(ReplicaSpec(tuple(stages), micro, c))
     return RunSpec(cfg, tuple(reps), micro_batch, seq_len, cp, vpp=vpp, **run)
+
+
+def _chunk_blocks(lengths: list[int]) -> list[list[tuple[str, int]]]:
+    """(kind, layer) of every block of each model chunk: the embedding opens the first chunk,
+    the LM head closes the last, layers are numbered across chunks in model order.
+
+    >>> _chunk_blocks([2, 1, 2])
+    [[('embed', -1), ('layer', 0)], [('layer', 1)], [('layer', 2), ('head', -1)]]
+    """
+    layer, out = 0, []
+    for c, n in enumerate(lengths):
+        kinds = ["layer"] * n
+        if c == 0:
+            kinds[0] = "embed"
+        if c == len(lengths) - 1:
+            kinds[-1] = "head"
+        blocks = []
+        for kind in kinds:
+            blocks.append((kind, layer if kind == "layer" else -1))
+            layer += kind == "layer"
+        out.append(blocks)
+    return out
+
+
+def _stage_ranks(
+    replicas: list[tuple[list[int], int]], cp: int, pp: int
+) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    """Process ranks of every (replica, cp rank, stage): the TP groups in the project's rank
+    order (``RankGrid`` over one slot per TP group: cp, then replica, then stage), each numbering
+    as many ranks as its width (an NTP stage fewer)."""
+    next_rank, ranks = 0, {}
+    stage_slots = RankGrid(cp=cp, dp=len(replicas), pp=pp)  # one rank per TP group
+    for slot in range(stage_slots.world_size):
+        _, c, r, s = stage_slots.coords(slot)
+        width = replicas[r][0][s]
+        ranks[r, c, s] = tuple(range(next_rank, next_rank + width))
+        next_rank += width
+    return ranks

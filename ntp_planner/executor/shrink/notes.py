@@ -4,6 +4,8 @@ no degraded replica. Pure text from the plan, the re-plan and the shrink's choic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ntp_planner.replan_result import ReplanResult
 
 MAX_STAGES = 4  # the shrink runs at most this many pipeline stages (``shrink._fit``)
@@ -160,3 +162,106 @@ def no_degraded_warning(replan: ReplanResult, picked: list[int], nproc: int) -> 
         + (f" ({', '.join(covered)})" if covered else "")
         + tail
     )
+
+
+def _moe_notes(model, lay, cfg, picks, cp: int, ep: int) -> tuple[list[str], list[str]]:
+    """(what the shrink did to the experts, what of them is not executed)."""
+    if not model.num_experts:
+        return [], []
+    kept = (
+        f"experts {model.num_experts} -> {cfg.experts} (top-{cfg.top_k}"
+        + (" kept" if cfg.top_k == model.moe_top_k else f", the plan's top-{model.moe_top_k} cut to the experts")
+        + ", dropless"
+        + (
+            ", two per EP rank so each rank's tokens are sorted among its experts"
+            if cfg.experts > model.num_experts
+            else ""
+        )
+        + "), "
+        f"expert width {model.moe_ffn_hidden_size} -> {cfg.expert_ffn}"
+        + (f", shared expert {model.moe_shared_ffn_hidden_size} -> {cfg.shared_ffn}" if cfg.shared_ffn else "")
+        + f", MoE layers {', '.join(map(str, cfg.moe_layers)) or 'none'} of the run's {cfg.layers}"
+        + (f", ep {lay.ep} kept" if ep == lay.ep > 1 else f", ep {lay.ep} -> {ep}" if lay.ep > 1 else "")
+    )
+    skipped = []
+    if ep < lay.ep:
+        if len({tuple(p[1]) for p in picks}) > 1:
+            why = "replicas of different TP widths (NTP) do not hold the same expert slices"
+        else:
+            why = f"an ep of k needs k pipelines (replicas x cp), the run has {len(picks) * cp}; more processes keep it"
+        skipped.append(f"ep {lay.ep} (run at ep {ep}: {why})")
+    return [kept], skipped
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the shrink chose, for its notes."""
+
+    pp: int  # run stages
+    cp: int
+    seq_len: int  # tokens per sequence
+    groups: list  # plan stages merged into each run stage
+    mb: int  # sequences per micro-batch
+    run_micro: list  # micro-batches of each run replica
+    vpp: int
+    ep: int
+    zero: int
+
+
+def shrink_notes(plan, cfg, run: RunShape, picks, replan, nproc: int | None, wanted: int) -> list[str]:
+    """Sentences on what the shrink kept, changed and does not execute, and why. ``wanted``: the
+    replicas the healthy plan's run would keep (``run.wanted_replicas``)."""
+    lay, model = plan.layout, plan.model
+    pp, cp, seq_len, groups, mb = run.pp, run.cp, run.seq_len, run.groups, run.mb
+    run_micro, vpp, ep, zero = run.run_micro, run.vpp, run.ep, run.zero
+    notes = [
+        f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per "
+        f"{'chunk' if vpp > 1 else 'stage'}), "
+        f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
+        f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
+        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens"
+        " (enough for every cp chunk and sequence-parallel piece; no TP cut depends on the length)",
+        f"{model.family} blocks kept: {cfg.norm} norm, {cfg.mlp} MLP, {'' if cfg.bias else 'no '}linear biases, "
+        f"{cfg.positions} positions" + (f"; {lay.recompute} recompute kept" if lay.recompute != "none" else ""),
+        f"pipeline {lay.pp} stages -> {pp}"
+        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
+        + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
+        + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
+        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
+        + replicas_why(lay.dp, len(picks), replan, nproc, wanted, ep, zero or 0),
+        f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
+        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
+        + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))
+        + (f" (multiples of pp {pp}: the interleaved schedule needs them)" if vpp > 1 else ""),
+    ]
+    if lay.cp > 1:
+        notes.append(
+            f"context parallelism cp {lay.cp}"
+            + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more processes keep it)")
+        )
+    moe_kept, moe_skipped = _moe_notes(model, lay, cfg, picks, cp, ep)
+    notes += moe_kept
+    skipped = list(moe_skipped)
+    if lay.vpp > vpp:
+        skipped += [f"vpp {lay.vpp} (only one pipeline stage fits and interleaving needs two; plain 1F1B)"]
+    if lay.sequence_parallel and lay.is_per_layer:
+        skipped += [
+            "sequence parallelism on stages with lower-degree copies (all-reduce there: a copy holds whole "
+            "sequences of its share of the micro-batch, so the executor splits sequences only where every block "
+            "runs at the stage width)"
+        ]
+    if zero != lay.zero:
+        skipped += [
+            f"ZeRO-{lay.zero}'s per-micro-batch parameter gathers between replicas of different TP degrees or "
+            f"micro-batches (run as ZeRO-{zero}: the same sharded optimizer state and gradients)"
+        ]
+    skipped += ["tied input and output embeddings (run as two matrices)"] if model.tie_embeddings else []
+    skipped += [f"dropout {model.dropout:g} (off: the check is deterministic)"] if model.dropout else []
+    if skipped:
+        notes.append("not executed: " + "; ".join(skipped))
+    if replan is not None:
+        notes.append(f"re-plan ({replan.policy}): replicas run at stage widths " + "; ".join(
+            f"{p[0]}: {'/'.join(map(str, p[1]))}" for p in picks
+        ))  # fmt: skip
+        notes += replan_pick_notes(replan, [p[0] for p in picks])
+    return notes

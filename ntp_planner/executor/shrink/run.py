@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from cost_models.model import ModelSpec
-from ntp_planner.executor.shrink.notes import cut_runs_note, micro_why, replan_pick_notes, replicas_why, stages_why
+from ntp_planner.executor.shrink.notes import RunShape, cut_runs_note, shrink_notes
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
@@ -107,64 +107,28 @@ def shrink(
     w = lay.tp
     if replan is not None:
         replan.check_against(plan)
-    micro = lay.num_micro_batches
-    if replan is None:
-        active = [(r, [w] * lay.pp, micro) for r in range(lay.dp)]
-        picks = active[: wanted_replicas(lay)]
-    else:
-        active = [
-            (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
-            for x in replan.replicas
-            if x.status != "dropped"
-        ]
-        if not active:
-            raise ValueError("every replica of the re-plan is dropped; there is nothing to run")
-        kinds: dict = {}
-        for rep in sorted(active, key=lambda x: (min(x[1]) != w, x[0])):  # healthy first
-            kinds.setdefault((tuple(rep[1]), rep[2]), rep)
-        picks = list(kinds.values())
-        if len(picks) == 1 and len(active) > 1:
-            picks.append(next(x for x in active if x is not picks[0]))
-    pp, picks, cp = _fit(picks, lay.pp, w, nproc, replan is not None, lay.cp)
+    pp, picks, cp = _fit(_picks(plan, replan), lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
     vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
     ep, picks = _ep(lay, picks, cp, replan)
     chunk_degrees, cut, moe_flags = _chunk_degrees(plan, groups, vpp)
-    layer_count = sum(len(d) for d in chunk_degrees) - 2
-    moe_layers = [i for i, is_moe in enumerate(moe_flags) if is_moe]
+    moe_layers = tuple(i for i, is_moe in enumerate(moe_flags) if is_moe)
     ep = ep if moe_layers else 1  # the layers kept may all be dense
     widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
     # sequences per micro-batch: every copy of every block needs one
-    copies = [w // t for d in chunk_degrees for t in d]
-    mb = math.lcm(*copies)
-    # the interleaved schedule needs micro-batches in multiples of pp (``spec.check``)
-    unit = pp if vpp > 1 else 1
-    m = min(micro, max(2 * pp, 2)) // unit * unit
-    ratios = [n / micro for *_, n in picks]
-    if any(r < 1 for r in ratios):
-        m = max(m, 2 * unit)
-    run_micro = [scaled_micro_batches(r, m, unit) for r in ratios]
+    mb = math.lcm(*(w // t for d in chunk_degrees for t in d))
+    run_micro = _run_micro([n / lay.num_micro_batches for *_, n in picks], lay.num_micro_batches, pp, vpp)
     degrees = {t for d in chunk_degrees for t in d} | {x for ws in widths for x in ws}
     degrees |= {x - k for ws in widths for x in ws for k in range(1, min(failures, x - 1) + 1)}
-    modulus = math.lcm(*degrees)
-    head_dim = 4 if model.num_heads <= 32 else 2
     # every cp chunk needs a token, and a token per rank under sequence parallelism
     seq_len = max(seq_len, cp * (w if lay.sequence_parallel else 1))
-    cfg = TinyConfig(
-        vocab=_same_remainder(model.vocab_size, modulus, 64),
-        hidden=model.num_heads * head_dim,
-        layers=layer_count,
-        heads=model.num_heads,
-        kv_heads=model.num_kv_heads,
-        ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
-        **block_style(model),
-        max_positions=seq_len,
-        **_experts(model, modulus, w, ep, tuple(moe_layers)),
-    )
+    layer_count = sum(len(d) for d in chunk_degrees) - 2
+    cfg = _tiny_config(model, math.lcm(*degrees), w, ep, moe_layers, layer_count, seq_len)
     # ZeRO-3 gathers every micro-batch over the replicas: they must hold each block alike, as often
     uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
     zero = 2 if lay.zero == 3 and not uniform else lay.zero
-    notes = _notes(plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp, nproc, ep, zero) + cut
+    run = RunShape(pp, cp, seq_len, groups, mb, run_micro, vpp, ep, zero)
+    notes = shrink_notes(plan, cfg, run, picks, replan, nproc, wanted_replicas(lay)) + cut
     spec = make_spec(
         cfg,
         chunk_degrees,
@@ -183,7 +147,64 @@ def shrink(
         zero=zero,
         reshard_after_forward=lay.reshard_after_forward if zero == 3 else True,
     )
-    ranks, grid = [], lay.rank_grid
+    ranks = _placed(plan, replan, groups, picks, widths, cp)
+    return Shrunk(spec, ranks, tuple(p[0] for p in picks), tuple(groups))
+
+
+def _picks(plan: Plan, replan: ReplanResult | None) -> list[tuple[int, list[int], int]]:
+    """(plan replica, stage widths, micro-batches) of the replicas worth running: the healthy
+    plan's first ``wanted_replicas``, or one replica of each kind a re-plan made (healthy first),
+    and a second replica when the re-plan made only one kind."""
+    lay, w, micro = plan.layout, plan.layout.tp, plan.layout.num_micro_batches
+    if replan is None:
+        return [(r, [w] * lay.pp, micro) for r in range(lay.dp)][: wanted_replicas(lay)]
+    active = [
+        (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
+        for x in replan.replicas
+        if x.status != "dropped"
+    ]
+    if not active:
+        raise ValueError("every replica of the re-plan is dropped; there is nothing to run")
+    kinds: dict = {}
+    for rep in sorted(active, key=lambda x: (min(x[1]) != w, x[0])):  # healthy first
+        kinds.setdefault((tuple(rep[1]), rep[2]), rep)
+    picks = list(kinds.values())
+    if len(picks) == 1 and len(active) > 1:
+        picks.append(next(x for x in active if x is not picks[0]))
+    return picks
+
+
+def _run_micro(ratios: list[float], micro: int, pp: int, vpp: int) -> list[int]:
+    """Micro-batches of each run replica: the plan's, at most max(2 pp, 2), in multiples of pp
+    under interleaving (``spec.check``), each replica's share of the batch kept."""
+    unit = pp if vpp > 1 else 1
+    m = min(micro, max(2 * pp, 2)) // unit * unit
+    if any(r < 1 for r in ratios):
+        m = max(m, 2 * unit)
+    return [scaled_micro_batches(r, m, unit) for r in ratios]
+
+
+def _tiny_config(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...], layers: int, seq_len: int):
+    """The shrunk decoder: the plan's heads and KV heads, FFN width and vocabulary with their
+    remainders modulo every degree in use, the block style, the experts (``_experts``)."""
+    head_dim = 4 if model.num_heads <= 32 else 2
+    return TinyConfig(
+        vocab=_same_remainder(model.vocab_size, modulus, 64),
+        hidden=model.num_heads * head_dim,
+        layers=layers,
+        heads=model.num_heads,
+        kv_heads=model.num_kv_heads,
+        ffn=_same_remainder(model.ffn_hidden_size, modulus, max(64, 4 * w)),
+        **block_style(model),
+        max_positions=seq_len,
+        **_experts(model, modulus, w, ep, moe_layers),
+    )
+
+
+def _placed(plan: Plan, replan, groups, picks, widths, cp: int) -> tuple[tuple[int, int | None], ...]:
+    """Per run process (stage-major, then replica, cp chunk, TP rank): the plan rank it stands
+    for and that rank's GPU (the re-plan's when there is one)."""
+    ranks, grid = [], plan.layout.rank_grid
     gpus = plan.placement if replan is None else replan.rank_to_gpu
     for j, g in enumerate(groups):
         for (r, *_), ws in zip(picks, widths, strict=True):
@@ -191,7 +212,7 @@ def shrink(
                 for i in range(ws[j]):
                     plan_rank = grid.rank(tp=i, cp=c, dp=r, pp=g[0])
                     ranks.append((plan_rank, gpus[plan_rank]))
-    return Shrunk(spec, tuple(ranks), tuple(p[0] for p in picks), tuple(groups))
+    return tuple(ranks)
 
 
 def _chunk_degrees(
@@ -324,89 +345,3 @@ def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) 
         "moe_layers": moe_layers,
         "shared_ffn": _same_remainder(shared, modulus, max(16, 2 * w)) if shared else 0,
     }
-
-
-def _moe_notes(model, lay, cfg, picks, cp: int, ep: int) -> tuple[list[str], list[str]]:
-    """(what the shrink did to the experts, what of them is not executed)."""
-    if not model.num_experts:
-        return [], []
-    kept = (
-        f"experts {model.num_experts} -> {cfg.experts} (top-{cfg.top_k}"
-        + (" kept" if cfg.top_k == model.moe_top_k else f", the plan's top-{model.moe_top_k} cut to the experts")
-        + ", dropless"
-        + (
-            ", two per EP rank so each rank's tokens are sorted among its experts"
-            if cfg.experts > model.num_experts
-            else ""
-        )
-        + "), "
-        f"expert width {model.moe_ffn_hidden_size} -> {cfg.expert_ffn}"
-        + (f", shared expert {model.moe_shared_ffn_hidden_size} -> {cfg.shared_ffn}" if cfg.shared_ffn else "")
-        + f", MoE layers {', '.join(map(str, cfg.moe_layers)) or 'none'} of the run's {cfg.layers}"
-        + (f", ep {lay.ep} kept" if ep == lay.ep > 1 else f", ep {lay.ep} -> {ep}" if lay.ep > 1 else "")
-    )
-    skipped = []
-    if ep < lay.ep:
-        if len({tuple(p[1]) for p in picks}) > 1:
-            why = "replicas of different TP widths (NTP) do not hold the same expert slices"
-        else:
-            why = f"an ep of k needs k pipelines (replicas x cp), the run has {len(picks) * cp}; more processes keep it"
-        skipped.append(f"ep {lay.ep} (run at ep {ep}: {why})")
-    return [kept], skipped
-
-
-def _notes(
-    plan, cfg, pp, cp, seq_len, groups, picks, mb, run_micro, replan, vpp=1, nproc=None, ep=1, zero=None
-) -> list[str]:
-    lay, model = plan.layout, plan.model
-    notes = [
-        f"model {model.name}: {model.num_layers} layers -> {cfg.layers} (one per run of equal TP degree per "
-        f"{'chunk' if vpp > 1 else 'stage'}), "
-        f"hidden {model.hidden_size} -> {cfg.hidden} ({cfg.heads} heads, {cfg.kv_heads} KV heads kept), "
-        f"FFN {model.ffn_hidden_size} -> {cfg.ffn}, vocabulary {model.vocab_size} -> {cfg.vocab} "
-        f"(same remainder modulo every degree), sequence {plan.training.seq_len} -> {seq_len} tokens"
-        " (enough for every cp chunk and sequence-parallel piece; no TP cut depends on the length)",
-        f"{model.family} blocks kept: {cfg.norm} norm, {cfg.mlp} MLP, {'' if cfg.bias else 'no '}linear biases, "
-        f"{cfg.positions} positions" + (f"; {lay.recompute} recompute kept" if lay.recompute != "none" else ""),
-        f"pipeline {lay.pp} stages -> {pp}"
-        + ("" if pp == lay.pp else " (" + ", ".join("+".join(map(str, g)) for g in groups) + " merged)")
-        + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
-        + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
-        f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
-        + replicas_why(lay.dp, len(picks), replan, nproc, wanted_replicas(lay), ep, zero or 0),
-        f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
-        f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
-        + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))
-        + (f" (multiples of pp {pp}: the interleaved schedule needs them)" if vpp > 1 else ""),
-    ]
-    if lay.cp > 1:
-        notes.append(
-            f"context parallelism cp {lay.cp}"
-            + (" kept" if cp == lay.cp else f" -> {cp} (whole sequences; more processes keep it)")
-        )
-    moe_kept, moe_skipped = _moe_notes(model, lay, cfg, picks, cp, ep)
-    notes += moe_kept
-    skipped = list(moe_skipped)
-    if lay.vpp > vpp:
-        skipped += [f"vpp {lay.vpp} (only one pipeline stage fits and interleaving needs two; plain 1F1B)"]
-    if lay.sequence_parallel and lay.is_per_layer:
-        skipped += [
-            "sequence parallelism on stages with lower-degree copies (all-reduce there: a copy holds whole "
-            "sequences of its share of the micro-batch, so the executor splits sequences only where every block "
-            "runs at the stage width)"
-        ]
-    if zero is not None and zero != lay.zero:
-        skipped += [
-            f"ZeRO-{lay.zero}'s per-micro-batch parameter gathers between replicas of different TP degrees or "
-            f"micro-batches (run as ZeRO-{zero}: the same sharded optimizer state and gradients)"
-        ]
-    skipped += ["tied input and output embeddings (run as two matrices)"] if model.tie_embeddings else []
-    skipped += [f"dropout {model.dropout:g} (off: the check is deterministic)"] if model.dropout else []
-    if skipped:
-        notes.append("not executed: " + "; ".join(skipped))
-    if replan is not None:
-        notes.append(f"re-plan ({replan.policy}): replicas run at stage widths " + "; ".join(
-            f"{p[0]}: {'/'.join(map(str, p[1]))}" for p in picks
-        ))  # fmt: skip
-        notes += replan_pick_notes(replan, [p[0] for p in picks])
-    return notes
