@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from ntp_planner.cli import calibrate, estimate, export, failures, plan, profile, validate
+from ntp_planner.cli import calibrate, estimate, export, failures, plan, profile, simulate, validate
 from ntp_planner.cli.errors import GuardedGroup
 
 app = typer.Typer(
@@ -35,7 +35,7 @@ COMMANDS = (
     ("explain", plan.explain),
     ("replan", failures.replan),
     ("sweep", failures.sweep),
-    ("simulate", failures.simulate),
+    ("simulate", simulate.simulate),
     ("export", export.export_cmd),
     ("validate", validate.validate),
     ("profile", profile.profile),

@@ -13,7 +13,7 @@ from topologies.errors import InputError
 
 STRATEGIES = ("restart", "dp-drop", "spares", "ntp", "ntp-pw")
 LLAMA3_RATE_PER_GPU_HOUR = 419 / (16384 * 54 * 24)
-# Physical bounds of the inputs (the CLI states them in its help, ntp_planner.cli.failures):
+# Physical bounds of the inputs (the CLI states them in its help, ntp_planner.cli.simulate):
 MAX_TRIALS = 1_000_000  # a million trials of a month is hours of work
 MAX_RATE_PER_GPU_HOUR = 1.0  # every GPU failing every hour; Llama 3 saw 2e-5
 MIN_RATE_PER_GPU_HOUR = 1e-12  # once per 10**8 GPU-years: below it the expected counts underflow

@@ -147,16 +147,16 @@ def test_choices_match_the_library(cli_choice, library):
         ("ntp_planner.cli.options:MAX_GLOBAL_BATCH", "cost_models.training:MAX_GLOBAL_BATCH"),
         ("ntp_planner.cli.options:MAX_LAYERS", "cost_models.model:MAX_LAYERS"),
         ("ntp_planner.cli.options:MAX_POWER", "cost_models.degraded:MAX_POWER"),
-        ("ntp_planner.cli.failures:MAX_TRIALS", "ntp_planner.failures.simulator:MAX_TRIALS"),
-        ("ntp_planner.cli.failures:MAX_RATE_PER_GPU_HOUR", "ntp_planner.failures.simulator:MAX_RATE_PER_GPU_HOUR"),
-        ("ntp_planner.cli.failures:MIN_RATE_PER_GPU_HOUR", "ntp_planner.failures.simulator:MIN_RATE_PER_GPU_HOUR"),
-        ("ntp_planner.cli.failures:MAX_SECONDS", "ntp_planner.failures.simulator:MAX_SECONDS"),
-        ("ntp_planner.cli.failures:MAX_HOURS", "ntp_planner.failures.simulator:MAX_HOURS"),
-        ("ntp_planner.cli.failures:MIN_SHAPE", "ntp_planner.failures.simulator:MIN_SHAPE"),
-        ("ntp_planner.cli.failures:MAX_SHAPE", "ntp_planner.failures.simulator:MAX_SHAPE"),
-        ("ntp_planner.cli.failures:MAX_SLOWDOWN", "ntp_planner.failures.simulator:MAX_SLOWDOWN"),
-        ("ntp_planner.cli.failures:MAX_LEMON_FACTOR", "ntp_planner.failures.simulator:MAX_LEMON_FACTOR"),
-        ("ntp_planner.cli.options:MAX_GPUS", "ntp_planner.failures.simulator:MAX_SPARES"),
+        ("ntp_planner.cli.simulate:MAX_TRIALS", "ntp_planner.failures.sim_config:MAX_TRIALS"),
+        ("ntp_planner.cli.simulate:MAX_RATE_PER_GPU_HOUR", "ntp_planner.failures.sim_config:MAX_RATE_PER_GPU_HOUR"),
+        ("ntp_planner.cli.simulate:MIN_RATE_PER_GPU_HOUR", "ntp_planner.failures.sim_config:MIN_RATE_PER_GPU_HOUR"),
+        ("ntp_planner.cli.simulate:MAX_SECONDS", "ntp_planner.failures.sim_config:MAX_SECONDS"),
+        ("ntp_planner.cli.simulate:MAX_HOURS", "ntp_planner.failures.sim_config:MAX_HOURS"),
+        ("ntp_planner.cli.simulate:MIN_SHAPE", "ntp_planner.failures.sim_config:MIN_SHAPE"),
+        ("ntp_planner.cli.simulate:MAX_SHAPE", "ntp_planner.failures.sim_config:MAX_SHAPE"),
+        ("ntp_planner.cli.simulate:MAX_SLOWDOWN", "ntp_planner.failures.sim_config:MAX_SLOWDOWN"),
+        ("ntp_planner.cli.simulate:MAX_LEMON_FACTOR", "ntp_planner.failures.sim_config:MAX_LEMON_FACTOR"),
+        ("ntp_planner.cli.options:MAX_GPUS", "ntp_planner.failures.sim_config:MAX_SPARES"),
     ],
 )
 def test_option_bounds_match_the_library(cli_bound, library):
@@ -171,14 +171,14 @@ def test_option_bounds_match_the_library(cli_bound, library):
     from cost_models.training import _BOUNDS
 
     assert options.MAX_SEQ_LEN == _BOUNDS["seq_len"].hi
-    assert value("ntp_planner.cli.failures:MAX_INTERVAL_MIN") * 60 == value(
-        "ntp_planner.failures.simulator:MAX_INTERVAL_S"
+    assert value("ntp_planner.cli.simulate:MAX_INTERVAL_MIN") * 60 == value(
+        "ntp_planner.failures.sim_config:MAX_INTERVAL_S"
     )
-    repair = value("ntp_planner.cli.failures:MAX_REPAIR")
+    repair = value("ntp_planner.cli.simulate:MAX_REPAIR")
     assert (
         repair["--hw-repair-days"] * 24
         == repair["--sw-repair-hours"]
-        == value("ntp_planner.failures.simulator:MAX_HOURS")
+        == value("ntp_planner.failures.sim_config:MAX_HOURS")
     )
 
 
