@@ -142,8 +142,8 @@ def check_checkpoint_dir(folder: Path) -> None:
 def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int, folder, timeout: float, quiet: bool):
     """Run live and return (Result, LiveRun); a run that cannot go on ends in one sentence (exit 1)."""
     from ntp_planner.cli.output import show_json, with_step_progress
-    from ntp_planner.executor.elastic.coordinator import RecoveryFailure, launch_live
-    from ntp_planner.executor.elastic.faults import Fault, Repair
+    from ntp_planner.executor.elastic.faults import Fault, RecoveryFailure, Repair
+    from ntp_planner.executor.elastic.launch import launch_live
 
     faults = tuple(Fault(r, s, h) for r, s, h in fails)
     fixes = tuple(Repair(r, s) for r, s, _ in repairs)
@@ -175,7 +175,7 @@ def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int,
 def live_json(result, run, tolerance: float) -> dict:
     """What `ntp validate --fail ... --json` adds: the timeline, the samples log, the steps lost
     and the recovery costs the simulator takes (``ntp simulate --recovery-from``)."""
-    from ntp_planner.executor.elastic.coordinator import recovery_costs
+    from ntp_planner.executor.elastic.timeline import recovery_costs
 
     return {
         "timeline": run.timeline,

@@ -27,6 +27,10 @@ class Fault:
             raise ValueError(f"a fault is one of {', '.join(TEST_HOWS)}, not {self.how!r}")
 
 
+class RecoveryFailure(RuntimeError):
+    """The run could not go on (nothing left to run, or a process failed outside a step)."""
+
+
 @dataclass(frozen=True)
 class Repair:
     """Process ``proc`` comes back (a fresh process) once step ``step`` is reached."""

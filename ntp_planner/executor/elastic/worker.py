@@ -18,18 +18,13 @@ its last committed step, which it keeps in memory for the next generation. Wheth
 at all is decided the same way (``g<n>/go/<k>``: the first rank to enter it writes "go", the
 coordinator stopping the generation at that boundary writes "stop").
 
-Keys (all under the launcher's store): ``layout/<n>`` the Generation; ``g<n>/abort``;
-``g<n>/go/<k>``; ``g<n>/votes/<k>``, ``g<n>/share/<k>/<rank>``, ``g<n>/decision/<k>``;
-``g<n>/left/<proc>`` why and when a process left; ``g<n>/times/<rank>`` regroup and state-move
-seconds; ``log/count`` and ``log/<i>`` committed steps in order; ``fail/<proc>`` the time an
-injected fault fired; ``ready/<proc>`` a process is up; ``done``.
+The store keys and the atomic decisions (vote, go/stop, leave) are ``membership``'s, shared with
+the coordinator.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import signal
 import time
 from dataclasses import dataclass
@@ -39,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ntp_planner.executor.check.holders import holdings
+from ntp_planner.executor.elastic import membership as ms
 from ntp_planner.executor.elastic.faults import Fault
 from ntp_planner.executor.elastic.relayout import Layout
 from ntp_planner.executor.model.batch import sample_rows, synthetic_batch
@@ -51,8 +47,6 @@ from ntp_planner.executor.parallel.zero import ADAMW
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.train.runtime import loss_scale
 from ntp_planner.executor.train.stage import StageModel
-
-POLL_S = 0.002  # store polling interval while waiting for a decision
 
 
 @dataclass(frozen=True)
@@ -80,7 +74,6 @@ class LiveConfig:
     faults: tuple[Fault, ...] = ()
     checkpoint_every: int = 0  # 0: no checkpoints
     checkpoint_dir: str = ""
-    out_file: str = ""
 
 
 class InjectedFault(RuntimeError):
@@ -116,7 +109,7 @@ def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: in
     torch.set_num_threads(1)
     torch.set_default_dtype(getattr(torch, cfg.base.dtype))
     pool = synthetic_batch(cfg.base)
-    store.set(f"ready/{proc}", str(time.time()))
+    ms.ready(store, proc)
     # generation -> this process's committed state in that generation's layout. Older ones are
     # kept until a generation names a later one as its source: the coordinator carries from the
     # last generation whose every rank had its state in place, which is older than this
@@ -125,7 +118,7 @@ def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: in
     states: dict[int, dict] = {}
     n = first_generation
     while True:
-        gen = _await_generation(store, n)
+        gen = ms.await_generation(store, n)
         if gen.layout is None:
             return
         if gen.previous is not None:
@@ -138,13 +131,6 @@ def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: in
             if got is not None:
                 states[n] = got
         n += 1
-
-
-def _await_generation(store, n: int) -> Generation:
-    key = f"layout/{n}"
-    while not store.check([key]):
-        time.sleep(0.01)
-    return pickle.loads(store.get(key))
 
 
 def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, pool, progress) -> dict | None:
@@ -162,7 +148,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
     try:
         dist.init_process_group(
             cfg.backend,
-            store=dist.PrefixStore(f"g{n}/pg/", store),
+            store=dist.PrefixStore(ms.group_prefix(n), store),
             rank=rank,
             world_size=spec.world_size,
             timeout=timedelta(seconds=cfg.timeout_s),
@@ -185,13 +171,13 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         elif gen.source == "checkpoint" and gen.checkpoint_step is not None:
             install(model, opt, checkpoint.load(cfg.checkpoint_dir, gen.checkpoint_step, spec, rank))
         t2, installed = time.time(), True
-        store.set(f"g{n}/times/{rank}", json.dumps({"regroup_s": t1 - t0, "move_s": t2 - t1, "bytes": moved, "t": t2}))
+        ms.report_times(store, n, rank, {"regroup_s": t1 - t0, "move_s": t2 - t1, "bytes": moved, "t": t2})
         tokens, targets = pool
         scale = loss_scale(spec, replica)
         batch = spec.total_sequences
         first_grads = None
         for step in range(gen.start_step, cfg.steps):
-            if store.compare_set(f"g{n}/go/{step}", "", "go") != b"go":
+            if not ms.may_run(store, n, step):
                 raise Leave(f"stopped before step {step}")
             consumed = gen.consumed + (step - gen.start_step) * batch
             rows = sample_rows(cfg.base, consumed, batch)
@@ -203,17 +189,18 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
             share += model.take_aux()
             with comm.category("dp"):
                 sync_gradients(model, spec, s, comm, shapes)
-            if comm.fault is not None and not store.check([f"fired/{proc}/{step}"]):
+            if comm.fault is not None and not ms.fired(store, proc, step):
                 comm.fault("dp")  # a step without collectives (a layout of one process) fails at its end
             comm.fault = None
             if first_grads is None:  # the generation's first synced gradients, compared with the reference's
                 first_grads = [p.grad.detach().clone() for p in weights]
-            if _vote(store, n, step, rank, spec.world_size, share, consumed, batch, cfg.timeout_s) != "commit":
+            record = {"step": step, "generation": n, "consumed": consumed, "batch": batch}
+            if ms.vote(store, n, step, rank, spec.world_size, share, record, cfg.timeout_s) != "commit":
                 raise Leave(f"step {step} aborted")
             opt.step()
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 checkpoint.save(cfg.checkpoint_dir, step, consumed + batch, spec, rank, snapshot(model, opt))
-                if store.add(f"g{n}/saved/{step}", 1) == spec.world_size:
+                if ms.saved(store, n, step) == spec.world_size:
                     meta = {"consumed": consumed + batch, "generation": n}
                     checkpoint.finish(cfg.checkpoint_dir, step, spec.world_size, meta)
         # a fault at step ``cfg.steps`` fires here, in the final gather: every step is committed,
@@ -224,8 +211,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         held = comm.gather_objects(holdings(model, spec, rank, grads))
         comm.fault = None
         if rank == 0:
-            torch.save({"holders": [h for per_rank in held for h in per_rank], "generation": n}, cfg.out_file)
-            store.set("done", str(n))
+            ms.finish(store, n, [h for per_rank in held for h in per_rank])
         # the committed state, kept: a peer that fails in the gather after this rank's part of it
         # went through makes the coordinator re-plan, and the next generation carries it from here
         return snapshot(model, opt)
@@ -233,8 +219,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         if not (isinstance(exc, Leave) or is_peer_loss(exc)):
             raise  # this process is broken: it dies, and the others recover from that
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        store.set(f"g{n}/left/{proc}", json.dumps({"why": why[:300], "t": time.time(), "step": step}))
-        store.add(f"g{n}/left", 1)
+        ms.leave(store, n, proc, why, step)
         _wake_peers(rank, spec.world_size)
         return snapshot(model, opt) if installed else None
     finally:
@@ -265,38 +250,18 @@ def _wake_peers(rank: int, world: int) -> None:
             pass
 
 
-def _vote(store, n: int, step: int, rank: int, world: int, share: float, consumed: int, batch: int, timeout_s):
-    """This rank's vote for committing ``step``; returns the decision every rank reads."""
-    prefix = f"g{n}/share/{step}/"
-    store.set(f"{prefix}{rank}", repr(float(share)))
-    decision = f"g{n}/decision/{step}"
-    if store.add(f"g{n}/votes/{step}", 1) == world:
-        loss = sum(float(v) for v in store.multi_get([f"{prefix}{r}" for r in range(world)]))
-        if store.compare_set(decision, "", "commit") == b"commit":
-            record = {"step": step, "generation": n, "loss": loss, "consumed": consumed, "batch": batch}
-            record["t"] = time.time()
-            store.set(f"log/{store.add('log/count', 1) - 1}", json.dumps(record))
-    deadline = time.monotonic() + timeout_s
-    while not store.check([decision]):
-        if store.check([f"g{n}/abort"]) or time.monotonic() > deadline:
-            return store.compare_set(decision, "", "abort").decode()
-        time.sleep(POLL_S)
-    return store.get(decision).decode()
-
-
 def _injector(faults, proc: int, step: int, store):
     """The hook ``Comm`` calls on entering a collective (its category as argument) in this step,
     or None when no fault of this process fires in it."""
     mine = [f for f in faults if f.proc == proc and f.step == step and f.how != "carry"]
-    if not mine or store.check([f"fired/{proc}/{step}"]):
+    if not mine or ms.fired(store, proc, step):
         return None  # each fault fires once (a step redone after a rollback does not fail again)
     how = mine[0].how
 
     def fire(kind: str | None) -> None:
         if how == "sync" and kind != "dp":
             return
-        store.set(f"fail/{proc}", json.dumps({"t": time.time(), "how": how, "step": step}))
-        store.set(f"fired/{proc}/{step}", "1")
+        ms.fire(store, proc, step, how)
         if how in ("kill", "sync"):
             os.kill(os.getpid(), signal.SIGKILL)
         if how == "hang":
@@ -310,7 +275,5 @@ def _injector(faults, proc: int, step: int, store):
 def _fail_in_carry(faults, proc: int, step: int, store) -> None:
     """A ``carry`` fault of this process for ``step`` (once): SIGKILL as the state starts to move."""
     if any(f.proc == proc and f.step == step and f.how == "carry" for f in faults):
-        if not store.check([f"fired/{proc}/{step}"]):
-            store.set(f"fired/{proc}/{step}", "1")
-            store.set(f"fail/{proc}", json.dumps({"t": time.time(), "how": "carry", "step": step}))
+        if ms.fire(store, proc, step, "carry"):
             os.kill(os.getpid(), signal.SIGKILL)
