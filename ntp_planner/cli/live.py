@@ -51,6 +51,15 @@ CheckpointDirOpt = Annotated[
     Path | None, typer.Option("--checkpoint-dir", help="Folder for checkpoints (default: a temporary one).")
 ]
 
+JoinOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--join",
+        help="HOST:PORT/RUN_ID: join the live run under torchrun whose store is there (rank 0 prints it) as a "
+        "repair: this process takes back a failed process's slot at the next step boundary.",
+    ),
+]
+
 _EVENT = re.compile(r"^(\d{1,6})@(\d{1,6})(?::([a-z]+))?$")
 
 
@@ -170,6 +179,60 @@ def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int,
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_torchrun_live(nproc, repairs, spares: int, every: int, folder) -> int:
+    """The run's processes under torchrun (its workers less the spares); refuses, in one
+    sentence each, what a torchrun live run cannot do."""
+    import os
+
+    world = int(os.environ["WORLD_SIZE"])
+    if nproc is not None and nproc != world:
+        raise InputError(f"--nproc {nproc} differs from torchrun's {world} processes; drop --nproc")
+    if repairs:
+        raise InputError(
+            "under torchrun a repair is a process that joins the run: start `ntp validate PLAN --join "
+            "HOST:PORT/RUN_ID` (rank 0 prints the address) instead of --repair"
+        )
+    if every and folder is None:
+        raise InputError("under torchrun --checkpoint-every needs --checkpoint-dir, a folder every host reaches")
+    if spares >= world:
+        raise InputError(f"--spares {spares} leaves none of torchrun's {world} processes to train; lower --spares")
+    return world - spares
+
+
+def run_live_torchrun(plan, shrunk, fails, policy: str, spares: int, every: int, folder, timeout: float, quiet: bool):
+    """Be one torchrun worker of a live run; rank 0 returns (Result, LiveRun), the others None. A
+    run that cannot go on ends in one sentence (exit 1), said by the worker that saw it."""
+    from ntp_planner.cli.output import show_json
+    from ntp_planner.executor.elastic.faults import Fault, RecoveryFailure
+    from ntp_planner.executor.elastic.torchrun import StoreLost, run_live_torchrun
+
+    faults = tuple(Fault(r, s, h) for r, s, h in fails)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)  # checked (``check_checkpoint_dir``) before
+    try:
+        say = None if quiet else (lambda line: typer.echo(line, err=True))
+        return run_live_torchrun(plan, shrunk, policy, faults, spares, every, str(folder or ""), timeout, say)
+    except (RecoveryFailure, StoreLost, ValueError) as exc:
+        if quiet:
+            show_json({"passed": False, "failure": str(exc)})
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def join_live(endpoint: str) -> None:
+    """`ntp validate PLAN --join HOST:PORT/RUN_ID`: a repair of a torchrun live run."""
+    from ntp_planner.executor.elastic.torchrun import StoreLost, join
+
+    if not re.match(r"^[^:/\s]+:\d{1,5}(/[^/\s]+)?$", endpoint):
+        raise InputError(f"--join {endpoint!r} is not HOST:PORT/RUN_ID; e.g. --join 10.0.0.1:29500/job7")
+    try:
+        proc = join(endpoint)
+    except (StoreLost, ValueError, RuntimeError) as exc:
+        typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"joined as process {proc}; the run is over", err=True)
 
 
 def live_json(result, run, tolerance: float) -> dict:

@@ -13,6 +13,7 @@ from ntp_planner.cli.live import (
     CheckpointDirOpt,
     CheckpointEveryOpt,
     FailOpt,
+    JoinOpt,
     LivePolicyOpt,
     LiveSparesOpt,
     RepairOpt,
@@ -147,6 +148,7 @@ def validate(
     spares: LiveSparesOpt = 0,
     checkpoint_every: CheckpointEveryOpt = 0,
     checkpoint_dir: CheckpointDirOpt = None,
+    join: JoinOpt = None,
 ) -> None:
     """Run a plan for real on a shrunk model with torch.distributed and compare it with one process.
 
@@ -168,6 +170,8 @@ def validate(
              ntp validate plan.json --dtype float64
              ntp validate plan.json --profile profile.json --record runs.jsonl
              ntp validate plan.json --steps 8 --fail 1@3 --repair 1@6 --policy ntp
+             torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+                 $(which ntp) validate plan.json --steps 8 --fail 3@2
     """
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
@@ -183,6 +187,11 @@ def validate(
         check_output(record, "--record", [plan_file, replan_file, profile], "runs.jsonl")  # before the run
         if record.exists():
             read_text(record, "runs file")  # a folder, a device or an oversized file: said before the run too
+    if join is not None:
+        from ntp_planner.cli.live import join_live
+
+        _import_torch()
+        return join_live(join)
     fails = parse_events(fail, "--fail", HOWS)
     repairs = parse_events(repair, "--repair", None)
     live = bool(fails or repairs)
@@ -240,14 +249,22 @@ def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance,
     from ntp_planner.views.report import validate_json, validate_view
 
     fails, repairs, policy, spares, every, folder = how
+    from ntp_planner.cli.live import check_torchrun_live, run_live_torchrun
     from ntp_planner.executor.train.launch import under_torchrun
 
-    if under_torchrun():
-        raise InputError("--fail runs every process on this host under one launcher; run it without torchrun")
-    n = nproc if nproc is not None else 16
+    torchrun = under_torchrun()
+    if not torchrun and any(how == "host" for *_, how in fails):
+        raise InputError("--fail RANK@STEP:host loses a whole torchrun node; run it under torchrun, or use :kill")
+    n = check_torchrun_live(nproc, repairs, spares, every, folder) if torchrun else (nproc or 16)
     shrunk, cuts = _shrunk_run(plan, n, None, steps, seed, seq_len, dtype, json_out, len(fails))
     check_live(fails, repairs, policy, spares, steps, shrunk.spec.world_size, every, folder)
-    result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
+    if torchrun:
+        got = run_live_torchrun(plan, shrunk, fails, policy, spares, every, folder, timeout, json_out)
+        if got is None:
+            return  # a worker other than rank 0: rank 0 coordinates and reports
+        result, run = got
+    else:
+        result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
     # every layout the run reached had its cuts checked (a mismatch ends the run); all are shown
     seen = {(c["unit"], c["degree"]) for c in cuts}
     from ntp_planner.executor.check.cuts import LAYER_UNITS

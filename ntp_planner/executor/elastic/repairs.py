@@ -56,12 +56,15 @@ def at_boundary(co) -> bool:
 
 def take_joins(co) -> None:
     """Answer each process that asked to join: it becomes the lowest failed process with a base
-    slot (none: it is told -1 and leaves), repaired at the next step boundary no rank entered."""
+    slot, repaired at the next step boundary no rank entered. A joiner waits while no process is
+    down (a hot spare), and is told -1 (and leaves) when no step is left to join at."""
     for i in co.hosts.joins():
         free = sorted(p for p in co.dead if p < len(co.slots) and p not in co.restarted)
+        if not free and co.committed() < co.cfg.steps:
+            continue
         n = len(co.gens) - 1
         k = next((s for s in range(co.committed(), co.cfg.steps) if ms.stop_at(co.store, n, s)), None)
-        if not free or k is None:
+        if k is None:
             co.hosts.answer_join(i, -1, 0)
             continue
         proc = free[0]

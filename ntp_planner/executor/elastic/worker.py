@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ntp_planner.executor.check.holders import holdings
 from ntp_planner.executor.elastic import membership as ms
-from ntp_planner.executor.elastic.faults import Fault
+from ntp_planner.executor.elastic.faults import Fault, kill_host
 from ntp_planner.executor.elastic.relayout import Layout
 from ntp_planner.executor.model.batch import sample_rows, synthetic_batch
 from ntp_planner.executor.model.reference import Reference
@@ -264,6 +264,8 @@ def _injector(faults, proc: int, step: int, store):
         ms.fire(store, proc, step, how)
         if how in ("kill", "sync"):
             os.kill(os.getpid(), signal.SIGKILL)
+        if how == "host":  # the whole torchrun node: this process's shell's agent and all under it
+            kill_host(int(os.environ.get("NTP_AGENT_PID", os.getppid())))
         if how == "hang":
             while True:
                 time.sleep(3600)
