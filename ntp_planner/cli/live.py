@@ -212,7 +212,7 @@ def run_live_torchrun(plan, shrunk, fails, policy: str, spares: int, every: int,
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)  # checked (``check_checkpoint_dir``) before
     try:
-        say = None if quiet else (lambda line: typer.echo(line, err=True))
+        say = lambda line: typer.echo(line, err=True)  # noqa: E731 - stderr even with --json: stdout is the JSON
         return run_live_torchrun(plan, shrunk, policy, faults, spares, every, str(folder or ""), timeout, say)
     except (RecoveryFailure, StoreLost, ValueError) as exc:
         if quiet:
