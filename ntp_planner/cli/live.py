@@ -1,9 +1,10 @@
 """`ntp validate --fail/--repair`: a live run that loses processes, re-plans and keeps training.
 
 Options are parsed and checked here before any process starts; the run itself is
-``executor.recovery``; the report is the timeline (one row per event, its recovery time split
-into detect / agree / re-plan / regroup / move state / redo) and the comparison with one process
-fed the samples the run committed.
+``executor.elastic`` (``launch`` on one host, ``torchrun`` across rendezvous nodes); the
+report is the timeline (one row per event, its recovery time split into detect / agree /
+re-plan / regroup / move state / redo) and the comparison with one process fed the samples the
+run committed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ FailOpt = Annotated[
     typer.Option(
         "--fail",
         help="RANK@STEP[:HOW]: process RANK fails in step STEP (from 0) for real: kill (SIGKILL mid-step, the "
-        "default), sync (SIGKILL in the gradient sync), raise (an exception inside a collective) or hang. "
+        "default), sync (SIGKILL in the gradient sync), raise (an exception inside a collective), hang, or host "
+        "(under torchrun: its whole node is lost). "
         "Repeat for more failures; the run recovers live under --policy.",
     ),
 ]

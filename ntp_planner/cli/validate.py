@@ -162,16 +162,19 @@ def validate(
     With --fail, processes fail for real during the run and it recovers live: the survivors agree
     on who failed, re-plan under --policy (NTP shrinks the replica's TP degree), rebuild their
     process groups, fetch the rows they now own from their peers and redo the interrupted step;
-    --repair brings a process back. The report adds the recovery timeline, and the reference is
-    fed the samples the run committed. Needs PyTorch: pip install 'ntp-planner[torch]'.
+    --repair brings a process back. Under torchrun --fail recovers across nodes, a whole node
+    lost too (:host); a repair there is a process started later with --join. The report adds
+    the recovery timeline, and the reference is fed the samples the run committed.
+    Needs PyTorch: pip install 'ntp-planner[torch]'.
 
     \b
     Example: ntp validate plan.json --replan replan.json --steps 3
              ntp validate plan.json --dtype float64
              ntp validate plan.json --profile profile.json --record runs.jsonl
              ntp validate plan.json --steps 8 --fail 1@3 --repair 1@6 --policy ntp
-             torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-                 $(which ntp) validate plan.json --steps 8 --fail 3@2
+             torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+               --rdzv-endpoint HOST:29500 $(which ntp) validate plan.json \\
+               --steps 8 --fail 3@2:host
     """
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:

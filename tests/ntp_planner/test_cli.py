@@ -172,6 +172,7 @@ def test_cli_surface_is_frozen():
                 "--spares",
                 "--checkpoint-every",
                 "--checkpoint-dir",
+                "--join",
             ]
         ),
         "calibrate": sorted(["runs_file", "--profile", "--output", "--json"]),
