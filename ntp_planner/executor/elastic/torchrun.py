@@ -23,8 +23,11 @@ lost with their host, and the survivors re-plan as for any failure; the timeline
 (``lost_hosts``). Losing rank 0's node loses the store, and the membership with it: every other
 shell's next store operation fails, and it kills its process and ends with one sentence saying
 so (a coordinator that outlived node 0 would need a store that does too: torchft's lighthouse
-or etcd on a host of its own). torchrun's surviving agents then wait in their exit barrier for
-the lost agent (five minutes, torchrun's default) before they exit; the report is out before.
+or etcd on a host of its own). The node hosting the rendezvous endpoint's store cannot be lost
+either: torchrun's agents themselves fail without it. Rendezvous ranks follow the agents'
+addresses, sorted (then their pids), so the two are one node when the endpoint's host sorts first.
+torchrun's surviving agents then wait in their exit barrier for the lost agent (five minutes,
+torchrun's default) before they exit; the report is out before.
 
 Repair: a new process joins the run (``join``): ``ntp validate PLAN --join HOST:PORT/RUN_ID``,
 started anywhere that reaches the store (rank 0 prints the address). It asks in the store, the

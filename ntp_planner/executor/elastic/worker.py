@@ -1,7 +1,7 @@
 """Live recovery, one process's side: train in generations, leave one when a peer fails, carry
 the committed state into the next.
 
-A process lives through generations (``coordinator`` publishes each one in the launcher's store):
+A process lives through generations (``coordinator`` publishes each one in the run's store, ``membership``):
 in generation ``n`` it is rank ``procs.index(proc)`` of the generation's RunSpec, or idle. Each
 generation has its own process group (``PrefixStore`` "g<n>/pg/"), built from scratch; the old one
 is destroyed first, which also wakes any peer still blocked in one of its collectives (gloo then
