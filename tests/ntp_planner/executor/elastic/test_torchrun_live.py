@@ -56,10 +56,10 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def live_run(tmp: Path, plan: Path, nprocs: list[int], args: list[str], joiner: bool = False) -> dict:
+def live_run(tmp: Path, plan: Path, nprocs: list[int], args: list[str], joiner: bool = False, node: int = 0) -> dict:
     """Agents with ``nprocs`` workers each (node i started after node i - 1, so that rendezvous
     rank i, sorted by agent pid, is node i); optionally a joiner once rank 0 prints the address.
-    Returns rank 0's JSON report, with the joiner's stderr under "joiner"."""
+    Returns the JSON report of node ``node``'s first worker, with the joiner's stderr under "joiner"."""
     for tool in ("torchrun", "ntp"):
         if not (BIN / tool).exists():
             pytest.skip(f"{tool} is not installed next to this Python")
@@ -82,7 +82,7 @@ def live_run(tmp: Path, plan: Path, nprocs: list[int], args: list[str], joiner: 
             argv = [str(BIN / "ntp"), "validate", str(plan), "--join", address]
             err = open(tmp / "joiner.err", "w")  # noqa: SIM115
             procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True))
-        report = _wait_for(lambda: _json(tmp / "n0.out"), deadline, tmp)
+        report = _wait_for(lambda: _json(tmp / f"n{node}.out"), deadline, tmp)
         if joiner:
             procs[-1].wait(timeout=max(1.0, deadline - time.monotonic()))
             report["joiner"] = (tmp / "joiner.err").read_text()
@@ -159,3 +159,15 @@ def test_two_agents_lose_a_node_and_a_joiner_takes_it_back(plan, tmp_path):
     assert fix["layout"].startswith("TP2 + TP2") and fix["bytes_moved"] > 0
     assert report["samples"][-1]["batch"] == 4
     assert "joined as process 3" in report["joiner"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_losing_the_node_that_hosts_the_store_ends_the_run_in_one_sentence(plan, tmp_path):
+    # node 0 (rendezvous rank 0) hosts the agent store and the coordinator: with it goes the
+    # membership. Process 3's shell, on node 1, finds the store gone and says so, once, in JSON
+    report = live_run(tmp_path, plan, [3, 1], ["--steps", "4", "--fail", "0@1:host"], node=1)
+    assert report["passed"] is False
+    assert report["failure"].startswith("process 3's shell lost the store at localhost:")
+    assert report["failure"].endswith("rank 0's node, which hosts it and the coordinator, is gone, and the run's "
+                                      "membership with it; the run cannot go on")  # fmt: skip
