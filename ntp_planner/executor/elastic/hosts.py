@@ -158,6 +158,8 @@ class StoreHosts:
             return None
         if now - since < HOST_LOST_S or self._get(proc, "exit") is not None:
             return None
+        # should the shell only have stalled, it kills its process when it wakes: counted dead, it must be
+        self.store.set(f"host/{proc}/kill", "1")
         node = self._get(proc, "node") or {}
         return (
             f"node {node.get('node', '?')} (host {node.get('host', '?')}, agent pid {node.get('agent_pid', '?')}) "
@@ -173,6 +175,7 @@ class StoreHosts:
         """Tell joiner ``i`` which process it becomes (-1: none) and the generation it starts at."""
         if proc >= 0:  # the joiner's predecessor's exit is history: it starts now
             self.store.delete_key(f"host/{proc}/exit")
+            self.store.delete_key(f"host/{proc}/kill")  # asked of the lost host, not of the joiner
             self.store.set(f"host/{proc}/started", json.dumps(time.time()))
         self.store.set(f"join/{i}/proc", json.dumps([proc, first_generation]))
         if proc >= 0:

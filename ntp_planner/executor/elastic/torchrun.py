@@ -122,7 +122,7 @@ class Shell:
                 if self.child.exitcode is not None and not exited:
                     store.set(f"host/{p}/exit", json.dumps(self.child.exitcode))
                     exited = True
-                time.sleep(0.02)
+                time.sleep(0.05)  # the coordinator's hang detection works in seconds
         except (RuntimeError, OSError) as exc:  # a store operation failed: the store's host is gone
             self.stop()
             addr, port, *_ = self.where

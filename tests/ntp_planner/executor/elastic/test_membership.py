@@ -129,6 +129,7 @@ def test_a_host_whose_heartbeat_stops_is_lost_and_named(monkeypatch):
     time.sleep(0.3)  # silent for longer than HOST_LOST_S
     assert view.lost(3).startswith("node 2 (host h2, agent pid 77) lost: no heartbeat from process 3's shell")
     assert view.exitcode(3) == -9
+    assert store.check(["host/3/kill"])  # should the shell only have stalled, it kills its process on waking
     # a shell that reported its child's exit is alive: the process died, the host is not lost
     store.set("host/3/exit", "0")
     assert view.lost(3) is None and view.exitcode(3) == 0
@@ -137,10 +138,12 @@ def test_a_host_whose_heartbeat_stops_is_lost_and_named(monkeypatch):
 def test_a_joiner_takes_over_a_process_whose_exit_is_history():
     store = dist.HashStore()
     store.set("host/3/exit", "-9")
+    store.set("host/3/kill", "1")  # asked of the lost host
     view = hosts_mod.StoreHosts(store, range(4))
     store.add("join/count", 2)
     assert view.joins() == [0, 1]
     view.answer_join(0, 3, 5)
     view.answer_join(1, -1, 0)
     assert view.joins() == [] and view.exitcode(3) is None  # the new incarnation is up
+    assert not store.check(["host/3/kill"])  # and its shell is not told to kill it
     assert json.loads(store.get("join/0/proc")) == [3, 5] and json.loads(store.get("join/1/proc")) == [-1, 0]
