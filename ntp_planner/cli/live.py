@@ -183,6 +183,46 @@ def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int,
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def validate_live(plan, shrunk_run, nproc, steps, timeout, tolerance, json_out, how) -> None:
+    """`ntp validate --fail/--repair`: the live run, on this host or as one torchrun worker, its
+    timeline and the comparison. ``shrunk_run(n, failures)``: validate's shrink of the plan to n
+    processes (and its cuts), keeping the widths ``failures`` lost processes lead to."""
+    from ntp_planner.cli.output import show, show_json
+    from ntp_planner.executor.train.launch import under_torchrun
+    from ntp_planner.views.report import validate_json, validate_view
+
+    fails, repairs, policy, spares, every, folder = how
+
+    torchrun = under_torchrun()
+    if not torchrun and any(how == "host" for *_, how in fails):
+        raise InputError("--fail RANK@STEP:host loses a whole torchrun node; run it under torchrun, or use :kill")
+    n = check_torchrun_live(nproc, repairs, spares, every, folder) if torchrun else (nproc or 16)
+    shrunk, cuts = shrunk_run(n, len(fails))
+    check_live(fails, repairs, policy, spares, steps, shrunk.spec.world_size, every, folder)
+    if torchrun:
+        got = run_live_torchrun(plan, shrunk, fails, policy, spares, every, folder, timeout, json_out)
+        if got is None:
+            return  # a worker other than rank 0: rank 0 coordinates and reports
+        result, run = got
+    else:
+        result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
+    # every layout the run reached had its cuts checked (a mismatch ends the run); all are shown
+    seen = {(c["unit"], c["degree"]) for c in cuts}
+    from ntp_planner.executor.check.cuts import LAYER_UNITS
+
+    units = [*LAYER_UNITS, "vocab"]  # ``cuts.compare_cuts``'s order
+    cuts = sorted([*cuts, *(c for c in run.cuts if (c["unit"], c["degree"]) not in seen)],
+                  key=lambda c: (units.index(c["unit"]), c["degree"]))  # fmt: skip
+    data = validate_json(shrunk, result, tolerance, "gloo", cuts) | live_json(result, run, tolerance)
+    if json_out:
+        show_json(data)
+    else:
+        show(validate_view(plan, shrunk, result, tolerance, "gloo", cuts))
+        show(timeline_view(run))
+    if not data["passed"]:
+        raise typer.Exit(1)
+
+
 def check_torchrun_live(nproc, repairs, spares: int, every: int, folder) -> int:
     """The run's processes under torchrun (its workers less the spares); refuses, in one
     sentence each, what a torchrun live run cannot do."""

@@ -212,8 +212,13 @@ def validate(
     steps = steps or (8 if profile or live else 3)
     p = Plan.load(plan_file)
     if live:
-        return _validate_live(p, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out,
-                              (fails, repairs, policy, spares, checkpoint_every, checkpoint_dir))  # fmt: skip
+        from ntp_planner.cli.live import validate_live
+
+        def shrunk_run(n: int, failures: int):
+            return _shrunk_run(p, n, None, steps, seed, seq_len, dtype, json_out, failures)
+
+        return validate_live(p, shrunk_run, nproc, steps, timeout, tolerance, json_out,
+                             (fails, repairs, policy, spares, checkpoint_every, checkpoint_dir))  # fmt: skip
     replan_result = None if replan_file is None else load_replan(replan_file, p, "validate")
     injected = _parse_fault(fault)
     n, torchrun = _world_size(torch, backend, nproc)
@@ -242,45 +247,6 @@ def validate(
             show(comparison_view(comparison))
     if record is not None:
         _record(record, plan_file, p, measured_profile, comparison)
-    if not data["passed"]:
-        raise typer.Exit(1)
-
-
-def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out, how) -> None:
-    """`ntp validate --fail/--repair`: the live run, its timeline and the comparison."""
-    from ntp_planner.cli.live import check_live, live_json, run_live, timeline_view
-    from ntp_planner.views.report import validate_json, validate_view
-
-    fails, repairs, policy, spares, every, folder = how
-    from ntp_planner.cli.live import check_torchrun_live, run_live_torchrun
-    from ntp_planner.executor.train.launch import under_torchrun
-
-    torchrun = under_torchrun()
-    if not torchrun and any(how == "host" for *_, how in fails):
-        raise InputError("--fail RANK@STEP:host loses a whole torchrun node; run it under torchrun, or use :kill")
-    n = check_torchrun_live(nproc, repairs, spares, every, folder) if torchrun else (nproc or 16)
-    shrunk, cuts = _shrunk_run(plan, n, None, steps, seed, seq_len, dtype, json_out, len(fails))
-    check_live(fails, repairs, policy, spares, steps, shrunk.spec.world_size, every, folder)
-    if torchrun:
-        got = run_live_torchrun(plan, shrunk, fails, policy, spares, every, folder, timeout, json_out)
-        if got is None:
-            return  # a worker other than rank 0: rank 0 coordinates and reports
-        result, run = got
-    else:
-        result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
-    # every layout the run reached had its cuts checked (a mismatch ends the run); all are shown
-    seen = {(c["unit"], c["degree"]) for c in cuts}
-    from ntp_planner.executor.check.cuts import LAYER_UNITS
-
-    units = [*LAYER_UNITS, "vocab"]  # ``cuts.compare_cuts``'s order
-    cuts = sorted([*cuts, *(c for c in run.cuts if (c["unit"], c["degree"]) not in seen)],
-                  key=lambda c: (units.index(c["unit"]), c["degree"]))  # fmt: skip
-    data = validate_json(shrunk, result, tolerance, "gloo", cuts) | live_json(result, run, tolerance)
-    if json_out:
-        show_json(data)
-    else:
-        show(validate_view(plan, shrunk, result, tolerance, "gloo", cuts))
-        show(timeline_view(run))
     if not data["passed"]:
         raise typer.Exit(1)
 
