@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import socket
 import threading
 import time
@@ -102,9 +103,14 @@ class Shell:
         store.add(f"host/{self.proc}/beat", 1)
 
     def serve(self) -> None:
-        """Beat, mirror the child's progress, kill it when asked, report its exit; until ``end``."""
+        """Beat, mirror the child's progress, kill it when asked, report its exit; until ``end``.
+        torchrun's agent SIGTERMs its workers when it fails itself (its rendezvous store gone with
+        node 0, say), often before this loop's next store operation: the signal is taken as a
+        failed store operation, so that the shell still says what happened."""
         store, p = self._store(), self.proc
         last, beat, exited = None, 0.0, False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _terminated)
         try:
             while not store.check(["end"]):
                 now = time.monotonic()
@@ -125,6 +131,8 @@ class Shell:
                 time.sleep(0.05)  # the coordinator's hang detection works in seconds
         except (RuntimeError, OSError) as exc:  # a store operation failed: the store's host is gone
             self.stop()
+            if isinstance(exc, Terminated) and _store_alive(self.where):
+                raise StoreLost(f"process {p}'s shell was stopped by torchrun's agent; the run cannot go on") from None
             addr, port, *_ = self.where
             raise StoreLost(
                 f"process {p}'s shell lost the store at {addr}:{port} ({str(exc).splitlines()[0][:120]}): "
@@ -138,6 +146,23 @@ class Shell:
         if self.child is not None and self.child.is_alive():
             self.child.kill()
             self.child.join(5)
+
+
+class Terminated(RuntimeError):
+    """torchrun's agent sent this worker SIGTERM."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated("stopped by torchrun's agent (SIGTERM)")
+
+
+def _store_alive(where) -> bool:
+    """Whether the store still answers (within 2 s: a refused connection is retried until the timeout)."""
+    try:
+        connect(*where, 2.0).check(["end"])
+    except (RuntimeError, OSError):
+        return False
+    return True
 
 
 def _where() -> tuple[str, int, str, str]:

@@ -57,9 +57,9 @@ def kill_tree(pid: int) -> None:
 
 
 def live_run(tmp: Path, plan: Path, nprocs: list[int], args: list[str], joiner: bool = False, node: int = 0) -> dict:
-    """Agents with ``nprocs`` workers each (node i started after node i - 1, so that rendezvous
-    rank i, sorted by agent pid, is node i); optionally a joiner once rank 0 prints the address.
-    Returns the JSON report of node ``node``'s first worker, with the joiner's stderr under "joiner"."""
+    """Agents with ``nprocs`` workers each (node i is rendezvous rank i); optionally a joiner once
+    rank 0 prints the address. Returns the JSON report of node ``node``'s first worker, with the
+    joiner's stderr under "joiner"."""
     for tool in ("torchrun", "ntp"):
         if not (BIN / tool).exists():
             pytest.skip(f"{tool} is not installed next to this Python")
@@ -70,12 +70,14 @@ def live_run(tmp: Path, plan: Path, nprocs: list[int], args: list[str], joiner: 
     procs = []
     try:
         for i, k in enumerate(nprocs):
-            argv = [str(BIN / "torchrun"), *rdzv, "--rdzv-id", "t", "--nproc-per-node", str(k), *cmd]
+            # rendezvous ranks follow the agents' addresses, sorted (then their pids, which wrap):
+            # node i takes loopback address 127.0.0.(i + 1), so that it is rank i
+            local = ["--local-addr", f"127.0.0.{i + 1}", "--nproc-per-node", str(k)]
+            argv = [str(BIN / "torchrun"), *rdzv, "--rdzv-id", "t", *local, *cmd]
             out, err = open(tmp / f"n{i}.out", "w"), open(tmp / f"n{i}.err", "w")  # noqa: SIM115
             procs.append(subprocess.Popen(argv, stdout=out, stderr=err, env=env, start_new_session=True))
             if i == 0:  # node 0's agent must host the rendezvous store: the others come once it listens
                 _wait_for(lambda: _listening(port), time.monotonic() + 30, tmp)
-            time.sleep(0.3)  # and each agent after the one before: rendezvous ranks follow agent pids
         deadline = time.monotonic() + DEADLINE_S
         if joiner:
             address = _wait_for(lambda: _join_address(tmp / "n0.err"), deadline, tmp)
@@ -168,6 +170,6 @@ def test_losing_the_node_that_hosts_the_store_ends_the_run_in_one_sentence(plan,
     # membership. Process 3's shell, on node 1, finds the store gone and says so, once, in JSON
     report = live_run(tmp_path, plan, [3, 1], ["--steps", "4", "--fail", "0@1:host"], node=1)
     assert report["passed"] is False
-    assert report["failure"].startswith("process 3's shell lost the store at localhost:")
+    assert report["failure"].startswith("process 3's shell lost the store at 127.0.0.1:")
     assert report["failure"].endswith("rank 0's node, which hosts it and the coordinator, is gone, and the run's "
                                       "membership with it; the run cannot go on")  # fmt: skip
