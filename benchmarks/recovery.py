@@ -25,8 +25,9 @@ from pathlib import Path
 from cost_models.catalogue import MODELS
 from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
-from ntp_planner.executor.elastic.coordinator import PARTS, launch_live, recovery_costs
 from ntp_planner.executor.elastic.faults import Fault, Repair
+from ntp_planner.executor.elastic.launch import launch_live
+from ntp_planner.executor.elastic.timeline import PARTS, recovery_costs
 from ntp_planner.executor.shrink.run import shrink
 from ntp_planner.solver.planner import plan_from_layout
 from topologies.cluster import Cluster

@@ -25,9 +25,6 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 # Modules over MAX_MODULE_LINES and functions over MAX_FUNCTION_LINES ("path::Class.function").
 TOO_LONG: dict[str, str] = {
-    "ntp_planner/executor/elastic/coordinator.py": "being split (issue 23)",
-    "ntp_planner/executor/elastic/coordinator.py::Coordinator._reconfigure": "being split (issue 23)",
-    "ntp_planner/cli/validate.py": "being split (issue 23)",
     "ntp_planner/cli/validate.py::validate": "being split (issue 23)",
 }
 

@@ -1,9 +1,10 @@
 """`ntp validate --fail/--repair`: a live run that loses processes, re-plans and keeps training.
 
 Options are parsed and checked here before any process starts; the run itself is
-``executor.recovery``; the report is the timeline (one row per event, its recovery time split
-into detect / agree / re-plan / regroup / move state / redo) and the comparison with one process
-fed the samples the run committed.
+``executor.elastic`` (``launch`` on one host, ``torchrun`` across rendezvous nodes); the
+report is the timeline (one row per event, its recovery time split into detect / agree /
+re-plan / regroup / move state / redo) and the comparison with one process fed the samples the
+run committed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ FailOpt = Annotated[
     typer.Option(
         "--fail",
         help="RANK@STEP[:HOW]: process RANK fails in step STEP (from 0) for real: kill (SIGKILL mid-step, the "
-        "default), sync (SIGKILL in the gradient sync), raise (an exception inside a collective) or hang. "
+        "default), sync (SIGKILL in the gradient sync), raise (an exception inside a collective), hang, or host "
+        "(under torchrun: its whole node is lost). "
         "Repeat for more failures; the run recovers live under --policy.",
     ),
 ]
@@ -49,6 +51,15 @@ CheckpointEveryOpt = Annotated[
 ]
 CheckpointDirOpt = Annotated[
     Path | None, typer.Option("--checkpoint-dir", help="Folder for checkpoints (default: a temporary one).")
+]
+
+JoinOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--join",
+        help="HOST:PORT/RUN_ID: join the live run under torchrun whose store is there (rank 0 prints it) as a "
+        "repair: this process takes back a failed process's slot at the next step boundary.",
+    ),
 ]
 
 _EVENT = re.compile(r"^(\d{1,6})@(\d{1,6})(?::([a-z]+))?$")
@@ -142,8 +153,8 @@ def check_checkpoint_dir(folder: Path) -> None:
 def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int, folder, timeout: float, quiet: bool):
     """Run live and return (Result, LiveRun); a run that cannot go on ends in one sentence (exit 1)."""
     from ntp_planner.cli.output import show_json, with_step_progress
-    from ntp_planner.executor.elastic.coordinator import RecoveryFailure, launch_live
-    from ntp_planner.executor.elastic.faults import Fault, Repair
+    from ntp_planner.executor.elastic.faults import Fault, RecoveryFailure, Repair
+    from ntp_planner.executor.elastic.launch import launch_live
 
     faults = tuple(Fault(r, s, h) for r, s, h in fails)
     fixes = tuple(Repair(r, s) for r, s, _ in repairs)
@@ -172,10 +183,104 @@ def run_live(plan, shrunk, fails, repairs, policy: str, spares: int, every: int,
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def validate_live(plan, shrunk_run, nproc, steps, timeout, tolerance, json_out, how) -> None:
+    """`ntp validate --fail/--repair`: the live run, on this host or as one torchrun worker, its
+    timeline and the comparison. ``shrunk_run(n, failures)``: validate's shrink of the plan to n
+    processes (and its cuts), keeping the widths ``failures`` lost processes lead to."""
+    from ntp_planner.cli.output import show, show_json
+    from ntp_planner.executor.train.launch import under_torchrun
+    from ntp_planner.views.validate import validate_json, validate_view
+
+    fails, repairs, policy, spares, every, folder = how
+
+    torchrun = under_torchrun()
+    if not torchrun and any(how == "host" for *_, how in fails):
+        raise InputError("--fail RANK@STEP:host loses a whole torchrun node; run it under torchrun, or use :kill")
+    n = check_torchrun_live(nproc, repairs, spares, every, folder) if torchrun else (nproc or 16)
+    shrunk, cuts = shrunk_run(n, len(fails))
+    check_live(fails, repairs, policy, spares, steps, shrunk.spec.world_size, every, folder)
+    if torchrun:
+        got = run_live_torchrun(plan, shrunk, fails, policy, spares, every, folder, timeout, json_out)
+        if got is None:
+            return  # a worker other than rank 0: rank 0 coordinates and reports
+        result, run = got
+    else:
+        result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
+    # every layout the run reached had its cuts checked (a mismatch ends the run); all are shown
+    seen = {(c["unit"], c["degree"]) for c in cuts}
+    from ntp_planner.executor.check.cuts import LAYER_UNITS
+
+    units = [*LAYER_UNITS, "vocab"]  # ``cuts.compare_cuts``'s order
+    cuts = sorted([*cuts, *(c for c in run.cuts if (c["unit"], c["degree"]) not in seen)],
+                  key=lambda c: (units.index(c["unit"]), c["degree"]))  # fmt: skip
+    data = validate_json(shrunk, result, tolerance, "gloo", cuts) | live_json(result, run, tolerance)
+    if json_out:
+        show_json(data)
+    else:
+        show(validate_view(plan, shrunk, result, tolerance, "gloo", cuts))
+        show(timeline_view(run))
+    if not data["passed"]:
+        raise typer.Exit(1)
+
+
+def check_torchrun_live(nproc, repairs, spares: int, every: int, folder) -> int:
+    """The run's processes under torchrun (its workers less the spares); refuses, in one
+    sentence each, what a torchrun live run cannot do."""
+    import os
+
+    world = int(os.environ["WORLD_SIZE"])
+    if nproc is not None and nproc != world:
+        raise InputError(f"--nproc {nproc} differs from torchrun's {world} processes; drop --nproc")
+    if repairs:
+        raise InputError(
+            "under torchrun a repair is a process that joins the run: start `ntp validate PLAN --join "
+            "HOST:PORT/RUN_ID` (rank 0 prints the address) instead of --repair"
+        )
+    if every and folder is None:
+        raise InputError("under torchrun --checkpoint-every needs --checkpoint-dir, a folder every host reaches")
+    if spares >= world:
+        raise InputError(f"--spares {spares} leaves none of torchrun's {world} processes to train; lower --spares")
+    return world - spares
+
+
+def run_live_torchrun(plan, shrunk, fails, policy: str, spares: int, every: int, folder, timeout: float, quiet: bool):
+    """Be one torchrun worker of a live run; rank 0 returns (Result, LiveRun), the others None. A
+    run that cannot go on ends in one sentence (exit 1), said by the worker that saw it."""
+    from ntp_planner.cli.output import show_json
+    from ntp_planner.executor.elastic.faults import Fault, RecoveryFailure
+    from ntp_planner.executor.elastic.torchrun import StoreLost, run_live_torchrun
+
+    faults = tuple(Fault(r, s, h) for r, s, h in fails)
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)  # checked (``check_checkpoint_dir``) before
+    try:
+        say = lambda line: typer.echo(line, err=True)  # noqa: E731 - stderr even with --json: stdout is the JSON
+        return run_live_torchrun(plan, shrunk, policy, faults, spares, every, str(folder or ""), timeout, say)
+    except (RecoveryFailure, StoreLost, ValueError) as exc:
+        if quiet:
+            show_json({"passed": False, "failure": str(exc)})
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def join_live(endpoint: str) -> None:
+    """`ntp validate PLAN --join HOST:PORT/RUN_ID`: a repair of a torchrun live run."""
+    from ntp_planner.executor.elastic.torchrun import StoreLost, join
+
+    if not re.match(r"^[^:/\s]+:\d{1,5}(/[^/\s]+)?$", endpoint):
+        raise InputError(f"--join {endpoint!r} is not HOST:PORT/RUN_ID; e.g. --join 10.0.0.1:29500/job7")
+    try:
+        proc = join(endpoint)
+    except (StoreLost, ValueError, RuntimeError) as exc:
+        typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"joined as process {proc}; the run is over", err=True)
+
+
 def live_json(result, run, tolerance: float) -> dict:
     """What `ntp validate --fail ... --json` adds: the timeline, the samples log, the steps lost
     and the recovery costs the simulator takes (``ntp simulate --recovery-from``)."""
-    from ntp_planner.executor.elastic.coordinator import recovery_costs
+    from ntp_planner.executor.elastic.timeline import recovery_costs
 
     return {
         "timeline": run.timeline,

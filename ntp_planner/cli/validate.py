@@ -13,6 +13,7 @@ from ntp_planner.cli.live import (
     CheckpointDirOpt,
     CheckpointEveryOpt,
     FailOpt,
+    JoinOpt,
     LivePolicyOpt,
     LiveSparesOpt,
     RepairOpt,
@@ -149,6 +150,7 @@ def validate(
     checkpoint_every: CheckpointEveryOpt = 0,
     checkpoint_dir: CheckpointDirOpt = None,
     full: FullSizeOpt = False,
+    join: JoinOpt = None,
 ) -> None:
     """Run a plan for real on a shrunk model with torch.distributed and compare it with one process.
 
@@ -162,8 +164,10 @@ def validate(
     With --fail, processes fail for real during the run and it recovers live: the survivors agree
     on who failed, re-plan under --policy (NTP shrinks the replica's TP degree), rebuild their
     process groups, fetch the rows they now own from their peers and redo the interrupted step;
-    --repair brings a process back. The report adds the recovery timeline, and the reference is
-    fed the samples the run committed. Needs PyTorch: pip install 'ntp-planner[torch]'.
+    --repair brings a process back. Under torchrun --fail recovers across nodes, a whole node
+    lost too (:host); a repair there is a process started later with --join. The report adds
+    the recovery timeline, and the reference is fed the samples the run committed.
+    Needs PyTorch: pip install 'ntp-planner[torch]'.
 
     \b
     Example: ntp validate plan.json --replan replan.json --steps 3
@@ -171,6 +175,9 @@ def validate(
              ntp validate plan.json --profile profile.json --record runs.jsonl
              ntp validate plan.json --steps 8 --fail 1@3 --repair 1@6 --policy ntp
              ntp validate one_gpu.json --full-size --backend nccl
+             torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+               --rdzv-endpoint HOST:29500 $(which ntp) validate plan.json \\
+               --steps 8 --fail 3@2:host
     """
     tolerance = TOLERANCE[dtype] if tolerance is None else tolerance
     if not 0 < tolerance < 1:
@@ -186,6 +193,11 @@ def validate(
         check_output(record, "--record", [plan_file, replan_file, profile], "runs.jsonl")  # before the run
         if record.exists():
             read_text(record, "runs file")  # a folder, a device or an oversized file: said before the run too
+    if join is not None:
+        from ntp_planner.cli.live import join_live
+
+        _import_torch()
+        return join_live(join)
     fails = parse_events(fail, "--fail", HOWS)
     repairs = parse_events(repair, "--repair", None)
     live = bool(fails or repairs)
@@ -210,8 +222,13 @@ def validate(
     steps = steps or (8 if profile or live else 3)
     p = Plan.load(plan_file)
     if live:
-        return _validate_live(p, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out,
-                              (fails, repairs, policy, spares, checkpoint_every, checkpoint_dir))  # fmt: skip
+        from ntp_planner.cli.live import validate_live
+
+        def shrunk_run(n: int, failures: int):
+            return _shrunk_run(p, n, None, steps, seed, seq_len, dtype, json_out, failures)
+
+        return validate_live(p, shrunk_run, nproc, steps, timeout, tolerance, json_out,
+                             (fails, repairs, policy, spares, checkpoint_every, checkpoint_dir))  # fmt: skip
     replan_result = None if replan_file is None else ReplanResult.load(replan_file, p, "validate")
     injected = _parse_fault(fault)
     n, torchrun = _world_size(torch, backend, 1 if full and nproc is None else nproc)
@@ -245,37 +262,6 @@ def validate(
             show(comparison_view(comparison))
     if record is not None:
         _record(record, plan_file, p, measured_profile, comparison)
-    if not data["passed"]:
-        raise typer.Exit(1)
-
-
-def _validate_live(plan, nproc, steps, seed, seq_len, dtype, timeout, tolerance, json_out, how) -> None:
-    """`ntp validate --fail/--repair`: the live run, its timeline and the comparison."""
-    from ntp_planner.cli.live import check_live, live_json, run_live, timeline_view
-    from ntp_planner.views.validate import validate_json, validate_view
-
-    fails, repairs, policy, spares, every, folder = how
-    from ntp_planner.executor.train.launch import under_torchrun
-
-    if under_torchrun():
-        raise InputError("--fail runs every process on this host under one launcher; run it without torchrun")
-    n = nproc if nproc is not None else 16
-    shrunk, cuts = _shrunk_run(plan, n, None, steps, seed, seq_len, dtype, json_out, len(fails))
-    check_live(fails, repairs, policy, spares, steps, shrunk.spec.world_size, every, folder)
-    result, run = run_live(plan, shrunk, fails, repairs, policy, spares, every, folder, timeout, json_out)
-    # every layout the run reached had its cuts checked (a mismatch ends the run); all are shown
-    seen = {(c["unit"], c["degree"]) for c in cuts}
-    from ntp_planner.executor.check.cuts import LAYER_UNITS
-
-    units = [*LAYER_UNITS, "vocab"]  # ``cuts.compare_cuts``'s order
-    cuts = sorted([*cuts, *(c for c in run.cuts if (c["unit"], c["degree"]) not in seen)],
-                  key=lambda c: (units.index(c["unit"]), c["degree"]))  # fmt: skip
-    data = validate_json(shrunk, result, tolerance, "gloo", cuts) | live_json(result, run, tolerance)
-    if json_out:
-        show_json(data)
-    else:
-        show(validate_view(plan, shrunk, result, tolerance, "gloo", cuts))
-        show(timeline_view(run))
     if not data["passed"]:
         raise typer.Exit(1)
 

@@ -173,6 +173,7 @@ def test_cli_surface_is_frozen():
                 "--checkpoint-every",
                 "--checkpoint-dir",
                 "--full-size",
+                "--join",
             ]
         ),
         "calibrate": sorted(["runs_file", "--profile", "--output", "--json"]),

@@ -7,7 +7,10 @@ from rich.console import Console
 pytest.importorskip("torch", reason="torch is not installed")
 
 from ntp_planner.cli.live import live_json, timeline_view  # noqa: E402
-from ntp_planner.executor.elastic.coordinator import LiveRun, recovery_costs  # noqa: E402
+from ntp_planner.executor.elastic.timeline import (
+    LiveRun,
+    recovery_costs,  # noqa: E402
+)
 
 
 def event(step, kind, source, detect, rest, **extra):

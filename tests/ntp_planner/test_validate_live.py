@@ -52,10 +52,31 @@ def plan(tmp_path_factory):
         (["--fail", "1@-1"], "is not RANK@STEP"),
         (["--fail", "-1@1"], "is not RANK@STEP"),
         (["--repair", " @ "], "is not RANK@STEP"),
+        (["--fail", "1@1:host"], "loses a whole torchrun node; run it under torchrun"),
+        (["--join", "nohost"], "--join 'nohost' is not HOST:PORT/RUN_ID"),
     ],
 )
 def test_live_input_errors_are_one_sentence_before_any_process_starts(plan, args, message):
     r = run("validate", plan, "--nproc", 8, "--steps", 3, *args)
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split()) and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--fail", "1@1", "--repair", "1@2"], "under torchrun a repair is a process that joins the run"),
+        (["--fail", "1@1", "--checkpoint-every", 1], "--checkpoint-every needs --checkpoint-dir, a folder every host"),
+        (["--fail", "1@1", "--nproc", 4], "--nproc 4 differs from torchrun's 8 processes"),
+        (["--fail", "1@1", "--spares", 8], "--spares 8 leaves none of torchrun's 8 processes to train"),
+    ],
+)
+def test_torchrun_live_input_errors_are_one_sentence_before_any_store_is_reached(plan, monkeypatch, args, message):
+    # torchrun's variables, with no agent store behind them: refused before anything connects
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    r = run("validate", plan, "--steps", 3, *args)
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split()) and "Traceback" not in r.output
 

@@ -139,7 +139,7 @@ def _crash_proc3(injector):
 
 
 def _one_sample_late(consumed):
-    return lambda self: consumed(self) + 1 if self._effective() else 0
+    return lambda self: consumed(self) + 1 if self.effective() else 0
 
 
 BUGS = {

@@ -1,7 +1,7 @@
 """Live recovery, one process's side: train in generations, leave one when a peer fails, carry
 the committed state into the next.
 
-A process lives through generations (``coordinator`` publishes each one in the launcher's store):
+A process lives through generations (``coordinator`` publishes each one in the run's store, ``membership``):
 in generation ``n`` it is rank ``procs.index(proc)`` of the generation's RunSpec, or idle. Each
 generation has its own process group (``PrefixStore`` "g<n>/pg/"), built from scratch; the old one
 is destroyed first, which also wakes any peer still blocked in one of its collectives (gloo then
@@ -18,18 +18,13 @@ its last committed step, which it keeps in memory for the next generation. Wheth
 at all is decided the same way (``g<n>/go/<k>``: the first rank to enter it writes "go", the
 coordinator stopping the generation at that boundary writes "stop").
 
-Keys (all under the launcher's store): ``layout/<n>`` the Generation; ``g<n>/abort``;
-``g<n>/go/<k>``; ``g<n>/votes/<k>``, ``g<n>/share/<k>/<rank>``, ``g<n>/decision/<k>``;
-``g<n>/left/<proc>`` why and when a process left; ``g<n>/times/<rank>`` regroup and state-move
-seconds; ``log/count`` and ``log/<i>`` committed steps in order; ``fail/<proc>`` the time an
-injected fault fired; ``ready/<proc>`` a process is up; ``done``.
+The store keys and the atomic decisions (vote, go/stop, leave) are ``membership``'s, shared with
+the coordinator.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import signal
 import time
 from dataclasses import dataclass
@@ -40,14 +35,13 @@ import torch.distributed as dist
 
 from ntp_planner.executor.check.holders import holdings
 from ntp_planner.executor.elastic import handover
-from ntp_planner.executor.elastic.faults import Fault
+from ntp_planner.executor.elastic import membership as ms
+from ntp_planner.executor.elastic.faults import Fault, kill_host
 from ntp_planner.executor.elastic.relayout import Layout
 from ntp_planner.executor.model.batch import sample_rows, synthetic_batch
 from ntp_planner.executor.parallel.comm import Comm, lost_peer
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.train.step import build, synced_grads, train_step
-
-POLL_S = 0.002  # store polling interval while waiting for a decision
 
 
 @dataclass(frozen=True)
@@ -75,7 +69,6 @@ class LiveConfig:
     faults: tuple[Fault, ...] = ()
     checkpoint_every: int = 0  # 0: no checkpoints
     checkpoint_dir: str = ""
-    out_file: str = ""
 
 
 class InjectedFault(RuntimeError):
@@ -111,7 +104,7 @@ def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: in
     torch.set_num_threads(1)
     torch.set_default_dtype(getattr(torch, cfg.base.dtype))
     pool = synthetic_batch(cfg.base)
-    store.set(f"ready/{proc}", str(time.time()))
+    ms.ready(store, proc)
     # generation -> this process's committed state in that generation's layout. Older ones are
     # kept until a generation names a later one as its source: the coordinator carries from the
     # last generation whose every rank had its state in place, which is older than this
@@ -120,7 +113,7 @@ def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: in
     states: dict[int, dict] = {}
     n = first_generation
     while True:
-        gen = _await_generation(store, n)
+        gen = ms.await_generation(store, n)
         if gen.layout is None:
             return
         if gen.previous is not None:
@@ -135,13 +128,6 @@ def serve(proc: int, store, cfg: LiveConfig, progress=None, first_generation: in
         n += 1
 
 
-def _await_generation(store, n: int) -> Generation:
-    key = f"layout/{n}"
-    while not store.check([key]):
-        time.sleep(0.01)
-    return pickle.loads(store.get(key))
-
-
 def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, pool, progress) -> dict | None:
     """Train this generation's steps as its rank. Returns the committed state when leaving or
     done, in this generation's layout, or None when it left before its state was in place (the
@@ -153,7 +139,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         t0 = time.time()
         dist.init_process_group(
             cfg.backend,
-            store=dist.PrefixStore(f"g{n}/pg/", store),
+            store=dist.PrefixStore(ms.group_prefix(n), store),
             rank=rank,
             world_size=spec.world_size,
             timeout=timedelta(seconds=cfg.timeout_s),
@@ -163,7 +149,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         t1 = time.time()
         moved = _bring_state(proc, store, gen, state, cfg, tr)
         t2, installed = time.time(), True
-        store.set(f"g{n}/times/{rank}", json.dumps({"regroup_s": t1 - t0, "move_s": t2 - t1, "bytes": moved, "t": t2}))
+        ms.report_times(store, n, rank, {"regroup_s": t1 - t0, "move_s": t2 - t1, "bytes": moved, "t": t2})
         first_grads = []
         for step in range(gen.start_step, cfg.steps):
             _live_step(proc, store, gen, cfg, pool, tr, step, first_grads)
@@ -176,8 +162,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         held = tr.comm.gather_objects(holdings(tr.model, spec, rank, first_grads or None))
         tr.comm.fault = None
         if rank == 0:
-            torch.save({"holders": [h for per_rank in held for h in per_rank], "generation": n}, cfg.out_file)
-            store.set("done", str(n))
+            ms.finish(store, n, [h for per_rank in held for h in per_rank])
         # the committed state, kept: a peer that fails in the gather after this rank's part of it
         # went through makes the coordinator re-plan, and the next generation carries it from here
         return handover.snapshot(tr)
@@ -185,8 +170,7 @@ def _run_generation(proc, store, gen: Generation, state: dict, cfg: LiveConfig, 
         if not (isinstance(exc, Leave) or is_peer_loss(exc)):
             raise  # this process is broken: it dies, and the others recover from that
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        store.set(f"g{n}/left/{proc}", json.dumps({"why": why[:300], "t": time.time(), "step": step}))
-        store.add(f"g{n}/left", 1)
+        ms.leave(store, n, proc, why, step)
         _wake_peers(rank, spec.world_size)
         return handover.snapshot(tr) if installed else None
     finally:
@@ -216,19 +200,20 @@ def _live_step(proc, store, gen: Generation, cfg: LiveConfig, pool, tr, step: in
     from ntp_planner.executor import checkpoint
 
     n, spec, rank, batch = gen.number, tr.spec, tr.rank, tr.spec.total_sequences
-    if store.compare_set(f"g{n}/go/{step}", "", "go") != b"go":
+    if not ms.may_run(store, n, step):
         raise Leave(f"stopped before step {step}")
     consumed = gen.consumed + (step - gen.start_step) * batch
     rows = sample_rows(cfg.base, consumed, batch)
     tr.comm.fault = _injector(cfg.faults, proc, step, store)
 
     def vote(share: float) -> None:
-        if tr.comm.fault is not None and not store.check([f"fired/{proc}/{step}"]):
+        if tr.comm.fault is not None and not ms.fired(store, proc, step):
             tr.comm.fault("dp")  # a step without collectives (a layout of one process) fails at its end
         tr.comm.fault = None
         if not first_grads:  # the generation's first synced gradients, compared with the reference's
             first_grads.extend(synced_grads(tr))
-        if _vote(store, n, step, rank, spec.world_size, share, consumed, batch, cfg.timeout_s) != "commit":
+        record = {"step": step, "generation": n, "consumed": consumed, "batch": batch}
+        if ms.vote(store, n, step, rank, spec.world_size, share, record, cfg.timeout_s) != "commit":
             raise Leave(f"step {step} aborted")
 
     tokens, targets = pool
@@ -236,7 +221,7 @@ def _live_step(proc, store, gen: Generation, cfg: LiveConfig, pool, tr, step: in
     if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
         saved = handover.checkpoint_state(tr, step + 1)
         checkpoint.save(cfg.checkpoint_dir, step, consumed + batch, handover.checkpoint_spec(spec), rank, saved)
-        if store.add(f"g{n}/saved/{step}", 1) == spec.world_size:
+        if ms.saved(store, n, step) == spec.world_size:
             meta = {"consumed": consumed + batch, "generation": n}
             checkpoint.finish(cfg.checkpoint_dir, step, spec.world_size, meta)
 
@@ -264,40 +249,22 @@ def _wake_peers(rank: int, world: int) -> None:
             pass
 
 
-def _vote(store, n: int, step: int, rank: int, world: int, share: float, consumed: int, batch: int, timeout_s):
-    """This rank's vote for committing ``step``; returns the decision every rank reads."""
-    prefix = f"g{n}/share/{step}/"
-    store.set(f"{prefix}{rank}", repr(float(share)))
-    decision = f"g{n}/decision/{step}"
-    if store.add(f"g{n}/votes/{step}", 1) == world:
-        loss = sum(float(v) for v in store.multi_get([f"{prefix}{r}" for r in range(world)]))
-        if store.compare_set(decision, "", "commit") == b"commit":
-            record = {"step": step, "generation": n, "loss": loss, "consumed": consumed, "batch": batch}
-            record["t"] = time.time()
-            store.set(f"log/{store.add('log/count', 1) - 1}", json.dumps(record))
-    deadline = time.monotonic() + timeout_s
-    while not store.check([decision]):
-        if store.check([f"g{n}/abort"]) or time.monotonic() > deadline:
-            return store.compare_set(decision, "", "abort").decode()
-        time.sleep(POLL_S)
-    return store.get(decision).decode()
-
-
 def _injector(faults, proc: int, step: int, store):
     """The hook ``Comm`` calls on entering a collective (its category as argument) in this step,
     or None when no fault of this process fires in it."""
     mine = [f for f in faults if f.proc == proc and f.step == step and f.how != "carry"]
-    if not mine or store.check([f"fired/{proc}/{step}"]):
+    if not mine or ms.fired(store, proc, step):
         return None  # each fault fires once (a step redone after a rollback does not fail again)
     how = mine[0].how
 
     def fire(kind: str | None) -> None:
         if how == "sync" and kind != "dp":
             return
-        store.set(f"fail/{proc}", json.dumps({"t": time.time(), "how": how, "step": step}))
-        store.set(f"fired/{proc}/{step}", "1")
+        ms.fire(store, proc, step, how)
         if how in ("kill", "sync"):
             os.kill(os.getpid(), signal.SIGKILL)
+        if how == "host":  # the whole torchrun node: this process's shell's agent and all under it
+            kill_host(int(os.environ.get("NTP_AGENT_PID", os.getppid())))
         if how == "hang":
             while True:
                 time.sleep(3600)
@@ -309,7 +276,5 @@ def _injector(faults, proc: int, step: int, store):
 def _fail_in_carry(faults, proc: int, step: int, store) -> None:
     """A ``carry`` fault of this process for ``step`` (once): SIGKILL as the state starts to move."""
     if any(f.proc == proc and f.step == step and f.how == "carry" for f in faults):
-        if not store.check([f"fired/{proc}/{step}"]):
-            store.set(f"fired/{proc}/{step}", "1")
-            store.set(f"fail/{proc}", json.dumps({"t": time.time(), "how": "carry", "step": step}))
+        if ms.fire(store, proc, step, "carry"):
             os.kill(os.getpid(), signal.SIGKILL)
