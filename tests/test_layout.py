@@ -25,7 +25,6 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 # Modules over MAX_MODULE_LINES and functions over MAX_FUNCTION_LINES ("path::Class.function").
 TOO_LONG: dict[str, str] = {
-    "ntp_planner/cli/validate.py::validate": "being split (issue 23)",
 }
 
 

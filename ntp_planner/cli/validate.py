@@ -19,19 +19,9 @@ from ntp_planner.cli.live import (
     RepairOpt,
     parse_events,
 )
-from ntp_planner.cli.options import MAX_PROCS, Backend, Format, JsonOpt, PlanArg
+from ntp_planner.cli.options import MAX_PROCS, Backend, JsonOpt, PlanArg
 from ntp_planner.cli.output import show, show_json, with_step_progress
 from topologies.errors import InputError
-
-FormatOpt = Annotated[
-    Format, typer.Option("--format", help="Megatron-LM, NeMo 1.x, NeMo 2.0, Megatron-Bridge or JSON.")
-]
-FolderOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder to write into.")]
-ExportReplanOpt = Annotated[
-    Path | None, typer.Option("--replan", help="A re-plan from `ntp replan -o` (NTP settings).")
-]
-DataPathOpt = Annotated[str | None, typer.Option("--data-path", help="Training data (default: mock data).")]
-SaveDirOpt = Annotated[str | None, typer.Option("--save-dir", help="Checkpoint folder.")]
 
 ValidateReplanOpt = Annotated[
     Path | None, typer.Option("--replan", help="A re-plan from `ntp replan -o`: run its degraded replicas.")
@@ -184,33 +174,16 @@ def validate(
         raise InputError(f"--tolerance {tolerance:g} must lie between 0 and 1, e.g. 1e-5")
     from ntp_planner.executor.elastic.faults import HOWS
 
-    if record is not None and profile is None:
-        raise InputError("--record stores predicted against measured step times; give --profile too")
-    if record is not None:
-        from ntp_planner.outputs import check_output
-        from topologies.files import read_text
-
-        check_output(record, "--record", [plan_file, replan_file, profile], "runs.jsonl")  # before the run
-        if record.exists():
-            read_text(record, "runs file")  # a folder, a device or an oversized file: said before the run too
+    _check_record(record, profile, [plan_file, replan_file, profile])
     if join is not None:
         from ntp_planner.cli.live import join_live
 
         _import_torch()
         return join_live(join)
-    fails = parse_events(fail, "--fail", HOWS)
-    repairs = parse_events(repair, "--repair", None)
+    fails, repairs = parse_events(fail, "--fail", HOWS), parse_events(repair, "--repair", None)
     live = bool(fails or repairs)
-    if live and (replan_file or profile or fault or backend != "gloo"):
-        raise InputError(
-            "--fail and --repair run live recovery from the plan's healthy layout, on gloo, without --replan, "
-            "--profile, --inject-fault or --backend nccl; drop those"
-        )
-    if not live and (policy != "ntp" or spares or checkpoint_every or checkpoint_dir is not None):
-        raise InputError("--policy, --spares and --checkpoint-* shape a live recovery; add --fail RANK@STEP")
-    if full and (live or replan_file or seq_len is not None):
-        raise InputError("--full-size runs the plan's own model, sequence and batch on one process; drop --fail, "
-                         "--repair, --replan and --seq-len")  # fmt: skip
+    _check_modes(live, full, replan_file, profile, fault, backend, policy, spares, checkpoint_every,
+                 checkpoint_dir, seq_len)  # fmt: skip
     from ntp_planner.executor.shrink.run import SEQ_LEN
 
     seq_len = SEQ_LEN if seq_len is None else seq_len
@@ -247,23 +220,53 @@ def validate(
     result = _run(shrunk, backend, timeout, injected, torchrun, steps, json_out)
     if result is None:
         return  # a torchrun rank other than 0: rank 0 reports
-    data = validate_json(shrunk, result, tolerance, backend, cuts) | replan_fields
-    comparison = None
-    if measured_profile is not None:
-        comparison = _compare_prediction(measured_profile, shrunk.spec, p, result)
-        data |= comparison
-    if json_out:
-        show_json(data)
-    else:
-        show(validate_view(p, shrunk, result, tolerance, backend, cuts))
-        if comparison is not None:
-            from ntp_planner.views.timing import comparison_view
-
-            show(comparison_view(comparison))
+    comparison = None if measured_profile is None else _compare_prediction(measured_profile, shrunk.spec, p, result)
+    data = validate_json(shrunk, result, tolerance, backend, cuts) | replan_fields | (comparison or {})
+    _show_run(data, validate_view(p, shrunk, result, tolerance, backend, cuts), comparison, json_out)
     if record is not None:
         _record(record, plan_file, p, measured_profile, comparison)
     if not data["passed"]:
         raise typer.Exit(1)
+
+
+def _show_run(data: dict, view, comparison: dict | None, json_out: bool) -> None:
+    """The run's report: ``data`` as JSON, or its view and the predicted-against-measured table."""
+    if json_out:
+        show_json(data)
+        return
+    show(view)
+    if comparison is not None:
+        from ntp_planner.views.timing import comparison_view
+
+        show(comparison_view(comparison))
+
+
+def _check_record(record: Path | None, profile: Path | None, inputs: list) -> None:
+    """--record needs --profile, and a path it can append to (said before the run)."""
+    if record is not None and profile is None:
+        raise InputError("--record stores predicted against measured step times; give --profile too")
+    if record is not None:
+        from ntp_planner.outputs import check_output
+        from topologies.files import read_text
+
+        check_output(record, "--record", inputs, "runs.jsonl")  # before the run
+        if record.exists():
+            read_text(record, "runs file")  # a folder, a device or an oversized file: said before the run too
+
+
+def _check_modes(live, full, replan_file, profile, fault, backend, policy, spares, checkpoint_every, checkpoint_dir,
+                 seq_len) -> None:  # fmt: skip
+    """The options that belong to one mode (live recovery, a plain run, --full-size) and not another."""
+    if live and (replan_file or profile or fault or backend != "gloo"):
+        raise InputError(
+            "--fail and --repair run live recovery from the plan's healthy layout, on gloo, without --replan, "
+            "--profile, --inject-fault or --backend nccl; drop those"
+        )
+    if not live and (policy != "ntp" or spares or checkpoint_every or checkpoint_dir is not None):
+        raise InputError("--policy, --spares and --checkpoint-* shape a live recovery; add --fail RANK@STEP")
+    if full and (live or replan_file or seq_len is not None):
+        raise InputError("--full-size runs the plan's own model, sequence and batch on one process; drop --fail, "
+                         "--repair, --replan and --seq-len")  # fmt: skip
 
 
 def _replan_coverage(replan, shrunk, nproc: int) -> dict:
