@@ -10,7 +10,8 @@ from dataclasses import dataclass
 class Source:
     """The next generation's start: its first step, the samples consumed before it, where its
     state comes from ("memory", "checkpoint" or "init"), the checkpoint's step, a note for the
-    timeline and the move plan (``state.plan_moves``; None unless from memory)."""
+    timeline and the move plan (``handover.plan``: rows, or shards under ZeRO and ep > 1; None unless
+    from memory)."""
 
     start: int
     consumed: int
@@ -32,13 +33,13 @@ def state_source(policy: str, held, layout, committed: int, consumed: int, check
     starts at step 2 and step 2's committed record is marked lost.
     """
     from ntp_planner.executor import checkpoint
-    from ntp_planner.executor.elastic.state import plan_moves
+    from ntp_planner.executor.elastic import handover
 
     if held is None:
         return Source(0, 0, "init", note="no layout had its state in place yet, so from the initial weights")
     note, moves = "", None
     if policy != "restart":
-        moves = plan_moves(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
+        moves = handover.plan(held.layout.spec, held.layout.procs, layout.spec, layout.procs)
         if not moves.missing:
             return Source(committed, consumed, "memory", moves=moves)
         names = sorted({m[0] for m in moves.missing})
