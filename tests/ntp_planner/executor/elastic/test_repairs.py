@@ -106,15 +106,15 @@ def test_a_repaired_process_that_dies_booting_fails_the_run_in_one_sentence():
 def test_a_joiner_takes_over_the_lowest_failed_process_at_the_next_boundary_not_entered():
     store = dist.HashStore()
     hosts = StoreHosts(store, range(6))
-    co = coordinator(store, hosts, repairs_=[Repair(3, 5)], dead={5, 2, 1}, committed=3)
-    co.restarted.add(1)  # 1 is being repaired already; 5 is a spare (no base slot among 4)
+    co = coordinator(store, hosts, repairs_=[Repair(1, 5)], dead={5, 3, 2, 1}, committed=3)
+    co.restarted.add(1)  # 1 is being repaired already; 5 is a spare (no base slot among 4); 2 and 3 are free
     ms.may_run(store, 2, 3)  # step 3 is under way: the joiner's boundary is 4
     store.add("join/count", 1)
     repairs.take_joins(co)
-    assert json.loads(store.get("join/0/proc")) == [2, 3]  # process 2, from generation 3 on
+    assert json.loads(store.get("join/0/proc")) == [2, 3]  # the lowest, process 2, from generation 3 on
     assert go(store, 2, 4) == "stop"
-    assert co.repairs == [Repair(2, 4), Repair(3, 5)]  # by step
-    assert co.dead == {1, 5} and co.restarted == {1, 2} and hosts.joins() == []
+    assert co.repairs == [Repair(2, 4), Repair(1, 5)]  # by step
+    assert co.dead == {1, 3, 5} and co.restarted == {1, 2} and hosts.joins() == []
 
 
 def test_a_joiner_waits_while_nothing_is_down_and_is_sent_away_when_no_step_is_left():
