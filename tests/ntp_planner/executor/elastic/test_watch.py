@@ -143,3 +143,33 @@ def test_await_leavers_gives_one_inside_a_collective_a_second_timeout(clock):
     # taken for hung only after 2 x 10 + 10 s from the start of the wait (50): at 81 on this clock
     assert killed == [(0, "it hung: no progress for 81 s after its generation was aborted")]
     assert clock.now == 82.0 and list(got) == [1]
+
+
+def test_leaving_a_collective_is_not_progress(clock):
+    store = dist.HashStore()
+    in_place(store, 0, range(2))
+    hosts = Hosts({0: (5, 4), 1: (6, 5)})  # both inside a collective
+    w = Watch(10.0, store, hosts, 2)
+    w.hung([0, 1], 0)
+    clock.now = 9.0
+    hosts.counts[0] = (5, 5)  # 0 left its collective: no new one entered
+    assert w.hung([0, 1], 0) == []
+    clock.now = 11.0
+    assert w.hung([0, 1], 0) == [(0, "it hung: no progress for 11 s outside any collective")]  # from 0, not 9
+
+
+def test_await_leavers_stops_waiting_for_one_that_leaves(clock, monkeypatch):
+    store = dist.HashStore()
+    in_place(store, 1, [0])
+    w = Watch(10.0, store, Hosts({0: (5, 4)}), 1)  # inside a collective: not hung, waited for
+
+    def sleep(_):
+        clock.now += 1.0
+        if clock.now == 4.0:
+            ms.leave(store, 1, 0, "Connection closed by peer", 3)
+
+    monkeypatch.setattr(clock, "sleep", sleep)
+    killed = []
+    got = w.await_leavers(generation(1, [0]), set(), lambda p, why: killed.append(p), None)
+    # seen gone at the sweep after 4 s (and one last poll): not waited for until 2 x 10 + 10 s
+    assert killed == [] and clock.now == 5.0 and got[0]["why"] == "Connection closed by peer"
