@@ -13,8 +13,8 @@ from cost_models.catalogue import MODELS
 from cost_models.layout import ParallelLayout
 from cost_models.training import TrainingSpec
 from ntp_planner.executor.elastic import handover
-from ntp_planner.executor.elastic.launch import launch_live
 from ntp_planner.executor.elastic.faults import Fault, Repair
+from ntp_planner.executor.elastic.launch import launch_live
 from ntp_planner.executor.elastic.relayout import RunReplanner
 from ntp_planner.executor.elastic.state import plan_moves
 from ntp_planner.executor.shrink.run import shrink
