@@ -18,9 +18,12 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    """llama3-8b at TP4 x DP2 on 8 H100s (8 processes: replica 0 on 0-3, replica 1 on 4-7)."""
+    """llama3-8b at TP4 x DP2 on 8 H100s (8 processes: replica 0 on 0-3, replica 1 on 4-7), ZeRO-0: a
+    lost process's optimizer rows live on in the other replica (at ZeRO >= 1 its shard has no other
+    holder, and the run falls back to a checkpoint: test_live_sharded)."""
     d = tmp_path_factory.mktemp("live")
     args = ["-m", "llama3-8b", "-c", "dgx-h100", "--seq-len", "2048", "-n", 8, "--tp", 4, "--global-batch", 16]
+    args += ["--zero", "0"]
     assert run("estimate", *args, "-o", d / "dp.json").exit_code == 0
     return d / "dp.json"
 
