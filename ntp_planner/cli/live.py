@@ -269,12 +269,34 @@ def join_live(endpoint: str) -> None:
 
     if not re.match(r"^[^:/\s]+:\d{1,5}(/[^/\s]+)?$", endpoint):
         raise InputError(f"--join {endpoint!r} is not HOST:PORT/RUN_ID; e.g. --join 10.0.0.1:29500/job7")
+    _check_reachable(endpoint.split("/")[0])
     try:
         proc = join(endpoint)
     except (StoreLost, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"joined as process {proc}; the run is over", err=True)
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """InputError unless HOST:PORT names a valid port on a host that resolves and accepts a TCP
+    connection, said in one sentence before torch's store client (which retries for a minute
+    and prints C++ traces) is asked to connect."""
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    if not 1 <= int(port) <= 65535:
+        raise InputError(f"--join port {port} must be 1..65535, the port rank 0 printed (HOST:PORT/RUN_ID)")
+    if len(host) > 253:
+        raise InputError(f"--join host of {len(host)} characters is longer than a host name can be (253)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except socket.gaierror:
+        raise InputError(f"--join host {host!r} does not resolve; give the address rank 0 printed") from None
+    except OSError as exc:
+        raise InputError(
+            f"nothing accepts connections at {host}:{port} ({exc.strerror or exc}); check that the run is still going"
+        ) from None
 
 
 def live_json(result, run, tolerance: float) -> dict:

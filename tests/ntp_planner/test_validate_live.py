@@ -57,6 +57,10 @@ def plan(tmp_path_factory):
         (["--repair", " @ "], "is not RANK@STEP"),
         (["--fail", "1@1:host"], "loses a whole torchrun node; run it under torchrun"),
         (["--join", "nohost"], "--join 'nohost' is not HOST:PORT/RUN_ID"),
+        (["--join", "127.0.0.1:99999/r"], "--join port 99999 must be 1..65535"),
+        (["--join", "a" * 300 + ":29500/r"], "--join host of 300 characters is longer than a host name can be"),
+        (["--join", "nohost.invalid:29500/r"], "--join host 'nohost.invalid' does not resolve"),
+        (["--join", "127.0.0.1:1/r"], "nothing accepts connections at 127.0.0.1:1"),
     ],
 )
 def test_live_input_errors_are_one_sentence_before_any_process_starts(plan, args, message):
