@@ -19,7 +19,8 @@ import numpy as np
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.failures.renewal import renewal_goodput
-from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR, STRATEGIES, SimConfig, pool_rows, simulate
+from ntp_planner.failures.sim_config import LLAMA3_RATE_PER_GPU_HOUR, STRATEGIES, SimConfig
+from ntp_planner.failures.simulator import pool_rows, simulate
 from ntp_planner.solver.planner import plan_from_layout
 from ntp_planner.views.plots import plot_spares
 from topologies import CLUSTERS, Cluster

@@ -21,13 +21,8 @@ from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
 from cost_models.pipeline import p2p_bytes, pipeline_time
 from cost_models.profile import BlockShape
-from cost_models.stage import (  # re-exported: the solver and the tests import them from here
-    RUNTIME_RESERVED_BYTES,
-    Run,
+from cost_models.stage import (
     StageCost,
-    range_blocks,
-    runs_of,
-    stage_blocks,
     stage_cost,
     stage_runs,
 )
@@ -37,21 +32,13 @@ from topologies.cluster import Cluster
 __all__ = [
     "EMBED",
     "HEAD",
-    "RUNTIME_RESERVED_BYTES",
     "Block",
     "CostEnv",
-    "Run",
-    "StageCost",
     "StepCost",
     "StepEstimate",
     "estimate_step",
     "estimate_step_detail",
     "pass_cache_key",
-    "range_blocks",
-    "runs_of",
-    "stage_blocks",
-    "stage_cost",
-    "stage_runs",
 ]
 
 # Fused Adam (Transformer Engine's multi_tensor_adam) per parameter of this GPU's optimizer shard:

@@ -24,8 +24,7 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 # Modules over MAX_MODULE_LINES and functions over MAX_FUNCTION_LINES ("path::Class.function").
-TOO_LONG: dict[str, str] = {
-}
+TOO_LONG: dict[str, str] = {}
 
 
 @cache

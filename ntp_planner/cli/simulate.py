@@ -187,7 +187,7 @@ def simulate(
     """
     import numpy as np
 
-    from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR, SimConfig, check_pool_sweep
+    from ntp_planner.failures.sim_config import LLAMA3_RATE_PER_GPU_HOUR, SimConfig, check_pool_sweep
     from ntp_planner.failures.simulator import simulate as run_simulation
     from ntp_planner.plan import Plan
     from ntp_planner.views.plots import plot_simulation
@@ -278,7 +278,7 @@ def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, tit
 def _recovery_costs(path: Path | None, restart_s: float | None) -> tuple[dict[str, float], dict[str, str]]:
     """detection_s, reconfigure_s and restart_s for SimConfig, and where each came from."""
     from ntp_planner.failures.recovery_costs import COSTS, load_recovery_costs, resolve
-    from ntp_planner.failures.simulator import SimConfig
+    from ntp_planner.failures.sim_config import SimConfig
 
     defaults = {k: SimConfig.model_fields[k].default for k in COSTS}
     return resolve(defaults, load_recovery_costs(path) if path else {}, {"restart_s": restart_s})
@@ -316,7 +316,7 @@ def _hours_range(text: str, option: str, scale: float) -> tuple[float, float]:
 
 def _failure_classes(hw_share: float, repair_h: tuple, blasts: tuple[str, str]) -> tuple:
     """Hardware failures (``hw_share`` of them) and software failures (the rest, if any)."""
-    from ntp_planner.failures.simulator import FailureClass
+    from ntp_planner.failures.sim_config import FailureClass
 
     (hw_lo, hw_hi), (sw_lo, sw_hi) = repair_h
     classes = []

@@ -22,7 +22,7 @@ from typing import Literal
 
 from cost_models.rank_grid import RankGrid
 from ntp_planner.executor.parallel.ownership import contiguous
-from ntp_planner.executor.spec_checks import DTYPES, check  # noqa: F401  (DTYPES re-exported)
+from ntp_planner.executor.spec_checks import check
 
 
 @dataclass(frozen=True)
@@ -209,11 +209,6 @@ class RunSpec:
         slices of a replica share its sequences)."""
         first = replica - self.replicas[replica].cp_rank
         return sum(r.micro_batches for r in self.replicas[:first] if r.cp_rank == 0) * self.micro_batch
-
-
-def model_chunks(replica: ReplicaSpec) -> list[tuple[Block, ...]]:
-    """``ReplicaSpec.model_chunks``."""
-    return replica.model_chunks
 
 
 def make_spec(

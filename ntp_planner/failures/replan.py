@@ -58,14 +58,8 @@ from cost_models.degraded import (
 from ntp_planner.failures import degrade, spare_pool
 from ntp_planner.failures.packing import Outcome, Packing, degraded_slots, pack, pool_curve
 from ntp_planner.plan import Plan
-from ntp_planner.replan_result import (  # re-exported: the artifact's types, where callers used to find them
-    BATCH_MODES,
-    FIX,
-    POLICIES,
+from ntp_planner.replan_result import (
     BatchMode,
-    Count,
-    Fallback,
-    Policy,
     ReplanResult,
     ReplanThroughput,
     ReplicaState,
@@ -74,20 +68,7 @@ from ntp_planner.replan_result import (  # re-exported: the artifact's types, wh
 from topologies.bounds import show
 from topologies.errors import InputError
 
-__all__ = [
-    "BATCH_MODES",
-    "FIX",
-    "POLICIES",
-    "BatchMode",
-    "Count",
-    "Fallback",
-    "Policy",
-    "ReplanResult",
-    "ReplanThroughput",
-    "Replanner",
-    "ReplicaState",
-    "Reshard",
-]
+__all__ = ["Replanner"]
 
 
 class Replanner:

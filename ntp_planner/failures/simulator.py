@@ -33,13 +33,9 @@ from ntp_planner.failures.goodput import (
     restart_row,
     summarize,
 )
-from ntp_planner.failures.sim_config import (  # re-exported: where callers found them
+from ntp_planner.failures.sim_config import (
     CHUNK,
-    LLAMA3_RATE_PER_GPU_HOUR,
-    STRATEGIES,
-    FailureClass,
     SimConfig,
-    check_pool_sweep,
     check_strategies,
     check_workload,
 )
@@ -47,23 +43,7 @@ from ntp_planner.failures.states import Domains, failure_states
 from ntp_planner.failures.tables import ThroughputTables
 from ntp_planner.plan import Plan
 
-__all__ = [
-    "STRATEGIES",
-    "LLAMA3_RATE_PER_GPU_HOUR",
-    "FailureClass",
-    "SimConfig",
-    "StrategyResult",
-    "StrategyStats",
-    "Trace",
-    "ThroughputTables",
-    "check_pool_sweep",
-    "check_strategies",
-    "pool_rows",
-    "check_workload",
-    "draw_events",
-    "failed_counts",
-    "simulate",
-]
+__all__ = ["StrategyResult", "StrategyStats", "Trace", "pool_rows", "draw_events", "failed_counts", "simulate"]
 
 
 def pool_rows(plan: Plan, runs: dict[int, dict[str, StrategyResult]]) -> list[dict]:

@@ -11,9 +11,10 @@ from collections.abc import Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ntp_planner.failures.replan import POLICIES, BatchMode, Replanner
+from ntp_planner.failures.replan import Replanner
 from ntp_planner.failures.sampling import Blast, lost_domains, random_failures
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import POLICIES, BatchMode
 from topologies.errors import InputError
 
 # ``benchmarks/replan.py``: 4 fractions x 200 samples x 3 policies = 2,400 re-plans of a

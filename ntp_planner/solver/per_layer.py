@@ -34,17 +34,8 @@ from cost_models.layout import ParallelLayout, block_degree_ok, sub_batch
 from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
 from cost_models.pipeline_layout import even_split, megatron_splits, stage_totals
-from cost_models.step import (
-    EMBED,
-    HEAD,
-    RUNTIME_RESERVED_BYTES,
-    Block,
-    CostEnv,
-    estimate_step,
-    pass_cache_key,
-    range_blocks,
-    stage_blocks,
-)
+from cost_models.stage import RUNTIME_RESERVED_BYTES, range_blocks, stage_blocks
+from cost_models.step import EMBED, HEAD, Block, CostEnv, estimate_step, pass_cache_key
 from cost_models.training import TrainingSpec
 from ntp_planner.solver.search import Candidate, SearchSpace, divisors, enumerate_layouts
 from ntp_planner.solver.stage_solvers import (

@@ -150,7 +150,8 @@ def goodput_ranking(
     all see the same failures (common random numbers): the ranking compares layouts, not luck."""
     import numpy as np
 
-    from ntp_planner.failures.simulator import STRATEGIES, SimConfig, simulate
+    from ntp_planner.failures.sim_config import STRATEGIES, SimConfig
+    from ntp_planner.failures.simulator import simulate
     from ntp_planner.plan import GoodputEntry
 
     if strategy not in STRATEGIES:

@@ -310,7 +310,8 @@ def test_optimizer_step_is_fused_adam_over_the_shard_at_hbm_speed(zero, dtype):
 
 
 # ---- which blocks a stage runs, and the fixed memory terms --------------------------------------
-from cost_models.step import EMBED, HEAD, range_blocks, runs_of, stage_blocks, stage_runs  # noqa: E402
+from cost_models.stage import range_blocks, runs_of, stage_blocks, stage_runs  # noqa: E402
+from cost_models.step import EMBED, HEAD  # noqa: E402
 
 
 def test_stage_blocks_follow_megatrons_interleaved_chunks():
@@ -365,7 +366,7 @@ def test_gradient_buckets_are_megatrons_size_or_one_layer_under_zero3(dp, zero, 
     # Llama 3 8B has 8,030,261,248 parameters, all on one stage. Megatron's bucket holds
     # max(40M, 1M x dp) parameters: ceil(8.03e9 / 40e6) = 201 at dp8, / 64e6 = 126 at dp64,
     # / 128e6 = 63 at dp128; ZeRO-3 gathers and reduces one transformer layer at a time: 32.
-    from cost_models.step import stage_cost
+    from cost_models.stage import stage_cost
 
     c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=dp)
     lay = ParallelLayout(dp=dp, global_batch=dp, zero=zero)
@@ -380,7 +381,7 @@ def test_dp_traffic_of_a_stage_is_one_collective_per_run_of_blocks(zero):
     # all-reduced: 2 x (1/2) x 4N / bw; from ZeRO-1 reduce-scattered, (1/2) x 4N / bw, and the bf16
     # weights all-gathered, (1/2) x 2N / bw. The stage's three runs (embedding, 32 layers, LM head)
     # each pay a tree's latency: 2 log2(2) x 1 us per all-reduce, half that per half of it.
-    from cost_models.step import stage_cost
+    from cost_models.stage import stage_cost
 
     c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
     lay = ParallelLayout(tp=4, dp=2, global_batch=2, zero=zero)
@@ -411,7 +412,7 @@ def test_pipeline_sends_inside_a_host_go_over_nvlink_and_pp2_interleaving_shrink
 def test_a_tied_lm_head_on_the_last_stage_adds_its_copy_to_the_stages_parameters():
     # GPT-3 175B at tp8 pp2: the last stage's own copy of the 51,200 x 12,288 embedding, over tp8,
     # is optimised and synchronised with it; with pp1 the head shares the embedding's.
-    from cost_models.step import stage_cost
+    from cost_models.stage import stage_cost
 
     gpt = MODELS["gpt3-175b"]
     t = TrainingSpec(seq_len=2048, global_batch=8)
@@ -427,7 +428,7 @@ def _stage(reduce_s, gather_s, buckets=3):
     """A stage whose micro-batch takes 1 s forward and 2 s backward, with the given DP traffic."""
     from cost_models.blocks import Pass
     from cost_models.data_parallel import DpTraffic
-    from cost_models.step import StageCost
+    from cost_models.stage import StageCost
 
     dp = DpTraffic(reduce_s=reduce_s, gather_s=gather_s, buckets=buckets)
     return StageCost(Pass(fwd=1.0, bwd=2.0), 0.0, {}, 0.0, 0.0, dp, 0.0, 0.0, 0.0)

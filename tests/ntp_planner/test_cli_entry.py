@@ -184,7 +184,7 @@ def test_option_bounds_match_the_library(cli_bound, library):
 
 def test_choice_tuples_match_the_library():
     from ntp_planner.emitters import FORMATS
-    from ntp_planner.failures.simulator import STRATEGIES
+    from ntp_planner.failures.sim_config import STRATEGIES
 
     assert get_args(options.Strategy) == STRATEGIES
     assert get_args(options.Format) == tuple(FORMATS)

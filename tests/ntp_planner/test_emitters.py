@@ -15,8 +15,9 @@ from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.cli import app
 from ntp_planner.emitters import FORMATS, export
 from ntp_planner.emitters.megatron import megatron_args
-from ntp_planner.failures.replan import Replanner, ReplanResult
+from ntp_planner.failures.replan import Replanner
 from ntp_planner.plan import Plan
+from ntp_planner.replan_result import ReplanResult
 from ntp_planner.solver.planner import plan_from_layout
 from tests.support.megatron_config import transformer_config_kwargs
 from topologies import CLUSTERS, Cluster

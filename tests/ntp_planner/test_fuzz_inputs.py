@@ -24,8 +24,8 @@ from pydantic import ValidationError
 
 from cost_models.hf_config import model_from_hf_config
 from ntp_planner.cli import main
-from ntp_planner.failures.replan import ReplanResult
 from ntp_planner.plan import Plan, inputs_hash
+from ntp_planner.replan_result import ReplanResult
 from topologies.errors import InputError
 
 FROZEN = Path(__file__).parent / "plans"

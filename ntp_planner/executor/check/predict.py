@@ -22,7 +22,7 @@ from cost_models.model import ModelSpec
 from cost_models.profile import BlockShape, Profile
 from cost_models.step import StepEstimate, estimate_step_detail
 from cost_models.training import TrainingSpec
-from ntp_planner.executor.spec import RunSpec, TinyConfig, model_chunks
+from ntp_planner.executor.spec import RunSpec, TinyConfig
 from topologies.cluster import Cluster
 from topologies.cluster_catalogue import ClusterSpec
 
@@ -125,7 +125,7 @@ def replica_kinds(spec: RunSpec) -> list[tuple[tuple[int, ...], int]]:
 def _layout(spec: RunSpec, widths: tuple[int, ...], micro_batches: int, dp: int, healthy: bool) -> ParallelLayout:
     first = next(r for r in spec.replicas if tuple(st.width for st in r.stages) == widths)
     tp = min(widths)
-    chunks = model_chunks(first)  # model order: chunk c on stage c % pp
+    chunks = first.model_chunks  # model order: chunk c on stage c % pp
     blocks = [b for c in chunks for b in c]
     degrees = tuple(b.degree for b in blocks) if healthy else (tp,) * len(blocks)
     counts = tuple(sum(b.kind == "layer" for b in c) for c in chunks)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ntp_planner.executor.model.activations import ACTIVATIONS, swiglu  # noqa: F401  (swiglu: the model's MLP)
+from ntp_planner.executor.model.activations import ACTIVATIONS
 from ntp_planner.executor.model.moe import init_moe, moe_keys, moe_reference
 from ntp_planner.executor.spec import TinyConfig
 

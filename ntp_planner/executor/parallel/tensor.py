@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import torch
 
+from ntp_planner.executor.model.activations import swiglu
 from ntp_planner.executor.model.reference import (
     TinyConfig,
     attend,
     attention,
     block_params,
     mlp,
-    swiglu,
 )
 from ntp_planner.executor.parallel.ownership import LayerShards, contiguous, layer_shards, vocab_shards
 

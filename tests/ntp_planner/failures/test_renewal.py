@@ -8,7 +8,7 @@ from scipy.optimize import minimize_scalar
 
 from ntp_planner.failures.checkpoint_interval import daly_interval_s
 from ntp_planner.failures.renewal import recovery_windows, renewal_goodput, restart_work, stall_seconds
-from ntp_planner.failures.simulator import LLAMA3_RATE_PER_GPU_HOUR
+from ntp_planner.failures.sim_config import LLAMA3_RATE_PER_GPU_HOUR
 
 RECOVERY_S, WRITE_S, RUN_S = 660.0, 300.0, 30 * 86400.0  # detection 60 s + restart 600 s; 5-minute writes; 30 days
 
@@ -103,7 +103,8 @@ def test_simulated_restart_is_the_renewal_form_on_the_ntp_study_setup():
     """The whole simulator (events drawn per GPU, 32,768 B200 at TP32 x PP8) at 3x Llama 3's rate
     and 30-minute checkpoints: the renewal form gives 34.06%, where the old per-failure charge gave 7%."""
     from cost_models import MODELS, ParallelLayout, TrainingSpec
-    from ntp_planner.failures.simulator import SimConfig, simulate
+    from ntp_planner.failures.sim_config import SimConfig
+    from ntp_planner.failures.simulator import simulate
     from ntp_planner.solver.planner import plan_from_layout
     from topologies import CLUSTERS, Cluster
 

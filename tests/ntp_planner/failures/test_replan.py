@@ -508,7 +508,7 @@ REPLAN_LIES = [
 def test_a_re_plan_file_refuses_values_no_re_plan_has(frozen_replan, path, value, message):
     from pydantic import ValidationError
 
-    from ntp_planner.failures.replan import ReplanResult
+    from ntp_planner.replan_result import ReplanResult
     from topologies.cluster_catalogue import first_error
 
     with pytest.raises(ValidationError) as err:
@@ -534,7 +534,7 @@ REPLAN_MISMATCHES = [
 
 @pytest.mark.parametrize(("path", "value", "message"), REPLAN_MISMATCHES)
 def test_a_re_plan_must_match_the_plan_it_came_from(frozen_replan, path, value, message):
-    from ntp_planner.failures.replan import ReplanResult
+    from ntp_planner.replan_result import ReplanResult
 
     plan, data = frozen_replan
     ReplanResult.model_validate(data).check_against(plan)  # the committed pair agrees

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.cli import app
 from ntp_planner.failures.events import draw_events, failed_counts
-from ntp_planner.failures.simulator import SimConfig
+from ntp_planner.failures.sim_config import SimConfig
 from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
 

@@ -12,12 +12,9 @@ from cost_models import MODELS, ParallelLayout, TrainingSpec
 from ntp_planner.cli import app
 from ntp_planner.failures.checkpoint_interval import meta_ettr
 from ntp_planner.failures.events import draw_events, failed_counts
-from ntp_planner.failures.simulator import (
-    LLAMA3_RATE_PER_GPU_HOUR,
-    SimConfig,
-    ThroughputTables,
-    simulate,
-)
+from ntp_planner.failures.sim_config import LLAMA3_RATE_PER_GPU_HOUR, SimConfig
+from ntp_planner.failures.simulator import simulate
+from ntp_planner.failures.tables import ThroughputTables
 from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
 from topologies.errors import InputError

@@ -98,9 +98,8 @@ def interleaved_plan(dp: int = 1):
 
 def test_cost_model_exporters_and_executor_read_one_chunk_mapping():
     from cost_models.pipeline_layout import parse_layout
-    from cost_models.step import stage_blocks
+    from cost_models.stage import stage_blocks
     from ntp_planner.emitters.common import pipeline_split
-    from ntp_planner.executor.spec import model_chunks
 
     plan = interleaved_plan()
     lay, L = plan.layout, plan.model.num_layers
@@ -122,7 +121,7 @@ def test_cost_model_exporters_and_executor_read_one_chunk_mapping():
     # executor: the run keeps vpp 2, each chunk one layer per run of equal degrees, on stage c % 2
     spec = shrink(plan, nproc=8).spec
     assert spec.vpp == 2 and spec.pp == 2
-    run = [[b.degree for b in c] for c in model_chunks(spec.replicas[0])]
+    run = [[b.degree for b in c] for c in spec.replicas[0].model_chunks]
     assert run == [[4, 2, 1], [4, 4], [2, 1], [1, 1, 4]]
     assert [st.chunk_sizes for st in spec.replicas[0].stages] == [(3, 2), (2, 3)]
     assert spec.replicas[0].micro_batches % 2 == 0
