@@ -128,8 +128,8 @@ def test_plan_help_says_per_layer_is_the_default():
     [
         ("Dtype", "cost_models.training:Dtype"),
         ("Recompute", "cost_models.layout:Recompute"),
-        ("Policy", "ntp_planner.failures.replan:Policy"),
-        ("BatchMode", "ntp_planner.failures.replan:BatchMode"),
+        ("Policy", "ntp_planner.replan_result:Policy"),
+        ("BatchMode", "ntp_planner.replan_result:BatchMode"),
         ("Blast", "ntp_planner.failures.sampling:Blast"),
     ],
 )
