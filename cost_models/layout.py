@@ -29,6 +29,8 @@ from topologies.cluster import MAX_GPUS
 from topologies.errors import InputError
 
 Recompute = Literal["none", "selective", "full"]
+Dispatcher = Literal["alltoall", "allgather", "flex"]
+MoeOverlap = Literal["none", "1f1b", "dualpipe"]
 Zero = Literal[0, 1, 2, 3]
 MAX_CHUNKS = MAX_LAYERS + 2  # one layer per chunk, the embedding and the loss alone in the first and last
 _DEGREE = Bound(1, MAX_GPUS, "GPUs", "a degree cannot exceed the GPUs a cluster may hold (MAX_GPUS)")
@@ -39,6 +41,7 @@ _BOUNDS: dict[str, Bound] = {
     "dp": _DEGREE,
     "cp": _DEGREE,
     "ep": _DEGREE,
+    "etp": _DEGREE,
     "micro_batch": _BATCH,
     "global_batch": _BATCH,
     "vpp": Bound(1, MAX_LAYERS, "chunks per stage", "every chunk but the first and last holds a layer"),
@@ -55,6 +58,25 @@ class ParallelLayout(BaseModel):
     dp: int = Field(default=1, ge=1, description="Data-parallel replicas.")
     cp: int = Field(default=1, ge=1, description="Context-parallel degree (sequence split for attention).")
     ep: int = Field(default=1, ge=1, description="Expert-parallel degree, carved out of dp x cp.")
+    etp: int | None = Field(
+        default=None,
+        ge=1,
+        description="Expert tensor-parallel degree: ranks splitting each expert's matrices. None = tp (experts "
+        "split over the attention's TP ranks); 1 with ep > 1 folds EP over the TP ranks (Megatron's parallel "
+        "folding: experts on an etp x ep x edp grid over the same GPUs, RankGrid.expert_group).",
+    )
+    moe_dispatcher: Dispatcher = Field(
+        default="alltoall",
+        description="How MoE tokens reach their experts: 'alltoall' (Megatron's default), 'allgather' (every EP "
+        "rank gathers all tokens and keeps its experts' share), 'flex' (DeepEP / HybridEP: NVLink inside the "
+        "domain, one copy per node across it).",
+    )
+    moe_overlap: MoeOverlap = Field(
+        default="none",
+        description="Overlap of MoE dispatch and combine with compute: 'none', '1f1b' (Megatron's "
+        "--overlap-moe-expert-parallel-comm: one micro-batch's all-to-all under another's compute), "
+        "'dualpipe' (DeepSeek-V3's bidirectional schedule).",
+    )
     micro_batch: int = Field(default=1, ge=1, description="Sequences per micro-batch.")
     global_batch: int = Field(gt=0, description="Sequences per optimizer step.")
     vpp: int = Field(default=1, ge=1, description="Virtual (interleaved) stages per pipeline rank.")
@@ -177,6 +199,21 @@ class ParallelLayout(BaseModel):
         return RankGrid(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp)
 
     @property
+    def expert_tp(self) -> int:
+        """The expert tensor-parallel degree (``etp``, or ``tp`` when unset)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel degree: tp * cp * dp / (etp * ep)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
+
+    @property
+    def folded(self) -> bool:
+        """The experts use a grid of their own (etp differs from tp)."""
+        return self.expert_tp != self.tp
+
+    @property
     def num_micro_batches(self) -> int:
         """Micro-batches each pipeline runs per step: global / (micro * dp)."""
         return self.global_batch // (self.micro_batch * self.dp)
@@ -244,6 +281,9 @@ class ParallelLayout(BaseModel):
         ]
         parts += [f"cp{self.cp}"] if self.cp > 1 else []
         parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"etp{self.expert_tp}"] if self.folded else []
+        parts += [f"moe-{self.moe_dispatcher}"] if self.moe_dispatcher != "alltoall" else []
+        parts += [f"a2a-{self.moe_overlap}"] if self.moe_overlap != "none" else []
         parts += [f"mb{self.micro_batch}"] + ([f"vpp{self.vpp}"] if self.vpp > 1 else [])
         parts += ["sp"] if self.sequence_parallel else []
         parts += [f"rc-{self.recompute}"] if self.recompute != "none" else []
@@ -337,8 +377,27 @@ def check_layout(
             raise InputError(f"ep({lay.ep}) > 1 needs an MoE model; {m.name} is dense")
         if m.num_experts % lay.ep:
             raise InputError(f"experts({m.num_experts}) % ep({lay.ep}) != 0; ep must divide the experts")
-        if (lay.dp * lay.cp) % lay.ep:
-            raise InputError(f"dp({lay.dp}) * cp({lay.cp}) = {lay.dp * lay.cp} is not divisible by ep({lay.ep})")
+        width = lay.tp * lay.cp * lay.dp
+        if width % (lay.expert_tp * lay.ep):
+            raise InputError(
+                f"etp({lay.expert_tp}) * ep({lay.ep}) = {lay.expert_tp * lay.ep} does not divide the "
+                f"tp({lay.tp}) * cp({lay.cp}) * dp({lay.dp}) = {width} GPUs of a pipeline stage; the experts' "
+                "grid must tile them (set etp 1 to fold ep over the TP ranks, or change ep)"
+            )
+    if lay.etp is not None:
+        if not m.is_moe:
+            raise InputError(f"etp({lay.etp}) needs an MoE model; {m.name} is dense (leave etp unset)")
+        if lay.expert_tp > domain_size or domain_size % lay.expert_tp:
+            raise InputError(f"etp({lay.expert_tp}) must divide the NVLink domain size ({domain_size})")
+        if m.moe_ffn_hidden_size % lay.expert_tp:
+            raise InputError(
+                f"moe_ffn_hidden_size({m.moe_ffn_hidden_size}) % etp({lay.expert_tp}) != 0; etp must divide the "
+                "expert width"
+            )
+        if width % lay.expert_tp:
+            raise InputError(f"etp({lay.expert_tp}) does not divide the {width} GPUs of a pipeline stage")
+    if (lay.moe_dispatcher != "alltoall" or lay.moe_overlap != "none") and not m.is_moe:
+        raise InputError(f"moe_dispatcher and moe_overlap apply to MoE models; {m.name} is dense")
     if lay.layer_tp is not None:
         _check_layer_tp(lay, m, training, domain_size)
     if training.seq_len > m.max_position_embeddings and m.position == "learned":

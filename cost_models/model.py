@@ -38,6 +38,14 @@ _BOUNDS: dict[str, Bound] = {
     "moe_layer_freq": Bound(1, MAX_LAYERS, "layers", "every k-th layer is MoE, so k is at most the layer count"),
     "moe_first_dense_layers": Bound(0, MAX_LAYERS, "layers", "they are a prefix of the model's layers"),
     "moe_shared_ffn_hidden_size": _OPTIONAL_WIDTH,
+    "q_lora_rank": _OPTIONAL_WIDTH,
+    "kv_lora_rank": _OPTIONAL_WIDTH,
+    "qk_rope_head_dim": Bound(0, 65_536, "elements", "published heads are 64 to 256 wide"),
+    "qk_nope_head_dim": Bound(0, 65_536, "elements", "published heads are 64 to 256 wide"),
+    "v_head_dim": Bound(0, 65_536, "elements", "published heads are 64 to 256 wide"),
+    "mtp_layers": Bound(0, 64, "layers", "DeepSeek-V3 predicts 1 extra token; a few at most are trained"),
+    "sliding_window": Bound(0, 10**9, "tokens", "published windows are 128 (GPT-OSS) to 8,192 tokens (Llama 4)"),
+    "full_attention_every": Bound(0, MAX_LAYERS, "layers", "every k-th layer attends in full, so k <= layers"),
 }
 
 
@@ -90,6 +98,28 @@ class ModelSpec(BaseModel):
     moe_layer_freq: int = Field(default=1, ge=1, description="Every k-th layer is MoE (1 = all).")
     moe_first_dense_layers: int = Field(default=0, ge=0, description="Leading layers kept dense.")
     moe_shared_ffn_hidden_size: int = Field(default=0, ge=0, description="Shared-expert MLP width; 0 = none.")
+    q_lora_rank: int = Field(
+        default=0, ge=0, description="MLA: rank of the query down-projection; 0 = queries projected directly."
+    )
+    kv_lora_rank: int = Field(
+        default=0, ge=0, description="MLA (multi-head latent attention): rank of the joint KV latent; 0 = not MLA."
+    )
+    qk_rope_head_dim: int = Field(default=0, ge=0, description="MLA: rotary part of each query/key head.")
+    qk_nope_head_dim: int = Field(default=0, ge=0, description="MLA: non-rotary part of each query/key head.")
+    v_head_dim: int = Field(default=0, ge=0, description="MLA: width of each value head.")
+    mtp_layers: int = Field(
+        default=0, ge=0, description="Multi-token prediction modules after the last layer (DeepSeek-V3: 1)."
+    )
+    sliding_window: int = Field(
+        default=0, ge=0, description="Tokens a windowed attention layer sees back (0 = every layer full)."
+    )
+    full_attention_every: int = Field(
+        default=1,
+        ge=0,
+        description="With a sliding window: layer i attends in full when (i + 1) % k == 0, the others "
+        "through the window (GPT-OSS: 2; 0 = every layer windowed).",
+    )
+    attention_sinks: bool = Field(default=False, description="A learned sink logit per head (GPT-OSS).")
     layer_overrides: tuple[LayerOverride, ...] = Field(
         default=(), description="Layers that differ from the defaults (later entries win)."
     )
@@ -123,6 +153,11 @@ class ModelSpec(BaseModel):
     def kv_width(self) -> int:
         """Width of K (or V): kv_heads * d."""
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_mla(self) -> bool:
+        """Attention is multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank > 0
 
     @property
     def is_moe(self) -> bool:

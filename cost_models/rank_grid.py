@@ -32,6 +32,19 @@ data-parallel group every ``ep``-th. With tp=1, cp=2, dp=2 (4 ranks, flattened i
 >>> e = RankGrid(cp=2, dp=2)
 >>> e.ep_group(2, 3), e.expert_dp_group(2, 3)
 ((2, 3), (1, 3))
+
+Parallel folding (Megatron's MoE "parallel folding", arXiv 2504.14960): the experts use a grid of
+their own over the same ranks of each pipeline stage, expert-TP (``etp``) fastest, then ``ep``,
+then the expert data-parallel ranks (``edp``), numbered over the stage's ``tp x cp x dp`` ranks
+in rank order (Megatron's expert order "tp-ep-dp-pp"). With ``etp = tp`` this is the grouping
+above; with ``etp = 1`` an EP group may span the attention TP ranks. tp=4, dp=2, ep=8, etp=1:
+the eight ranks of a stage split the experts, each expert whole on one rank:
+
+>>> f = RankGrid(tp=4, dp=2)
+>>> f.expert_group("ep", 5, ep=8, etp=1), f.expert_group("etp", 5, ep=8, etp=1)
+((0, 1, 2, 3, 4, 5, 6, 7), (5,))
+>>> f.expert_group("ep", 5, ep=2, etp=2), f.expert_group("edp", 5, ep=2, etp=2)
+((5, 7), (1, 5))
 """
 
 from __future__ import annotations
@@ -43,6 +56,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 Axis = Literal["tp", "cp", "dp", "pp"]
+ExpertAxis = Literal["etp", "ep", "edp"]
 AXES: tuple[Axis, ...] = get_args(Axis)  # fastest-varying first
 GroupAxis = Literal["tp", "cp", "dp", "pp", "dp_cp"]
 
@@ -143,3 +157,32 @@ class RankGrid(BaseModel):
         ranks of its (tp, pp), from its place in its EP group, ascending."""
         flat, i = self._flat(ep, rank)
         return tuple(int(r) for r in flat[i % ep :: ep])
+
+    def expert_group(self, axis: ExpertAxis, rank: int, ep: int, etp: int | None = None) -> tuple[int, ...]:
+        """The ranks that share every expert-grid coordinate of ``rank`` but ``axis``, ascending.
+
+        The expert grid numbers the ``tp x cp x dp`` ranks of ``rank``'s stage in rank order as
+        ``etp`` fastest, then ``ep``, then ``edp = tp * cp * dp / (etp * ep)`` (``etp`` None: the
+        attention's ``tp``). ``etp``: the ranks splitting each expert's matrices; ``ep``: the ranks
+        splitting the experts; ``edp``: the ranks holding the same expert shard."""
+        etp = self.tp if etp is None else etp
+        width = self.tp * self.cp * self.dp
+        if etp < 1 or ep < 1 or width % (etp * ep):
+            raise ValueError(
+                f"etp({etp}) * ep({ep}) = {etp * ep} does not divide tp({self.tp}) x cp({self.cp}) x dp({self.dp}) "
+                f"= {width}"
+            )
+        self.coords(rank)  # range check
+        base, local = divmod(rank, width)
+        grid = np.arange(width, dtype=np.int64).reshape(width // (etp * ep), ep, etp)  # [edp, ep, etp]
+        edp_i, rest = divmod(local, etp * ep)
+        ep_i, etp_i = divmod(rest, etp)
+        picked = {"etp": grid[edp_i, ep_i, :], "ep": grid[edp_i, :, etp_i], "edp": grid[:, ep_i, etp_i]}[axis]
+        return tuple(int(r) + base * width for r in picked)
+
+    def expert_groups(self, axis: ExpertAxis, ep: int, etp: int | None = None) -> tuple[tuple[int, ...], ...]:
+        """Every group of the expert-grid ``axis``, ordered by their lowest rank."""
+        seen: dict[tuple[int, ...], None] = {}
+        for r in range(self.world_size):
+            seen.setdefault(self.expert_group(axis, r, ep, etp))
+        return tuple(sorted(seen))

@@ -388,18 +388,47 @@ def _unset_later_fields(cluster: ClusterInputs) -> dict:
     return out
 
 
+LATER_FIELDS: dict[str, frozenset[str]] = {
+    "ModelSpec": frozenset(
+        {
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "v_head_dim",
+            "mtp_layers",
+            "sliding_window",
+            "full_attention_every",
+            "attention_sinks",
+        }
+    ),
+    "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap"}),
+    "TrainingSpec": frozenset(),
+}
+"""Fields added to the inputs after plans were first saved (issue 24's MoE fields): the hash leaves
+each out while it holds its default, so older plans and the hashes their exports carry stand.
+A field added to ModelSpec, TrainingSpec or ParallelLayout later belongs here."""
+
+
+def _dump_without_later_defaults(spec: ModelSpec | TrainingSpec | ParallelLayout) -> dict:
+    later = LATER_FIELDS[type(spec).__name__]
+    fields = type(spec).model_fields
+    skip = {k for k in later if getattr(spec, k) == fields[k].default}
+    return spec.model_dump(mode="json", exclude=skip)
+
+
 def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs, layout: ParallelLayout | None) -> str:
     """sha256 of what a prediction is computed from: the three inputs and the layout. A cluster
     field added later is left out while it holds its default, so older plans keep their hash.
     ``layout=None`` gives the hash of plans made before it covered the layout (to tell them from
     edited ones)."""
     parts = {
-        "model": model.model_dump(mode="json"),
-        "training": training.model_dump(mode="json"),
+        "model": _dump_without_later_defaults(model),
+        "training": _dump_without_later_defaults(training),
         "cluster": cluster.model_dump(mode="json", exclude=_unset_later_fields(cluster)),
     }
     if layout is not None:
-        parts["layout"] = layout.model_dump(mode="json")
+        parts["layout"] = _dump_without_later_defaults(layout)
     blob = json.dumps(
         parts,
         sort_keys=True,
