@@ -372,12 +372,12 @@ def check_layout(
             f"seq_len({training.seq_len}) / cp({lay.cp}) is not divisible by tp({lay.tp}); sequence parallelism "
             "splits each sequence chunk over the TP ranks (choose a multiple, or set sequence_parallel false)"
         )
+    width = lay.tp * lay.cp * lay.dp  # the GPUs of one pipeline stage
     if lay.ep > 1:
         if not m.is_moe:
             raise InputError(f"ep({lay.ep}) > 1 needs an MoE model; {m.name} is dense")
         if m.num_experts % lay.ep:
             raise InputError(f"experts({m.num_experts}) % ep({lay.ep}) != 0; ep must divide the experts")
-        width = lay.tp * lay.cp * lay.dp
         if width % (lay.expert_tp * lay.ep):
             raise InputError(
                 f"etp({lay.expert_tp}) * ep({lay.ep}) = {lay.expert_tp * lay.ep} does not divide the "

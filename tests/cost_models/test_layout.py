@@ -57,3 +57,45 @@ def test_self_consistency_rules(kw, message):
 def test_uneven_split_gives_leading_stages_one_more():
     assert ParallelLayout(pp=16, global_batch=16).stage_layers(126) == (8,) * 14 + (7,) * 2
     assert ParallelLayout(pp=3, global_batch=3, pp_layers=(10, 30, 40)).stage_layers(80) == (10, 30, 40)
+
+
+MIXTRAL = MODELS["mixtral-8x7b"]  # 8 experts of width 14,336, 32 heads, 8 KV heads
+
+
+def check_moe(gpus=8, domain=8, **kw):
+    check_layout(ParallelLayout(global_batch=64, **kw), MIXTRAL, TRAIN, gpus, domain)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        # ep 8 cannot split dp 1 but folds over the eight TP ranks (Megatron's parallel folding)
+        (dict(tp=8, ep=8), r"etp\(8\) \* ep\(8\) = 64 does not divide the tp\(8\) \* cp\(1\) \* dp\(1\) = 8 GPUs"),
+        (dict(tp=8, ep=8, etp=1), None),
+        (dict(tp=4, dp=2, ep=4, etp=2), None),
+        (dict(tp=4, dp=2, ep=8, etp=2), r"etp\(2\) \* ep\(8\) = 16 does not divide"),
+        (dict(tp=2, dp=4, etp=16, gpus=8), r"etp\(16\) must divide the NVLink domain size \(8\)"),
+        (dict(tp=8, etp=1, ep=1), None),
+    ],
+)
+def test_parallel_folding_rules(kw, message):
+    if message is None:
+        check_moe(**kw)
+    else:
+        with pytest.raises(ValueError, match=message):
+            check_moe(**kw)
+
+
+def test_folding_fields_need_an_moe_model():
+    with pytest.raises(ValueError, match=r"etp\(1\) needs an MoE model; llama3-70b is dense"):
+        check(tp=8, dp=8, etp=1)
+    with pytest.raises(ValueError, match=r"moe_dispatcher and moe_overlap apply to MoE models"):
+        check(tp=8, dp=8, moe_dispatcher="flex")
+
+
+def test_folded_layout_degrees_and_description():
+    lay = ParallelLayout(tp=4, dp=2, ep=8, etp=1, moe_dispatcher="flex", moe_overlap="1f1b", global_batch=64)
+    assert (lay.expert_tp, lay.expert_dp, lay.folded) == (1, 1, True)
+    assert lay.describe() == "tp4 pp1 dp2 ep8 etp1 moe-flex a2a-1f1b mb1"
+    assert ParallelLayout(tp=4, dp=2, ep=2, global_batch=64).expert_dp == 1
+    assert ParallelLayout(tp=4, dp=4, ep=2, global_batch=64).expert_dp == 2

@@ -109,3 +109,39 @@ def test_ep_and_expert_dp_groups_against_brute_force(tp, cp, dp, pp, ep):
 def test_ep_must_divide_the_cp_dp_ranks():
     with pytest.raises(ValueError, match=r"ep 4 does not divide cp\(1\) x dp\(6\) = 6"):
         RankGrid(dp=6).ep_group(4, 0)
+
+
+@pytest.mark.parametrize(
+    ("tp", "cp", "dp", "pp", "ep", "etp"),
+    [
+        (4, 1, 2, 1, 8, 1),
+        (2, 1, 4, 2, 4, 1),
+        (4, 1, 2, 2, 2, 2),
+        (2, 2, 2, 1, 4, 2),
+        (8, 1, 1, 2, 8, 1),
+        (2, 1, 3, 1, 3, 2),
+    ],
+)
+def test_expert_grid_matches_megatrons_expert_rank_generator(tp, cp, dp, pp, ep, etp):
+    """Parallel folding: our expert groups are megatron-core's expert RankGenerator's
+    (order "tp-ep-dp-pp" over etp x ep x edp x pp)."""
+    parallel_state = pytest.importorskip("megatron.core.parallel_state")
+    grid = RankGrid(tp=tp, cp=cp, dp=dp, pp=pp)
+    edp = tp * cp * dp // (etp * ep)
+    megatron = parallel_state.RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order="tp-ep-dp-pp")
+    for ours, theirs in [("etp", "tp"), ("ep", "ep"), ("edp", "dp")]:
+        assert sorted(grid.expert_groups(ours, ep, etp)) == sorted(tuple(g) for g in megatron.get_ranks(theirs)), ours
+
+
+@pytest.mark.parametrize(("tp", "cp", "dp", "pp", "ep"), [(2, 1, 4, 2, 2), (1, 2, 2, 1, 4), (2, 2, 3, 1, 2)])
+def test_expert_grid_at_etp_equal_tp_is_the_unfolded_grouping(tp, cp, dp, pp, ep):
+    g = RankGrid(tp=tp, cp=cp, dp=dp, pp=pp)
+    for r in range(g.world_size):
+        assert g.expert_group("ep", r, ep) == g.ep_group(ep, r)
+        assert g.expert_group("edp", r, ep) == g.expert_dp_group(ep, r)
+        assert g.expert_group("etp", r, ep) == g.group("tp", r)
+
+
+def test_expert_grid_must_tile_the_stage():
+    with pytest.raises(ValueError, match=r"etp\(1\) \* ep\(3\) = 3 does not divide tp\(4\) x cp\(1\) x dp\(2\) = 8"):
+        RankGrid(tp=4, dp=2).expert_group("ep", 0, ep=3, etp=1)
