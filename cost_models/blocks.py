@@ -369,13 +369,13 @@ class CostEnv:
 
     def moe_shape(self, d: Degree) -> moe.MoeShape:
         """The MoE sublayer of one GPU at degree ``d``, at the busiest EP rank's load."""
-        m, tr = self.model, self.training
+        m = self.model
         mean = moe.MoeShape(
             d.tokens // d.t, m.hidden_size, m.num_experts, m.moe_top_k, m.moe_ffn_hidden_size, self.layout.ep, d.etp
         )
         imbalance = moe.imbalance_factor(mean.ep, mean.experts_per_rank, mean.rows_per_expert, self.eff.moe_load_cv)
-        load = moe.routed_load(imbalance, tr.moe_capacity_factor, tr.moe_pad_to_capacity)
-        return moe.MoeShape(**{**mean.__dict__, "load": load})
+        # dropless routing (a capacity factor, ``moe.routed_load``, needs a TrainingSpec field)
+        return moe.MoeShape(**{**mean.__dict__, "load": moe.routed_load(imbalance, None)})
 
     def _moe_layer_ops(self, ops: list[Op], d: Degree) -> list[Op]:
         """``layer_ops``' MoE sublayer at the expert grid and the busiest rank's load: its router,
@@ -383,8 +383,7 @@ class CostEnv:
         accumulation recounted over the new GEMMs (``layer_ops``: 2 x grad_bytes per weight)."""
         m, s = self.model, self.moe_shape(d)
         old = {op.name for op in moe_ops(m, d.tokens, d.t, self.layout.ep)} | {"main-grad-accumulate"}
-        aux = self.training.moe_router_load_balancing in ("aux_loss", "seq_aux_loss")
-        new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load, aux)
+        new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load)
         kept = [op for op in ops if op.name not in old] + new
         gemms = [op for op in kept if op.kind == "gemm" and not op.name.startswith("attention")]
         weights = sum(op.n * op.k * op.batch for op in gemms)

@@ -77,26 +77,6 @@ class TrainingSpec(BaseModel):
         "Hopper) or the FlashAttention-2 package (NeMo 1.x's NVTE_FUSED_ATTN=0), about half as fast on Hopper.",
     )
 
-    moe_capacity_factor: float | None = Field(
-        default=None,
-        gt=0,
-        description="MoE layers: each expert keeps at most this many times its mean share of the routed tokens "
-        "and drops the rest (Megatron's --moe-expert-capacity-factor). None: dropless routing, where the "
-        "busiest expert rank sets the pace.",
-    )
-    moe_pad_to_capacity: bool = Field(
-        default=False,
-        description="With a capacity factor, pad every expert's input to its capacity (Megatron's "
-        "--moe-pad-expert-input-to-capacity): the experts always compute capacity-factor times the mean rows.",
-    )
-    moe_router_load_balancing: Literal["aux_loss", "seq_aux_loss", "aux_loss_free", "none"] = Field(
-        default="aux_loss",
-        description="How the router balances expert load (Megatron's --moe-router-load-balancing-type; "
-        "aux_loss_free is --moe-router-enable-expert-bias with no auxiliary loss, as DeepSeek-V3 trains): "
-        "the loss variants add a pass over the router scores; the bias update reads one count per expert "
-        "per step, which costs nothing measurable.",
-    )
-
     _bounds = bounds_validator(_BOUNDS)
 
     @model_validator(mode="after")
@@ -106,8 +86,6 @@ class TrainingSpec(BaseModel):
                 f"low-precision primary weights (fp8_params) need an fp8 or fp4 format, not {self.dtype}; "
                 "set fp8_params false or dtype to fp8, mxfp8 or nvfp4"
             )
-        if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
-            raise InputError("moe_pad_to_capacity needs a moe_capacity_factor (padding is to the capacity)")
         return self
 
     @property
