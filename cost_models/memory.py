@@ -115,22 +115,38 @@ def head_params_per_gpu(model: ModelSpec, tp: int, separate_stage: bool) -> floa
     return model.head_params - untied + (word if not model.tie_embeddings or separate_stage else 0.0)
 
 
-def stage_params(model: ModelSpec, layers: range, tp: int, ep: int, first: bool, last: bool, pp: int) -> float:
+def stage_params(
+    model: ModelSpec,
+    layers: range,
+    tp: int,
+    ep: int,
+    first: bool,
+    last: bool,
+    pp: int,
+    etp: int | None = None,
+) -> float:
     """Parameters one GPU of a pipeline stage holds. Norms, row-parallel biases and learned
-    positions are replicated over TP; everything else is split tp ways (experts ep * tp ways)."""
+    positions are replicated over TP; everything else is split tp ways, the routed experts etp * ep
+    ways (``etp`` None: tp, experts split over the attention's TP ranks)."""
     total = sum(
-        n * layer_params_per_gpu(model, kind, tp, ep)
+        n * layer_params_per_gpu(model, kind, tp, ep, etp)
         for kind, n in model.kind_counts(layers.start, layers.stop).items()
     )
     total += embedding_params_per_gpu(model, tp) if first else 0.0
     return total + (head_params_per_gpu(model, tp, pp > 1) if last else 0.0)
 
 
-def layer_params_per_gpu(model: ModelSpec, kind: LayerKind, tp: int, ep: int) -> float:
-    """Parameters of one layer of ``kind`` on one GPU at TP degree ``tp`` (experts over ep * tp)."""
+def layer_params_per_gpu(model: ModelSpec, kind: LayerKind, tp: int, ep: int, etp: int | None = None) -> float:
+    """Parameters of one layer of ``kind`` on one GPU at TP degree ``tp``: attention, router, shared
+    expert and dense MLP split over tp; the routed experts over etp * ep (parallel folding: the
+    experts' own grid, ``etp`` None = tp), each expert's matrices etp ways and the experts ep ways.
+
+    DeepSeek-V3 at tp 2, ep 64, etp 1: an MoE layer's 256 experts of 44.0M parameters go 4 to a GPU,
+    whole (176M), where etp = tp would halve them again over the two attention TP ranks."""
     whole = model.layer_tp_replicated_params(kind)
     experts = model.layer_expert_params(kind)
-    return (model.layer_params(kind) - whole - experts) / tp + whole + experts / (tp * ep)
+    etp = tp if etp is None else etp
+    return (model.layer_params(kind) - whole - experts) / tp + whole + experts / (etp * ep)
 
 
 def activation_bytes_per_layer(

@@ -33,6 +33,25 @@ def test_stage_params_match_hand_count():
     assert stage_params(GPT3, range(0, 12), tp=8, ep=1, first=True, last=False, pp=8) == STAGE0_PARAMS
 
 
+def test_parallel_folding_splits_experts_over_etp_times_ep():
+    # Mixtral 8x7B, one MoE layer (h 4096, 8 experts of 3 x 4096 x 14336 = 176,160,768): attention
+    # 4096 x (4096 + 2 x 1024) + 4096 x 4096 = 41,943,040 and the router 4096 x 8 = 32,768 split over
+    # tp 2; the two RMSNorms (8,192) whole; the 1,409,286,144 expert parameters over etp x ep.
+    m = MODELS["mixtral-8x7b"]
+    moe = range(0, 1)
+    dense_part = (41_943_040 + 32_768) / 2 + 8_192
+    folded = stage_params(m, moe, tp=2, ep=4, first=False, last=False, pp=2, etp=1)
+    assert folded == dense_part + 1_409_286_144 / 4 == 373_317_632
+    # etp None is etp = tp: each expert's matrices split over the two attention TP ranks too.
+    unfolded = stage_params(m, moe, tp=2, ep=4, first=False, last=False, pp=2)
+    assert unfolded == stage_params(m, moe, tp=2, ep=4, first=False, last=False, pp=2, etp=2)
+    assert unfolded == dense_part + 1_409_286_144 / 8 == 197_156_864
+    # tp 1 with etp 2 (expert TP wider than the attention's): experts 8 ways, attention whole.
+    assert stage_params(m, moe, tp=1, ep=4, first=False, last=False, pp=2, etp=2) == (
+        41_943_040 + 32_768 + 8_192 + 1_409_286_144 / 8
+    )
+
+
 def test_fp16_adam_state_bytes_match_megatron_table():
     # fp16 params + fp16 grads: 2 + 2 bytes, fp32 main params/grads + Adam m, v: 16 bytes.
     st = state_bytes(STAGE0_PARAMS, "fp16", dp=16, distributed_optimizer=False)
