@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cost_models import published, published_dgxc, published_moe, published_runs  # noqa: E402
 from cost_models.published import all_tables  # noqa: E402
 from cost_models.step import estimate_step  # noqa: E402
+from topologies.errors import InputError  # noqa: E402
 
 TITLES = {
     "A": "Table A: Narayanan et al. SC'21, A100, fp16",
@@ -55,10 +56,23 @@ def settings(table: str) -> str:
     return ""
 
 
-def rows_of(table: str):
+def rows_of(table: str, failed: list[str] | None = None):
+    """Each run of ``table`` with its cost and error. With ``failed``, a run the cost model refuses
+    or fails on is recorded there (run and message, printed after the table) instead of raising."""
     for r in all_tables()[table]:
-        cost = estimate_step(r.model, r.training, r.layout, r.cluster)
+        try:
+            cost = estimate_step(r.model, r.training, r.layout, r.cluster)
+        except (InputError, ValueError) as exc:
+            if failed is None:
+                raise
+            run = f"{r.model.name} {r.source} {r.gpus} GPUs {r.layout.describe()}"
+            failed.append(f"- {run}: {type(exc).__name__}: {exc}")
+            continue
         yield r, cost, cost.step_time_s / r.measured_step_time_s - 1
+
+
+def failed_lines(table: str, failed: list[str]) -> list[str]:
+    return [f"{len(failed)} runs of table {table} the cost model could not cost:", *failed, ""] if failed else []
 
 
 def rich_table(table: str, console: Console) -> list[float]:
@@ -66,8 +80,9 @@ def rich_table(table: str, console: Console) -> list[float]:
     where = "source" if table in MODULES else "GPUs"
     for col in ("model", where, "layout", "measured s", "predicted s", "error", "fits"):
         t.add_column(col, justify="left" if col in ("model", "layout", "source") else "right")
-    errors = []
-    for r, cost, err in rows_of(table):
+    errors: list[float] = []
+    failed: list[str] = []
+    for r, cost, err in rows_of(table, failed):
         errors.append(err)
         where = f"{r.source.split(',')[-1].strip() if table in MODULES else ''} {r.gpus}x{r.cluster.gpu.name}".strip()
         t.add_row(
@@ -81,7 +96,7 @@ def rich_table(table: str, console: Console) -> list[float]:
         )
     console.print(t)
     console.print(f"{TITLES[table]}: {summary(errors)}\n")
-    for line in excluded_lines(table):
+    for line in failed_lines(table, failed) + excluded_lines(table):
         console.print(line)
     return errors
 
@@ -105,7 +120,8 @@ def excluded_lines(table: str) -> list[str]:
 
 def markdown(table: str) -> None:
     print(f"{TITLES[table]}\n")
-    rows = list(rows_of(table))
+    failed: list[str] = []
+    rows = list(rows_of(table, failed))
     errors = [err for _, _, err in rows]
     if table in MODULES:  # too many runs to list: one line per source, model, GPU and format
         groups: dict[tuple, list[float]] = {}
@@ -127,7 +143,7 @@ def markdown(table: str) -> None:
                 f"{r.measured_step_time_s:.2f} | {cost.step_time_s:.2f} | {err:+.1%} |"
             )
     print(f"\n**{table}: {summary(errors)}**\n")
-    for line in excluded_lines(table):
+    for line in failed_lines(table, failed) + excluded_lines(table):
         print(line)
 
 

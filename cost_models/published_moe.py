@@ -37,8 +37,8 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
   on B200/GB200 and every Qwen3 run, the all-to-all dispatcher with token dropping.
 - 25.11: DeepSeek-V3 without multi-token prediction on GB200/GB300 ("w/o MTP"), with it on B200.
 - 26.06 onwards on GB200/GB300 (and Qwen3-30B on B300): full-iteration CUDA graphs, HybridEP with
-  the A2A overlap, expert buffers padded to 1.5x the balanced load (``moe_expert_rank_capacity_
-  factor``, paged stashing: still dropless).
+  the A2A overlap, expert buffers padded to 1.5x the balanced load
+  (``moe_expert_rank_capacity_factor``, paged stashing: still dropless).
 - DeepSeek-V3 pipeline layouts: the recipe's string where it sets one (``Et*4|(t*4|)*14tmL``), else
   ``set_deepseek_v3_pipeline_model_parallel_layout``'s split for pp * vp chunks (4: 16/16/16/13,
   8: 8 * 7 + 5, 16: 4 * 15 + 1, each with the embedding first and MTP and the loss last; 32, not
