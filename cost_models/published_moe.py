@@ -25,9 +25,11 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
 - Every run: expert tensor parallelism 1 (``expert_tensor_parallel_size=1``: EP folded over the
   attention's TP ranks), grouped GEMM, router fusion, forced load balancing and dropless routing
   (the summaries' note; 25.09 "tokendrop" rows instead drop tokens at capacity factor 1.0 with
-  padding, ``apply_moe_token_drop``), Megatron's distributed optimizer, gradients reduced in bf16,
-  cuDNN attention, userbuffers TP overlap when tp > 1. fp8 rows use current (tensorwise) scaling,
-  fp8 and mxfp8 rows fp8 primary weights (``fp8_param_gather``).
+  padding, ``apply_moe_token_drop``, without forced balancing), Megatron's distributed optimizer,
+  gradients reduced in bf16, cuDNN attention. Userbuffers TP overlap only in 25.09's Qwen3 runs
+  (``CommOverlapConfig(tp_comm_overlap=True)``); DeepSeek-V3's recipe and the later Qwen3-235B
+  H100 recipes (the other runs with tp > 1) turn it off. fp8 rows use current (tensorwise)
+  scaling, fp8 and mxfp8 rows fp8 primary weights (``fp8_param_gather``).
 - Per row, from the recipe (``MoeRecipe``): the dispatcher (``alltoall``, or ``flex`` with DeepEP
   or HybridEP where ``moe_flex_dispatcher_backend`` is set), the overlap of dispatch with compute
   (``moe_a2a_overlap`` = Megatron's ``overlap_moe_expert_parallel_comm``, the 1F1B A2A overlap),
@@ -336,7 +338,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         moe_overlap="1f1b" if overlap else "none",
         chunk_layers=_chunks(model, pp, vp, layout),
         zero=1,
-        tp_comm_overlap=tp > 1,
+        tp_comm_overlap=tp > 1 and release == "25.09" and name.startswith("qwen3"),
     )
     per_domain = 64 if system.startswith("GB") and gpus % 64 == 0 else None
     step_s = tokens_to_step_time_s(batch, seq, gpus, tokens)

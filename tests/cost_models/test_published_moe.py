@@ -130,6 +130,19 @@ def test_every_run_is_valid_as_printed_or_listed_with_its_reason():
     assert all_tables()["G"] == list(rows)
 
 
+def test_only_the_run_that_cannot_exist_is_left_out():
+    """25.09's GB200 mxfp8 alternative prints pp 8 (in parentheses) beside the fp8 run's ep 64: 256
+    GPUs / 8 stages = 32 a stage, which 64 expert ranks cannot tile. Every other run builds."""
+    (left,) = g.excluded_g()
+    assert (left.model, left.release, left.system) == ("deepseek-v3", "25.09", "GB200")
+    assert "pp8" in left.description and "ep64" in left.description and "does not divide" in left.reason
+
+
+def test_userbuffers_only_where_the_recipe_sets_them():
+    overlap = {(r.model.name, r.release, r.system) for r in g.table_g() if r.layout.tp_comm_overlap}
+    assert overlap == {("qwen3-235b-a22b", "25.09", "GB200"), ("qwen3-235b-a22b", "25.09", "H100")}
+
+
 def test_calibration_lists_the_runs_left_out():
     lines = calibration.excluded_lines("G")
     excluded = g.excluded_g()
