@@ -177,18 +177,22 @@ def _moe_layers(cfg: dict[str, Any], layers: int, where: str, keys: dict[str, st
         moe = cfg.get("moe_layers")
         listed = [_whole(i, "moe_layers", where) for i in moe] if isinstance(moe, list) else None
         first, freq, key = max(step, 1) - 1, max(step, 1), "moe_layers"
+        if step < 1:
+            return 0, step  # ModelSpec refuses it, naming interleave_moe_layer_step
     elif cfg.get("decoder_sparse_step") is not None or cfg.get("mlp_only_layers"):  # Qwen-MoE
         step, keys["moe_layer_freq"] = _first(cfg, ("decoder_sparse_step",), where, default=1)
         dense = {_whole(i, "mlp_only_layers", where) for i in cfg.get("mlp_only_layers") or []}
         listed = [i for i in range(layers) if (i + 1) % max(step, 1) == 0 and i not in dense]
         first, freq, key = max(step, 1) - 1, max(step, 1), "mlp_only_layers"
+        if step < 1:
+            return 0, step  # ModelSpec refuses it, naming decoder_sparse_step
     else:  # DeepSeek: i >= first_k_dense_replace and i % moe_layer_freq == 0
         prefix = _first(cfg, ("first_k_dense_replace",), where)[0]
         freq, keys["moe_layer_freq"] = _first(cfg, ("moe_layer_freq",), where, default=1)
         if freq < 1:
             return prefix, freq  # ModelSpec refuses it, naming moe_layer_freq
         return -(-prefix // freq) * freq, freq
-    if listed is None or freq < 1:
+    if listed is None:
         return first, freq
     if listed and (len(listed) == 1 or len({b - a for a, b in zip(listed, listed[1:], strict=False)}) == 1):
         first, freq = listed[0], (listed[1] - listed[0] if len(listed) > 1 else max(freq, layers))
