@@ -84,12 +84,9 @@ def cast_ops(
     """The casts a low-precision layer adds: each linear's input in forward, its output gradient
     in backward. Under sequence parallelism the QKV and FC1 inputs are cast on the local
     1/tp of the tokens, then gathered in fp8."""
-    h, q, kvw = model.hidden_size, model.q_width // tp, 2 * kv_heads_per_rank(model, tp) * model.head_dim
+    h = model.hidden_size
     gathered = tokens / tp if sequence_parallel else tokens
-    inputs, grads = [], []  # (elements, fused)
-    if kind.attention:
-        inputs += [(gathered * h, True), (tokens * q, False)]  # QKV (after LayerNorm), out-proj
-        grads += [(tokens * (q + kvw), False), (tokens * h, False)]
+    inputs, grads = _attention_casts(model, tokens, gathered, tp) if kind.attention else ([], [])
     up = 2 if model.gated_mlp else 1
     # (width, copies of each token): a dense MLP; an MoE layer's routed experts see every token
     # top_k times after dispatch, its shared expert once
@@ -104,6 +101,22 @@ def cast_ops(
     bwd = sum(n * cast_bytes(dtype, architecture, fused, recipe) for n, fused in grads)
     ops = [Op("cast-inputs", "memory", mem_bytes=fwd, fwd=1.0, bwd=0.0)] if fwd else []
     return ops + ([Op("cast-grads", "memory", mem_bytes=bwd, fwd=0.0, bwd=1.0)] if bwd else [])
+
+
+def _attention_casts(model: ModelSpec, tokens: int, gathered: float, tp: int) -> tuple[list, list]:
+    """(elements, fused) of the attention's cast inputs and output gradients: QKV's input (after
+    LayerNorm) and the out-projection's; MLA casts each projection's input: the hidden state for
+    the two down-projections, the two latents for the up-projections (whole on every rank), the
+    heads' values for the out-projection, and each projection's output gradient."""
+    h, heads = model.hidden_size, model.num_heads // tp
+    if not model.is_mla:
+        q, kvw = model.q_width // tp, 2 * kv_heads_per_rank(model, tp) * model.head_dim
+        return [(gathered * h, True), (tokens * q, False)], [(tokens * (q + kvw), False), (tokens * h, False)]
+    lq, lkv, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    outs = [lq, lkv + rope, heads * model.head_dim, heads * (model.qk_nope_head_dim + model.v_head_dim), h]
+    inputs = [(gathered * h, True)] * 2 + [(tokens * w, False) for w in (lq, lkv)]  # q and kv read h
+    inputs.append((tokens * heads * model.v_head_dim, False))
+    return [(n, f) for n, f in inputs if n], [(tokens * w, False) for w in outs if w]
 
 
 def attended_pairs(seq_len: int, window: int = 0) -> float:

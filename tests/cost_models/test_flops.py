@@ -278,3 +278,16 @@ def test_mtp_adds_its_layer_projection_and_logits():
     assert len(proj) == 1 and proj[0].flops == 2 * s * (h // 8) * 2 * h
     assert [op.name for op in ops].count("logits") == 1
     assert mtp_ops(without, 1, s, 8, 1, 8, True, True) == []
+
+
+def test_mla_casts_each_projection_input_and_output_gradient():
+    # DeepSeek-V3's dense layer 0 in fp8 on Hopper, delayed scaling, tp 1: a cast fused into the
+    # kernel before it (norm -> down-projections and FC1, activation -> FC2) is free; the others
+    # read 2 bytes and write row- and column-wise fp8 copies: 4 bytes per element. Forward: the
+    # q latent 1536, the kv latent 512, the values 128 x 128 into the out-projection; backward:
+    # the output gradients of q-down 1536, kv-down 576, q-up 128 x 192, kv-up 128 x 256, out 7168
+    # and FC2's 7168.
+    m, T = MODELS["deepseek-v3"], 4096
+    ops = _by_name(cast_ops(m, m.layer_kind(0), T, 1, False, "fp8", "hopper", "delayed"))
+    assert ops["cast-inputs"].mem_bytes == 4 * T * (1536 + 512 + 128 * 128)
+    assert ops["cast-grads"].mem_bytes == 4 * T * (1536 + 576 + 128 * 192 + 128 * 256 + 7168 + 7168)
