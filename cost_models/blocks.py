@@ -349,6 +349,8 @@ class CostEnv:
         if kind.moe:
             ops = self._moe_layer_ops(ops, d)
         p = self.compute_pass(kind, t, ops)
+        if kind.moe and not self.executor:  # the experts' host sync (Efficiency.moe_host_sync_s)
+            p.fwd += self.eff.moe_host_sync_s
         tp_fwd, tp_bwd = self._tp_layer_comm(kind, d, ops)
         p.tp_comm = tp_fwd + tp_bwd
         core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
