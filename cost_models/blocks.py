@@ -14,7 +14,7 @@ from functools import lru_cache
 from cost_models import collectives as coll
 from cost_models import moe
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, kv_heads_per_rank, layer_ops, moe_ops
+from cost_models.flops import ACT_BYTES, Op, embedding_ops, gemm, head_ops, kv_heads_per_rank, layer_ops, moe_ops
 from cost_models.layout import ParallelLayout, sub_batch
 from cost_models.memory import (
     StateBytes,
@@ -24,6 +24,8 @@ from cost_models.memory import (
     head_params_per_gpu,
     layer_params_per_gpu,
     low_precision_copy_bytes,
+    mtp_activation_bytes,
+    mtp_params_per_gpu,
     saved_input_bytes,
     state_bytes,
 )
@@ -311,6 +313,30 @@ class CostEnv:
         return self.coll("all_gather", nbytes, d.tp_links), self.coll("reduce_scatter", nbytes, d.tp_links)
 
     def _head_pass(self, t: int) -> Pass:
+        """The output layer and loss (``_output_pass``) and, after them on the last stage, the
+        model's multi-token prediction modules (``_mtp_module_pass``, DeepSeek-V3)."""
+        p = self._output_pass(t)
+        if self.model.mtp_layers:
+            p.add(self._mtp_module_pass(t), self.model.mtp_layers)
+        return p
+
+    def _mtp_module_pass(self, t: int) -> Pass:
+        """One multi-token prediction module (``flops.mtp_ops``: Megatron-Core's
+        ``MultiTokenPredictionBlock``): the shared embedding looked up again, two RMSNorms and the
+        2h -> h projection, one transformer layer with its collectives (the MTP layer's kind), and
+        its own pass through the shared output layer and loss."""
+        m, tr, d = self.model, self.training, self.degree(t)
+        h = m.hidden_size
+        extra = [
+            Op("mtp-norms", "memory", mem_bytes=2 * 2 * ACT_BYTES * d.tokens * h),
+            gemm("mtp-proj", d.tokens, h // t, 2 * h),
+        ]
+        p = self.ops_pass(extra + embedding_ops(m, d.seqs, tr.seq_len, d.cp, t, tr.grad_bytes))
+        p.add(self.block_pass(m.mtp_layer_kind, t))
+        p.add(self._output_pass(t))
+        return p
+
+    def _output_pass(self, t: int) -> Pass:
         """Final norm, column-parallel logits and vocabulary-parallel cross entropy; one TP
         collective's worth of traffic (gather forward, reduce backward)."""
         d = self.degree(t)
@@ -350,7 +376,7 @@ class CostEnv:
             ops = self._moe_layer_ops(ops, d)
         p = self.compute_pass(kind, t, ops)
         if kind.moe and not self.executor:  # the experts' host sync (Efficiency.moe_host_sync_s)
-            p.fwd += self.eff.moe_host_sync_s
+            p.fwd += self.eff.moe_host_sync_s[self.layout.moe_dispatcher]
         tp_fwd, tp_bwd = self._tp_layer_comm(kind, d, ops)
         p.tp_comm = tp_fwd + tp_bwd
         core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
@@ -568,9 +594,14 @@ class CostEnv:
     def block_activation_bytes(self, block: Block, t: int, recompute: str | None = None) -> float:
         """Bytes one micro-batch leaves on a GPU for the backward pass of this block (under the
         layout's recompute mode unless ``recompute`` says otherwise)."""
+        d, lay = self.degree(t), self.layout
+        if block == HEAD and self.model.mtp_layers:  # the multi-token prediction modules' saved tensors
+            tr = self.training
+            linear = saved_input_bytes(tr.dtype)
+            args = (tr.seq_len, d.seqs, t, lay.sequence_parallel, recompute or lay.recompute, tr.flash_attention, d.cp)
+            return mtp_activation_bytes(self.model, *args, linear_input_bytes=linear, etp=d.etp)
         if block in (EMBED, HEAD):
             return 0.0
-        d, lay = self.degree(t), self.layout
         return activation_bytes_per_layer(
             self.model,
             block,
@@ -613,8 +644,10 @@ def _block_params(
     routed experts split over etp x ep, the rest over t."""
     if block == EMBED:
         return embedding_params_per_gpu(model, t), 0.0
-    if block == HEAD:
-        return head_params_per_gpu(model, t, last_stage_ties), 0.0
+    if block == HEAD:  # with the multi-token prediction modules, whose routed experts split over etp x ep
+        mtp = mtp_params_per_gpu(model, t, ep, last_stage_ties, etp)
+        expert = model.mtp_layers * model.layer_expert_params(model.mtp_layer_kind) / (etp * ep) if mtp else 0.0
+        return head_params_per_gpu(model, t, last_stage_ties) + mtp - expert, expert
     expert = model.layer_expert_params(block)
     return layer_params_per_gpu(model, block, t, ep, etp) - expert / (etp * ep), expert / (etp * ep)
 

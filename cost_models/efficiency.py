@@ -60,22 +60,22 @@ class Efficiency(BaseModel):
         "(SC'21) and held: the published runs use GEMMs too large to pin it down again.",
     )
     grouped_gemm_fraction: float = Field(
-        default=0.90,
+        default=1.0,
         gt=0,
         le=1,
         description="Fraction of a dense GEMM's rate that the grouped expert GEMMs of an MoE layer reach at the "
-        "same shape (Transformer Engine's grouped GEMM: one launch over the local experts, each expert's tiles "
-        "set up and drained on their own). Fitted with grouped_gemm_half_dim and moe_host_sync_s to table G "
-        "(cost_models.published_moe, 131 runs; Nelder-Mead on the mean |error| from 0.8-1.0): 0.90, near the "
-        "prior of 0.85 (grouped-GEMM benchmarks reach 80-90% of cuBLAS on equal shapes).",
+        "same shape (Transformer Engine's grouped GEMM: one launch over the local experts). Fitted with "
+        "grouped_gemm_half_dim and moe_host_sync_s to table G (cost_models.published_moe, 131 runs; "
+        "Nelder-Mead on the mean |error|): it runs to its bound of 1 (half-dimension 55 against the dense 64), "
+        "so once the router, permutes, load imbalance and host syncs are costed a grouped GEMM is costed as "
+        "a dense GEMM of one expert's shape (rows received x width): 1 and 64 are kept.",
     )
     grouped_gemm_half_dim: float = Field(
-        default=48.0,
+        default=64.0,
         gt=0,
         description="gemm_half_dim for grouped expert GEMMs (same A100-bf16 scale, same scaling to other GPUs): "
-        "narrow experts (768-2,880 wide) and few rows per expert leave waves of SMs partly empty. Fitted to "
-        "table G with grouped_gemm_fraction: 48, a little under the dense 64 (the fit trades the two; the "
-        "product at Qwen3-30B's 768-wide experts on B200 in mxfp8 is 0.9 x 0.47 of peak x gemm_max).",
+        "the expert's rows, width and hidden size each run at d / (d + half). Table G's fit gives 55, no "
+        "larger than the dense 64 (see grouped_gemm_fraction), so the dense figure is kept.",
     )
     moe_load_cv: float = Field(
         default=0.05,
@@ -87,16 +87,19 @@ class Efficiency(BaseModel):
         "normal draws): 0.05 rounds it up. Table G's recipes force balanced routing, where only the sampling "
         "noise is left, so this is a sourced figure, not a fitted one.",
     )
-    moe_host_sync_s: float = Field(
-        default=0.0011,
-        ge=0,
-        description="Seconds an MoE layer's forward stalls per micro-batch on its device-to-host sync: the "
-        "grouped GEMM and the dropless dispatchers take each expert's row count on the host "
-        "(``tokens_per_expert.tolist()`` in Megatron-Core's experts and token dispatchers), which drains "
-        "the CPU's launch queue, so the GPU then waits for the launches of the rest of the layer. Fitted "
-        "to table G (cost_models.published_moe) with the grouped-GEMM constants: 1.1 ms (Qwen3-30B at one "
-        "4,096-token micro-batch runs about 4 ms a layer slower dropless than with padded token dropping, which "
-        "needs no sync; full-iteration CUDA graphs, which the inputs cannot state yet, remove it too).",
+    moe_host_sync_s: dict[str, float] = Field(
+        default={"alltoall": 0.004, "allgather": 0.004, "flex": 0.0},
+        description="Seconds an MoE layer stalls per micro-batch on its device-to-host syncs, per dispatcher: "
+        "the grouped GEMM and the dropless dispatchers take each expert's (or each peer's) row count on the "
+        "host (``tokens_per_expert.tolist()``, the all-to-all's split sizes in Megatron-Core's experts and "
+        "token dispatchers), which drains the CPU's launch queue, so the GPU then waits for the launches of "
+        "the rest of the layer. Fitted to table G (cost_models.published_moe) with the grouped-GEMM "
+        "constants: alltoall 4.9 ms (4 kept: the mean error is flat from 4 to 5 ms and 4 keeps the worst "
+        "run lower), flex 0 (DeepEP and HybridEP hand the counts to the experts on the GPU: no stall in "
+        "these runs). Qwen3-30B at one 4,096-token micro-batch on B200 runs about 4 ms a layer slower "
+        "dropless than with padded token dropping, which needs no sync. allgather has no run there and "
+        "takes alltoall's figure (the same syncs). Padded token dropping and full-iteration CUDA graphs, "
+        "which the inputs cannot state yet, remove it.",
     )
     flash_efficiency: dict[str, dict[str, float]] = Field(
         default={

@@ -185,3 +185,48 @@ def test_a_dense_layer_has_no_moe_terms():
     assert p.ep_comm == p.ep_comm_full == 0.0
     step = estimate_step(dense, TRAIN, env.layout, H64)
     assert step.time_breakdown_s["ep_comm"] == 0.0
+
+
+# ---- host sync and multi-token prediction ---------------------------------------------------------
+def test_host_sync_stalls_each_moe_layer_forward_once():
+    kind = MIXTRAL.layer_kind(0)
+    for dispatcher in ("alltoall", "flex"):
+        lay = {"ep": 8, "etp": 1, "moe_dispatcher": dispatcher}
+        none = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.0, "allgather": 0.0, "flex": 0.0}})
+        sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.004, "allgather": 0.0, "flex": 0.001}})
+        layout = _env(**lay).layout
+        a = CostEnv(MIXTRAL, TRAIN, layout, H64, none).block_pass(kind, 2)
+        b = CostEnv(MIXTRAL, TRAIN, layout, H64, sync).block_pass(kind, 2)
+        assert b.fwd - a.fwd == pytest.approx(0.004 if dispatcher == "alltoall" else 0.001, rel=1e-9)
+        assert b.bwd == a.bwd
+    dense = MODELS["llama3-8b"]
+    env = CostEnv(dense, TRAIN, ParallelLayout(tp=2, dp=32, global_batch=256, sequence_parallel=True), H64)
+    assert (
+        env.block_pass(dense.layer_kind(0), 2).fwd
+        == CostEnv(dense, TRAIN, env.layout, H64, EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 1.0}}))
+        .block_pass(dense.layer_kind(0), 2)
+        .fwd
+    )  # a dense layer has no experts to sync
+
+
+def test_mtp_module_adds_its_layer_projection_and_output_pass_to_the_head():
+    from cost_models.blocks import HEAD
+    from cost_models.flops import embedding_ops, gemm
+
+    v3 = MODELS["deepseek-v3"]
+    cluster = Cluster(spec=CLUSTERS["dgx-b200"], num_gpus=64)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    lay = ParallelLayout(tp=1, dp=64, ep=64, etp=1, global_batch=64)
+    with_mtp = CostEnv(v3, training, lay, cluster)
+    without = CostEnv(v3.model_copy(update={"mtp_layers": 0}), training, lay, cluster)
+    head, bare = with_mtp.block_pass(HEAD, 1), without.block_pass(HEAD, 1)
+    layer = with_mtp.block_pass(v3.mtp_layer_kind, 1)
+    tokens, h = 4096, v3.hidden_size
+    proj = with_mtp.op_time(gemm("mtp-proj", tokens, h, 2 * h)) + EFF.kernel_overhead_s
+    norms = 2 * 2 * 2 * tokens * h / with_mtp.mem_bw + EFF.kernel_overhead_s  # two RMSNorms, read + write 2 bytes
+    lookup = with_mtp.ops_pass(embedding_ops(v3, 1, 4096, 1, 1, training.grad_bytes))
+    assert head.fwd - 2 * bare.fwd == pytest.approx(layer.fwd + proj + norms + lookup.fwd, rel=1e-9)
+    assert head.ep_comm == layer.ep_comm > 0
+    dense, expert = with_mtp.block_params(HEAD, 1, last_stage_ties=True)
+    assert expert == pytest.approx(v3.layer_expert_params(v3.mtp_layer_kind) / 64)
+    assert with_mtp.block_activation_bytes(HEAD, 1) > 0 == without.block_activation_bytes(HEAD, 1)
