@@ -376,7 +376,7 @@ class CostEnv:
             ops = self._moe_layer_ops(ops, d)
         p = self.compute_pass(kind, t, ops)
         if kind.moe and not self.executor:  # the experts' host sync (Efficiency.moe_host_sync_s)
-            p.fwd += self.eff.moe_host_sync_s[self.layout.moe_dispatcher]
+            p.fwd += self._host_sync_s(d)
         tp_fwd, tp_bwd = self._tp_layer_comm(kind, d, ops)
         p.tp_comm = tp_fwd + tp_bwd
         core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
@@ -418,6 +418,14 @@ class CostEnv:
         weights = sum(op.n * op.k * op.batch for op in gemms)
         grad = self.training.grad_bytes
         return kept + [Op("main-grad-accumulate", "memory", mem_bytes=2 * grad * weights, fwd=0.0, bwd=1.0)]
+
+    def _host_sync_s(self, d: Degree) -> float:
+        """The MoE layer's host stall per micro-batch (``Efficiency.moe_host_sync_s``): the
+        dispatcher's, ``flex_scaleout`` for flex when its group spans NVLink domains."""
+        dispatcher = self.layout.moe_dispatcher
+        if dispatcher == "flex" and d.experts.tp_ep.domains > 1:
+            dispatcher = "flex_scaleout"
+        return self.eff.moe_host_sync_s.get(dispatcher, 0.0)
 
     def _dispatch_s(self, d: Degree) -> float:
         """Seconds of one dispatch (combine costs the same) of the layout's dispatcher

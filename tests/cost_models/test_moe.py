@@ -179,6 +179,13 @@ def test_folded_ep_group_stays_in_the_node():
 
 
 def test_a_dense_layer_has_no_moe_terms():
+    # flex over two nodes (tp 2 ep 8 unfolded: its ep x etp group is GPUs 0-15) stalls as the all-to-all
+    # does; folded (etp 1) the group is GPUs 0-7, one node
+    scale = EFF.model_copy(update={"moe_host_sync_s": {"flex": 0.001, "flex_scaleout": 0.003}})
+    for etp, domains, stall in ((2, 2, 0.003), (1, 1, 0.001)):
+        env = CostEnv(MIXTRAL, TRAIN, _env(ep=8, etp=etp, moe_dispatcher="flex").layout, H64, scale)
+        assert env.degree(2).experts.tp_ep.domains == domains
+        assert env._host_sync_s(env.degree(2)) == stall
     dense = MODELS["llama3-8b"]
     env = CostEnv(dense, TRAIN, ParallelLayout(tp=2, dp=32, global_batch=256, sequence_parallel=True), H64)
     p = env.block_pass(dense.layer_kind(0), 2)
@@ -199,6 +206,15 @@ def test_host_sync_stalls_each_moe_layer_forward_once():
         b = CostEnv(MIXTRAL, TRAIN, layout, H64, sync).block_pass(kind, 2)
         assert b.fwd - a.fwd == pytest.approx(0.004 if dispatcher == "alltoall" else 0.001, rel=1e-9)
         assert b.bwd == a.bwd
+    # flex over two nodes (ep 16 at etp 1 spans GPUs 0-15) stalls as the all-to-all does
+    two_nodes = _env(ep=8, etp=2, tp=2, moe_dispatcher="flex").layout.model_copy(update={"ep": 8})
+    scale = EFF.model_copy(update={"moe_host_sync_s": {"flex": 0.001, "flex_scaleout": 0.003}})
+    env = CostEnv(MIXTRAL, TRAIN, two_nodes, H64, scale)
+    assert env.degree(2).experts.tp_ep.domains == 2
+    assert env._host_sync_s(env.degree(2)) == 0.003
+    assert CostEnv(MIXTRAL, TRAIN, _env(ep=8, etp=1, moe_dispatcher="flex").layout, H64, scale)._host_sync_s(
+        env.degree(2)
+    ) == pytest.approx(0.003)
     dense = MODELS["llama3-8b"]
     env = CostEnv(dense, TRAIN, ParallelLayout(tp=2, dp=32, global_batch=256, sequence_parallel=True), H64)
     assert (
