@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cost_models.layout import ParallelLayout
+from ntp_planner.emitters.moe import attention_fields, moe_fields
 from ntp_planner.plan import Plan
 
 
@@ -115,10 +116,8 @@ def mcore_fields(plan: Plan, layout: ParallelLayout) -> dict:
         "recompute_num_layers": 1 if layout.recompute == "full" else None,
     }
     fields.update(pipeline_split(layout, m.num_layers))
-    if m.is_moe:
-        fields.update(
-            num_moe_experts=m.num_experts, moe_router_topk=m.moe_top_k, moe_ffn_hidden_size=m.moe_ffn_hidden_size
-        )
+    fields.update({k: v for k, v in moe_fields(plan, layout).items() if v is not None})
+    fields.update(attention_fields(m))
     return fields
 
 
