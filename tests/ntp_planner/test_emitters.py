@@ -169,15 +169,18 @@ def test_megatron_core_accepts_every_catalogue_plan(name):
     transformer = pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
     import torch
 
+    from tests.support.megatron_config import transformer_config
+
     plan = _catalogue_plan(name)
-    kwargs = transformer_config_kwargs(megatron_args(plan, plan.layout))
-    if kwargs["pipeline_model_parallel_size"] > 1:
-        kwargs["pipeline_dtype"] = torch.bfloat16
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformer.TransformerConfig(**kwargs)
+    args = megatron_args(plan, plan.layout)
+    extra = {"pipeline_dtype": torch.bfloat16} if plan.layout.pp > 1 else {}
+    config = transformer_config(args, **extra)  # MLATransformerConfig for an MLA model
+    assert isinstance(config, transformer.TransformerConfig)
     assert config.num_layers == plan.model.num_layers
     assert config.tensor_model_parallel_size == plan.layout.tp
+    assert bool(getattr(config, "multi_latent_attention", False)) == plan.model.is_mla
+    if plan.model.is_moe:
+        assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (2, plan.layout.tp)
 
 
 def test_megatron_core_rejects_a_broken_export():
