@@ -90,6 +90,71 @@ def _llama(
     )
 
 
+def _moe(
+    name: str,
+    hidden: int,
+    ffn: int,
+    layers: int,
+    heads: int,
+    kv: int,
+    head_dim: int,
+    vocab: int,
+    max_pos: int,
+    experts: int,
+    top_k: int,
+    expert_ffn: int,
+    **kw,
+) -> ModelSpec:
+    """A Llama-style MoE model as its config.json states it (``head_dim`` given: it need not be h / a)."""
+    return ModelSpec(
+        name=name,
+        hidden_size=hidden,
+        ffn_hidden_size=ffn,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        max_position_embeddings=max_pos,
+        num_experts=experts,
+        moe_top_k=top_k,
+        moe_ffn_hidden_size=expert_ffn,
+        **{**_LLAMA, **kw},
+    )
+
+
+# MoE models from their published config.json (the Hugging Face repos named), as (name, hidden, dense ffn,
+# layers, heads, kv heads, head dim, vocab, max positions, experts, top-k, expert ffn, extras).
+# DeepSeek-V3 (deepseek-ai/DeepSeek-V3): MLA (q_lora_rank 1536, kv_lora_rank 512, qk_nope 128 + qk_rope 64 = 192-wide
+#   query/key heads, v_head_dim 128), first_k_dense_replace 3, n_shared_experts 1 of moe_intermediate_size 2048,
+#   n_routed_experts 256 top-8, num_nextn_predict_layers 1 (arXiv 2412.19437).
+# Qwen3 (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): every layer MoE (decoder_sparse_step 1, mlp_only_layers []).
+# GPT-OSS (openai/gpt-oss-20b, -120b): biases on attention and experts, sliding_window 128 on the even layers
+#   (layer_types alternate sliding / full, starting with sliding), one learned sink per head.
+# Llama 4 (meta-llama/Llama-4-Scout-17B-16E, -Maverick-17B-128E): text_config; a shared expert of intermediate_size
+#   beside the routed ones; Maverick's interleave_moe_layer_step 2 makes layers 1, 3, ..., 47 MoE and the others dense
+#   of intermediate_size_mlp. Chunked attention (attention_chunk_size 8192) equals full causal attention at the
+#   pre-training sequence lengths (<= 8192), so it is not modelled.
+# Mixtral 8x22B (mistralai/Mixtral-8x22B-v0.1): 8 experts top-2.
+# fmt: off
+_MOE_TABLE = [
+    ("deepseek-v3", 7168, 18432, 61, 128, 128, 192, 129280, 163840, 256, 8, 2048,
+     dict(moe_first_dense_layers=3, moe_shared_ffn_hidden_size=2048, q_lora_rank=1536, kv_lora_rank=512,
+          qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, mtp_layers=1)),
+    ("qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 128, 151936, 40960, 128, 8, 768, {}),
+    ("qwen3-235b-a22b", 4096, 12288, 94, 64, 4, 128, 151936, 40960, 128, 8, 1536, {}),
+    ("gpt-oss-20b", 2880, 2880, 24, 64, 8, 64, 201088, 131072, 32, 4, 2880,
+     dict(bias=True, sliding_window=128, full_attention_every=2, attention_sinks=True)),
+    ("gpt-oss-120b", 2880, 2880, 36, 64, 8, 64, 201088, 131072, 128, 4, 2880,
+     dict(bias=True, sliding_window=128, full_attention_every=2, attention_sinks=True)),
+    ("llama4-scout", 5120, 16384, 48, 40, 8, 128, 202048, 10485760, 16, 1, 8192,
+     dict(moe_shared_ffn_hidden_size=8192)),
+    ("llama4-maverick", 5120, 16384, 48, 40, 8, 128, 202048, 1048576, 128, 1, 8192,
+     dict(moe_shared_ffn_hidden_size=8192, moe_layer_freq=2, moe_first_dense_layers=1)),
+    ("mixtral-8x22b", 6144, 16384, 56, 48, 8, 128, 32768, 65536, 8, 2, 16384, {}),
+]
+# fmt: on
+
 # Narayanan et al. SC'21 Table 1: (name, heads, hidden, layers)
 _MEGATRON_FAMILY = [
     ("megatron-1.7b", 24, 2304, 24),
@@ -140,6 +205,7 @@ MODELS: dict[str, ModelSpec] = {
             moe_first_dense_layers=1,
             moe_shared_ffn_hidden_size=2816,
         ),
+        *[_moe(*row[:-1], **row[-1]) for row in _MOE_TABLE],
         *[_gpt(name, hidden, layers, heads) for name, heads, hidden, layers in _MEGATRON_FAMILY],
         _gpt("ntp-480b", 20480, 100, 128, max_position_embeddings=16384),
     ]

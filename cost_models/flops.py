@@ -84,12 +84,9 @@ def cast_ops(
     """The casts a low-precision layer adds: each linear's input in forward, its output gradient
     in backward. Under sequence parallelism the QKV and FC1 inputs are cast on the local
     1/tp of the tokens, then gathered in fp8."""
-    h, q, kvw = model.hidden_size, model.q_width // tp, 2 * kv_heads_per_rank(model, tp) * model.head_dim
+    h = model.hidden_size
     gathered = tokens / tp if sequence_parallel else tokens
-    inputs, grads = [], []  # (elements, fused)
-    if kind.attention:
-        inputs += [(gathered * h, True), (tokens * q, False)]  # QKV (after LayerNorm), out-proj
-        grads += [(tokens * (q + kvw), False), (tokens * h, False)]
+    inputs, grads = _attention_casts(model, tokens, gathered, tp) if kind.attention else ([], [])
     up = 2 if model.gated_mlp else 1
     # (width, copies of each token): a dense MLP; an MoE layer's routed experts see every token
     # top_k times after dispatch, its shared expert once
@@ -106,32 +103,93 @@ def cast_ops(
     return ops + ([Op("cast-grads", "memory", mem_bytes=bwd, fwd=0.0, bwd=1.0)] if bwd else [])
 
 
-def attention_ops(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, flash: bool) -> list[Op]:
-    """QKV projection, attention core (QK^T and AV), output projection.
+def _attention_casts(model: ModelSpec, tokens: int, gathered: float, tp: int) -> tuple[list, list]:
+    """(elements, fused) of the attention's cast inputs and output gradients: QKV's input (after
+    LayerNorm) and the out-projection's; MLA casts each projection's input: the hidden state for
+    the two down-projections, the two latents for the up-projections (whole on every rank), the
+    heads' values for the out-projection, and each projection's output gradient."""
+    h, heads = model.hidden_size, model.num_heads // tp
+    if not model.is_mla:
+        q, kvw = model.q_width // tp, 2 * kv_heads_per_rank(model, tp) * model.head_dim
+        return [(gathered * h, True), (tokens * q, False)], [(tokens * (q + kvw), False), (tokens * h, False)]
+    lq, lkv, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    outs = [lq, lkv + rope, heads * model.head_dim, heads * (model.qk_nope_head_dim + model.v_head_dim), h]
+    inputs = [(gathered * h, True)] * 2 + [(tokens * w, False) for w in (lq, lkv)]  # q and kv read h
+    inputs.append((tokens * heads * model.v_head_dim, False))
+    return [(n, f) for n, f in inputs if n], [(tokens * w, False) for w in outs if w]
+
+
+def attended_pairs(seq_len: int, window: int = 0) -> float:
+    """(query, key) pairs causal attention computes per sequence and head: s^2 / 2 in full
+    (the convention of the flash kernel's causal half), s w - w^2 / 2 through a sliding window of
+    ``w`` < s tokens (each query sees min(i, w) keys: the ramp of the first w queries, then w
+    each). GPT-OSS at s = 4096, w = 128: 516,096 pairs, 1/16.3 of the full 8,388,608.
+
+    >>> attended_pairs(4096), attended_pairs(4096, 128), attended_pairs(100, 200)
+    (8388608.0, 516096.0, 5000.0)
+    """
+    if not window or window >= seq_len:
+        return seq_len * seq_len / 2
+    return seq_len * window - window * window / 2
+
+
+def attention_ops(
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, flash: bool, window: int = 0
+) -> list[Op]:
+    """QKV projection (MLA: ``mla_projection_ops``), attention core (QK^T and AV), output
+    projection.
 
     Core FLOPs 4 b s^2 q / (tp cp): counted in full by the MFU convention; a flash kernel
     skips the masked upper triangle, so it executes half. Without flash attention the scores
     go through HBM: scale+mask+softmax reads and writes 2 bytes per score, dropout 5 more.
+    A sliding-window layer (``window`` tokens) runs its flash kernel over the window's blocks
+    only: ``attended_pairs`` instead of s^2 / 2 (an unfused kernel still computes and masks the
+    whole s x s). MLA's scores run over qk_nope + qk_rope dims and its AV over v_head_dim: the
+    core executes 2 b a (d_qk + d_v) pairs / (tp cp). Attention sinks add one logit per query and
+    head to the softmax: no GEMM work, nothing counted.
     """
     tokens = micro_batch * seq_len // cp
     h, d = model.hidden_size, model.head_dim
     heads = model.num_heads // tp
     kv = kv_heads_per_rank(model, tp)
-    ops = [gemm("qkv", tokens, (heads + 2 * kv) * d, h)]
+    dv = model.v_head_dim if model.is_mla else d
+    ops = mla_projection_ops(model, tokens, tp) if model.is_mla else [gemm("qkv", tokens, (heads + 2 * kv) * d, h)]
     if model.position == "rope":
-        ops.append(Op("rotary", "memory", mem_bytes=2 * ACT_BYTES * tokens * (heads + kv) * d))
+        rotated = (heads + 1) * model.qk_rope_head_dim if model.is_mla else (heads + kv) * d
+        ops.append(Op("rotary", "memory", mem_bytes=2 * ACT_BYTES * tokens * rotated))
     scores = micro_batch * heads * seq_len * (seq_len // cp)
-    if flash:  # executes the causal half of the scores; backward recomputes them
-        ops.append(Op("attention-core", "flash", flops=2.0 * scores * d, bwd=2.5))
+    if flash:  # executes the causal half of the scores (or the window's band); backward recomputes them
+        pairs = micro_batch * heads * attended_pairs(seq_len, window) / cp
+        ops.append(Op("attention-core", "flash", flops=2.0 * pairs * (d + dv), bwd=2.5))
         if cp > 1:
-            ops.append(cp_correction_op(tokens, heads * d, kv * d, cp))
+            ops.append(cp_correction_op(tokens, heads * dv, kv * d, cp))
     else:
         ops.append(gemm("attention-scores", seq_len // cp, seq_len, d, batch=micro_batch * heads))
         softmax = 4 * scores + (5 * scores if model.dropout else 0)
         ops.append(Op("softmax", "memory", mem_bytes=softmax))
-        ops.append(gemm("attention-values", seq_len // cp, d, seq_len, batch=micro_batch * heads))
-    ops.append(gemm("out-proj", tokens, h, heads * d))
+        ops.append(gemm("attention-values", seq_len // cp, dv, seq_len, batch=micro_batch * heads))
+    ops.append(gemm("out-proj", tokens, h, heads * dv))
     return ops
+
+
+def mla_projection_ops(model: ModelSpec, tokens: int, tp: int) -> list[Op]:
+    """Multi-head latent attention's projections (DeepSeek-V2, arXiv 2405.04434, eqs. 9-13), as
+    Megatron-Core's ``MLASelfAttention`` splits them: the down-projections h -> q_lora_rank and
+    h -> kv_lora_rank + qk_rope_head_dim run whole on every TP rank, the up-projections
+    q_lora_rank -> a/tp (nope + rope) and kv_lora_rank -> a/tp (nope + v) on the rank's heads
+    (no query latent: h -> a/tp (nope + rope) directly), then RMSNorms of the two latents.
+    DeepSeek-V3 per token at tp 1: 2 x 7168 x 1536 + 2 x 1536 x 24576 + 2 x 7168 x 576 +
+    2 x 512 x 32768 = 139.3 MFLOP."""
+    h, heads = model.hidden_size, model.num_heads // tp
+    q_in, kv_down = model.q_lora_rank or h, model.kv_lora_rank + model.qk_rope_head_dim
+    ops = [gemm("q-down", tokens, model.q_lora_rank, h)] if model.q_lora_rank else []
+    ops += [
+        gemm("q-up", tokens, heads * model.head_dim, q_in),
+        gemm("kv-down", tokens, kv_down, h),
+        gemm("kv-up", tokens, heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank),
+    ]
+    norms = 2 * ACT_BYTES * tokens * (model.q_lora_rank + model.kv_lora_rank)
+    return ops + [Op("latent-norms", "memory", mem_bytes=norms)]
 
 
 def cp_correction_op(tokens: int, q: int, kv: int, cp: int) -> Op:
@@ -214,7 +272,7 @@ def layer_ops(
     each way, for every micro-batch)."""
     kind = layer if isinstance(layer, LayerKind) else model.layer_kind(layer)
     tokens = micro_batch * seq_len // cp
-    ops = attention_ops(model, micro_batch, seq_len, tp, cp, flash) if kind.attention else []
+    ops = attention_ops(model, micro_batch, seq_len, tp, cp, flash, kind.window) if kind.attention else []
     if kind.moe:
         ops += moe_ops(model, tokens, tp, ep)
     elif kind.ffn:
@@ -226,6 +284,53 @@ def layer_ops(
     weights = sum(op.n * op.k * op.batch for op in ops if op.kind == "gemm" and not op.name.startswith("attention"))
     ops.append(Op("main-grad-accumulate", "memory", mem_bytes=2 * grad_bytes * weights, fwd=0.0, bwd=1.0))
     return ops
+
+
+def mtp_ops(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    flash: bool,
+    dtype: str = "bf16",
+    architecture: str = "hopper",
+    fp8_recipe: str = "delayed",
+    grad_bytes: float = 4.0,
+    fused_cross_entropy: bool = True,
+) -> list[Op]:
+    """Every op of the multi-token prediction modules, on the last pipeline stage with the output
+    layer (Megatron-Core's ``MultiTokenPredictionBlock``; DeepSeek-V3, arXiv 2412.19437 section
+    2.2). Each module embeds the tokens one further ahead (the shared embedding, looked up again),
+    RMSNorms it and the previous depth's hidden state, projects their concatenation 2h -> h
+    (column-parallel), runs one transformer layer, and predicts through the shared output layer
+    with its own loss: ``embedding_ops`` + the projection + ``layer_ops`` + ``head_ops``."""
+    tokens = micro_batch * seq_len // cp
+    h = model.hidden_size
+    per_module = [
+        Op("mtp-norms", "memory", mem_bytes=2 * 2 * ACT_BYTES * tokens * h),
+        gemm("mtp-proj", tokens, h // tp, 2 * h),
+        *embedding_ops(model, micro_batch, seq_len, cp, tp, grad_bytes),
+        *layer_ops(
+            model,
+            model.mtp_layer_kind,
+            micro_batch,
+            seq_len,
+            tp,
+            cp,
+            ep,
+            sequence_parallel,
+            flash,
+            dtype,
+            architecture,
+            fp8_recipe,
+            grad_bytes,
+        ),
+        *head_ops(model, micro_batch, seq_len, tp, cp, grad_bytes, fused_cross_entropy),
+    ]
+    return per_module * model.mtp_layers
 
 
 def padded_vocab(model: ModelSpec, tp: int) -> int:
@@ -291,17 +396,41 @@ def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int, caus
     """Model FLOPs of one step (forward + backward, no recompute), the MFU numerator. Attention
     counts the full s x s scores (Narayanan's 72 B L s h^2 (1 + s/6h + V/12hL) for GPT models,
     Megatron-LM up to core 0.11 and NeMo's tables) or, with ``causal``, only their unmasked
-    half (Megatron-LM from core 0.12, Megatron-Bridge's tables)."""
+    half (Megatron-LM from core 0.12, Megatron-Bridge's tables). A sliding-window layer counts
+    the pairs its window attends (``attended_pairs``, doubled in the full convention); MLA its
+    projections and d_qk + d_v wide scores; MTP modules their layer, projection and logits."""
     tokens = global_batch * seq_len
     h = model.hidden_size
-    core = (2 if causal else 4) * seq_len * model.q_width
-    attn = 2 * h * (model.q_width + 2 * model.kv_width) + 2 * model.q_width * h + core
     moe_mlp = 2 * h * model.num_experts + 2 * model.mlp_matrices * h * (
         model.moe_top_k * model.moe_ffn_hidden_size + model.moe_shared_ffn_hidden_size
     )
-    per_token = sum(
-        n * (attn * k.attention + (moe_mlp if k.moe else 2 * model.mlp_matrices * h * k.ffn))
-        for k, n in model.kind_counts(0, model.num_layers).items()
-    )
+
+    def layer(k: LayerKind) -> float:
+        return _attention_flops_per_token(model, seq_len, causal, k.window) * k.attention + (
+            moe_mlp if k.moe else 2 * model.mlp_matrices * h * k.ffn
+        )
+
+    per_token = sum(n * layer(k) for k, n in model.kind_counts(0, model.num_layers).items())
     per_token += 2 * h * model.vocab_size
+    # each MTP module: its layer, the 2h -> h projection and the shared output layer again
+    per_token += model.mtp_layers * (layer(model.mtp_layer_kind) + 2 * 2 * h * h + 2 * h * model.vocab_size)
     return 3.0 * tokens * per_token
+
+
+def _attention_flops_per_token(model: ModelSpec, seq_len: int, causal: bool, window: int) -> float:
+    """Forward FLOPs of one token's attention: projections 2 x (their weights) and the core,
+    4 s q in the full convention (2 s q causal), over a window's pairs instead of s^2 / 2."""
+    h = model.hidden_size
+    if model.is_mla:
+        m, a = model, model.num_heads
+        proj = 2 * (m.q_lora_rank * h if m.q_lora_rank else 0)
+        proj += 2 * (m.q_lora_rank or h) * a * m.head_dim + 2 * h * (m.kv_lora_rank + m.qk_rope_head_dim)
+        proj += 2 * m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim) + 2 * a * m.v_head_dim * h
+        width = a * (m.head_dim + m.v_head_dim) / 2  # QK^T over d_qk, AV over d_v: the mean of the two
+    else:
+        proj = 2 * h * (model.q_width + 2 * model.kv_width) + 2 * model.q_width * h
+        width = model.q_width
+    if not window:
+        return proj + (2 if causal else 4) * seq_len * width
+    per_query = attended_pairs(seq_len, window) / seq_len  # keys one query attends, on average
+    return proj + (4 if causal else 8) * per_query * width

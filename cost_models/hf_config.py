@@ -5,7 +5,23 @@ Key meanings follow HuggingFace transformers: ``hidden_act`` "silu"/"swiglu" mea
 hidden/heads when present; multimodal files nest the text model under ``text_config``. MoE keys:
 Mixtral (num_local_experts, num_experts_per_tok), Qwen-MoE (num_experts, moe_intermediate_size,
 decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size), DeepSeek
-(n_routed_experts, first_k_dense_replace, n_shared_experts).
+(n_routed_experts, first_k_dense_replace, n_shared_experts, moe_layer_freq), GPT-OSS
+(num_local_experts, experts_per_token), Llama 4 (text_config: num_local_experts,
+interleave_moe_layer_step, a shared expert of intermediate_size beside routed experts of
+intermediate_size, dense layers of intermediate_size_mlp).
+
+Which layers are MoE, as each family's modelling code decides it: Qwen layer i when (i + 1) %
+decoder_sparse_step == 0 and i is not in mlp_only_layers; DeepSeek when i >= first_k_dense_replace
+and i % moe_layer_freq == 0; Llama 4 layers interleave_moe_layer_step - 1, 2 step - 1, ... (or
+its moe_layers list). A pattern ModelSpec cannot write (a dense prefix, then every k-th layer)
+is refused.
+
+Attention: DeepSeek's MLA keys (q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim,
+v_head_dim; query/key heads are qk_nope + qk_rope wide, whatever head_dim says) and
+num_nextn_predict_layers (MTP modules); sliding windows from sliding_window and layer_types
+("sliding_attention" / "full_attention", GPT-OSS), or on every layer when layer_types is absent
+(Mistral) unless use_sliding_window is false (Qwen); GPT-OSS's attention sinks (model_type
+gpt_oss: every GPT-OSS model has them, no key says so).
 
 Every value is read strictly: a whole number for a count, a finite one for a probability, true
 or false for a flag; a string ("4096", "false") or a boolean where a number belongs is refused,
@@ -44,7 +60,10 @@ _KEYS = {
     "moe_layer_freq": "decoder_sparse_step",
     "moe_first_dense_layers": "first_k_dense_replace",
     "moe_shared_ffn_hidden_size": "shared_expert_intermediate_size",
+    "mtp_layers": "num_nextn_predict_layers",
+    "full_attention_every": "layer_types",
 }
+_MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
 def load_model_file(path: Path) -> ModelSpec:
@@ -122,8 +141,7 @@ def _moe_fields(cfg: dict[str, Any], experts: int, layers: int, where: str, keys
         raise InputError(
             f"{where}: {k} is 0 but the model has {experts} experts; an expert needs a width of 1 or more."
         )
-    freq, keys["moe_layer_freq"] = _first(cfg, ("decoder_sparse_step", "moe_layer_freq"), where, default=1)
-    first_dense = _first(cfg, ("first_k_dense_replace",), where)[0]
+    first_dense, freq = _moe_layers(cfg, layers, where, keys)
     if layers > 0 and first_dense >= layers:
         raise InputError(
             f"{where}: first_k_dense_replace {first_dense} >= num_hidden_layers {layers} leaves no MoE layer, but "
@@ -131,17 +149,95 @@ def _moe_fields(cfg: dict[str, Any], experts: int, layers: int, where: str, keys
         )
     if "shared_expert_intermediate_size" in cfg and cfg["shared_expert_intermediate_size"] is not None:
         shared = _whole(cfg["shared_expert_intermediate_size"], "shared_expert_intermediate_size", where)
+    elif _is_llama4(cfg):  # Llama4TextMoe: one shared expert as wide as the routed ones
+        shared = moe_ffn
+        keys["moe_shared_ffn_hidden_size"] = "intermediate_size (Llama 4's shared expert)"
     else:  # DeepSeek: n_shared_experts experts of moe_intermediate_size each
         shared = _first(cfg, ("n_shared_experts",), where)[0] * moe_ffn
         keys["moe_shared_ffn_hidden_size"] = "n_shared_experts * moe_intermediate_size"
     return dict(
         num_experts=experts,
-        moe_top_k=_first(cfg, ("num_experts_per_tok",), where, default=2)[0],
+        moe_top_k=_first(cfg, ("num_experts_per_tok", "experts_per_token"), where, default=2)[0],
         moe_ffn_hidden_size=moe_ffn,
         moe_layer_freq=freq,
         moe_first_dense_layers=first_dense,
         moe_shared_ffn_hidden_size=shared,
     )
+
+
+def _is_llama4(cfg: dict[str, Any]) -> bool:
+    return str(cfg.get("model_type", "")).startswith("llama4") or "intermediate_size_mlp" in cfg
+
+
+def _moe_layers(cfg: dict[str, Any], layers: int, where: str, keys: dict[str, str]) -> tuple[int, int]:
+    """(dense prefix, every k-th layer after it) of the MoE layers, from whichever family's keys
+    the file has, refusing a pattern of MoE layers that is not a prefix-then-every-k-th one."""
+    if cfg.get("moe_layers") is not None or cfg.get("interleave_moe_layer_step") is not None:  # Llama 4
+        step, keys["moe_layer_freq"] = _first(cfg, ("interleave_moe_layer_step",), where, default=1)
+        moe = cfg.get("moe_layers")
+        listed = [_whole(i, "moe_layers", where) for i in moe] if isinstance(moe, list) else None
+        first, freq, key = max(step, 1) - 1, max(step, 1), "moe_layers"
+        if step < 1:
+            return 0, step  # ModelSpec refuses it, naming interleave_moe_layer_step
+    elif cfg.get("decoder_sparse_step") is not None or cfg.get("mlp_only_layers"):  # Qwen-MoE
+        step, keys["moe_layer_freq"] = _first(cfg, ("decoder_sparse_step",), where, default=1)
+        dense = {_whole(i, "mlp_only_layers", where) for i in cfg.get("mlp_only_layers") or []}
+        listed = [i for i in range(layers) if (i + 1) % max(step, 1) == 0 and i not in dense]
+        first, freq, key = max(step, 1) - 1, max(step, 1), "mlp_only_layers"
+        if step < 1:
+            return 0, step  # ModelSpec refuses it, naming decoder_sparse_step
+    else:  # DeepSeek: i >= first_k_dense_replace and i % moe_layer_freq == 0
+        prefix = _first(cfg, ("first_k_dense_replace",), where)[0]
+        freq, keys["moe_layer_freq"] = _first(cfg, ("moe_layer_freq",), where, default=1)
+        if freq < 1:
+            return prefix, freq  # ModelSpec refuses it, naming moe_layer_freq
+        return -(-prefix // freq) * freq, freq
+    if listed is None:
+        return first, freq
+    if listed and (len(listed) == 1 or len({b - a for a, b in zip(listed, listed[1:], strict=False)}) == 1):
+        first, freq = listed[0], (listed[1] - listed[0] if len(listed) > 1 else max(freq, layers))
+    if listed != list(range(first, layers, freq)):
+        raise InputError(
+            f"{where}: {key} makes layers {listed[:8]} MoE; ntp writes MoE layers as a dense prefix then every "
+            "k-th layer, which this is not."
+        )
+    return first, freq
+
+
+def _window_fields(cfg: dict[str, Any], layers: int, where: str) -> dict:
+    """sliding_window and full_attention_every from sliding_window and layer_types."""
+    window = cfg.get("sliding_window")
+    if window is None or cfg.get("use_sliding_window") is False:
+        return {}
+    window = _whole(window, "sliding_window", where)
+    types = cfg.get("layer_types")
+    if types is None:  # Mistral: every layer windowed
+        return dict(sliding_window=window, full_attention_every=0)
+    if not isinstance(types, list) or len(types) != layers:
+        raise InputError(f"{where}: layer_types must list one attention type per layer ({layers}).")
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if not full:
+        return dict(sliding_window=window, full_attention_every=0)
+    if len(full) == layers:
+        return {}
+    k = full[0] + 1
+    if full != list(range(k - 1, layers, k)):
+        raise InputError(
+            f"{where}: layer_types puts full attention on layers {full[:8]}; ntp writes them as every k-th layer "
+            "(layer i full when (i + 1) % k == 0), which this is not."
+        )
+    return dict(sliding_window=window, full_attention_every=k)
+
+
+def _attention_fields(cfg: dict[str, Any], layers: int, where: str) -> dict:
+    """MLA, MTP, sliding-window and sink fields; MLA's query/key head width is qk_nope + qk_rope."""
+    fields = {k: _first(cfg, (k,), where)[0] for k in _MLA_KEYS if cfg.get(k) is not None}
+    if fields.get("kv_lora_rank"):
+        fields["head_dim"] = fields.get("qk_nope_head_dim", 0) + fields.get("qk_rope_head_dim", 0)
+    mtp = _first(cfg, ("num_nextn_predict_layers",), where)[0]
+    fields |= dict(mtp_layers=mtp) if mtp else {}
+    fields |= _window_fields(cfg, layers, where)
+    return fields | (dict(attention_sinks=True) if cfg.get("model_type") == "gpt_oss" else {})
 
 
 def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") -> ModelSpec:
@@ -170,8 +266,12 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
     gated = act.lower() in _GATED_ACTS
     rms = "rms_norm_eps" in cfg or "layer_norm_eps" not in cfg and "layer_norm_epsilon" not in cfg
     experts, keys["num_experts"] = _experts(cfg, where)
-    ffn, keys["ffn_hidden_size"] = _first(cfg, ("intermediate_size", "moe_intermediate_size"), where)
+    ffn, keys["ffn_hidden_size"] = _first(
+        cfg, ("intermediate_size_mlp", "intermediate_size", "moe_intermediate_size"), where
+    )
     moe = _moe_fields(cfg, experts, layers, where, keys) if experts else {}
+    arch = _attention_fields(cfg, layers, where)
+    head_dim = arch.pop("head_dim", head_dim)
     bias = _flag(cfg, "attention_bias", where, _flag(cfg, "bias", where, not gated))
     dropout = cfg.get("attention_dropout")
     try:
@@ -193,6 +293,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
             bias=bias,
             dropout=0.0 if dropout is None else _number(dropout, "attention_dropout", where),
             **moe,
+            **arch,
         )
     except ValidationError as exc:
         err = exc.errors()[0]

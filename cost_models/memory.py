@@ -115,22 +115,58 @@ def head_params_per_gpu(model: ModelSpec, tp: int, separate_stage: bool) -> floa
     return model.head_params - untied + (word if not model.tie_embeddings or separate_stage else 0.0)
 
 
-def stage_params(model: ModelSpec, layers: range, tp: int, ep: int, first: bool, last: bool, pp: int) -> float:
+def stage_params(
+    model: ModelSpec,
+    layers: range,
+    tp: int,
+    ep: int,
+    first: bool,
+    last: bool,
+    pp: int,
+    etp: int | None = None,
+) -> float:
     """Parameters one GPU of a pipeline stage holds. Norms, row-parallel biases and learned
-    positions are replicated over TP; everything else is split tp ways (experts ep * tp ways)."""
+    positions are replicated over TP; everything else is split tp ways, the routed experts etp * ep
+    ways (``etp`` None: tp, experts split over the attention's TP ranks)."""
     total = sum(
-        n * layer_params_per_gpu(model, kind, tp, ep)
+        n * layer_params_per_gpu(model, kind, tp, ep, etp)
         for kind, n in model.kind_counts(layers.start, layers.stop).items()
     )
     total += embedding_params_per_gpu(model, tp) if first else 0.0
-    return total + (head_params_per_gpu(model, tp, pp > 1) if last else 0.0)
+    if last:
+        total += head_params_per_gpu(model, tp, pp > 1) + mtp_params_per_gpu(model, tp, ep, pp > 1, etp)
+    return total
 
 
-def layer_params_per_gpu(model: ModelSpec, kind: LayerKind, tp: int, ep: int) -> float:
-    """Parameters of one layer of ``kind`` on one GPU at TP degree ``tp`` (experts over ep * tp)."""
+def mtp_params_per_gpu(model: ModelSpec, tp: int, ep: int, separate_stage: bool, etp: int | None = None) -> float:
+    """The MTP modules on the last stage, per GPU: each a transformer layer (``layer_params_per_gpu``),
+    its 2h -> h projection split over tp and three RMSNorms whole. They look the next tokens up in
+    the shared embedding: a last stage of its own (pp > 1) holds a copy of it (Megatron-Core builds
+    the embedding on the last stage for MTP, as for a tied output layer; with tied embeddings the
+    head's copy serves both).
+
+    DeepSeek-V3 at tp 1, ep 64 on a stage of its own: 11.27B / 64 = 0.18B routed, 0.34B else (attention,
+    shared expert, router, projection, norms), 0.93B of embedding copy: 1.44B."""
+    if not model.mtp_layers:
+        return 0.0
+    h = model.hidden_size
+    module = layer_params_per_gpu(model, model.mtp_layer_kind, tp, ep, etp) + 2 * h * h / tp
+    module += model.mtp_module_params - model.layer_params(model.mtp_layer_kind) - 2 * h * h
+    copy = padded_vocab(model, tp) * h / tp if separate_stage and not model.tie_embeddings else 0.0
+    return model.mtp_layers * module + copy
+
+
+def layer_params_per_gpu(model: ModelSpec, kind: LayerKind, tp: int, ep: int, etp: int | None = None) -> float:
+    """Parameters of one layer of ``kind`` on one GPU at TP degree ``tp``: attention, router, shared
+    expert and dense MLP split over tp; the routed experts over etp * ep (parallel folding: the
+    experts' own grid, ``etp`` None = tp), each expert's matrices etp ways and the experts ep ways.
+
+    DeepSeek-V3 at tp 2, ep 64, etp 1: an MoE layer's 256 experts of 44.0M parameters go 4 to a GPU,
+    whole (176M), where etp = tp would halve them again over the two attention TP ranks."""
     whole = model.layer_tp_replicated_params(kind)
     experts = model.layer_expert_params(kind)
-    return (model.layer_params(kind) - whole - experts) / tp + whole + experts / (tp * ep)
+    etp = tp if etp is None else etp
+    return (model.layer_params(kind) - whole - experts) / tp + whole + experts / (etp * ep)
 
 
 def activation_bytes_per_layer(
@@ -172,9 +208,12 @@ def activation_bytes_per_layer(
     sublayers = kind.attention + (kind.moe or kind.ffn > 0)
     replicated = sublayers * (ACT_BYTES + lin + drop) * tokens * h
     heads, kv = model.num_heads // tp, kv_heads_per_rank(model, tp)
+    dv = model.v_head_dim if model.is_mla else d
     split = 0.0
     if kind.attention:
-        split += ACT_BYTES * tokens * (heads + 2 * kv) * d + (ACT_BYTES + extra_out) * tokens * heads * d
+        split += ACT_BYTES * tokens * (heads + kv) * d + ACT_BYTES * tokens * kv * dv
+        split += (ACT_BYTES + extra_out) * tokens * heads * dv
+        split += mla_latent_bytes(model, tokens, lin)
     up = 2 if model.gated_mlp else 1  # up-projection outputs saved for the activation's backward
     if kind.moe:
         routed = tokens * model.moe_top_k
@@ -192,8 +231,47 @@ def activation_bytes_per_layer(
         scores = micro_batch * heads * seq_len * seq_len / cp
         core = ACT_BYTES * scores + (3 * scores if drop else 0)
     if recompute == "selective":  # core attention recomputed: its output is not kept in 16 bits
-        core = -(ACT_BYTES * tokens * heads * d if kind.attention and extra_out else 0.0)
+        core = -(ACT_BYTES * tokens * heads * dv if kind.attention and extra_out else 0.0)
     return replicated / rep_div + split + core
+
+
+def mla_latent_bytes(model: ModelSpec, tokens: float, linear_input_bytes: float = ACT_BYTES) -> float:
+    """What MLA saves besides Q, K and V, whole on every TP rank (its down-projections are
+    duplicated, not split): each latent's RMSNorm input (16-bit) and the up-projection's input
+    (``linear_input_bytes``), q_lora_rank + kv_lora_rank wide, and the shared rotary key,
+    qk_rope_head_dim wide. Megatron-Core's ``MLASelfAttention`` up-projects to full per-head K and V
+    before the fused attention, which saves those (the Q, K, V terms of
+    ``activation_bytes_per_layer``). DeepSeek-V3 per token: (2 + 2) x 2048 + 2 x 64 = 8,320 bytes."""
+    if not model.is_mla:
+        return 0.0
+    latents = model.q_lora_rank + model.kv_lora_rank
+    return (ACT_BYTES + linear_input_bytes) * tokens * latents + ACT_BYTES * tokens * model.qk_rope_head_dim
+
+
+def mtp_activation_bytes(
+    model: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    flash: bool,
+    cp: int = 1,
+    linear_input_bytes: float = ACT_BYTES,
+) -> float:
+    """Bytes the MTP modules save for backward per micro-batch on the last stage: each module's
+    layer (``activation_bytes_per_layer``), the two norm inputs and the projection's 2h-wide input.
+    Its logits live one module at a time like the head's (``head_activation_bytes``)."""
+    if not model.mtp_layers:
+        return 0.0
+    tokens = micro_batch * seq_len / cp
+    layer = activation_bytes_per_layer(
+        model, model.mtp_layer_kind, seq_len, micro_batch, tp, sequence_parallel, recompute, flash, cp,
+        linear_input_bytes,
+    )  # fmt: skip
+    # the two norms' inputs (embedding and hidden state, h each, 16-bit) and the projection's 2h input
+    around = (ACT_BYTES + linear_input_bytes) * tokens * 2 * model.hidden_size / (tp if sequence_parallel else 1)
+    return model.mtp_layers * (layer + around)
 
 
 def in_flight_micro_batches(stage: int, pp: int, num_micro_batches: int, vpp: int) -> float:

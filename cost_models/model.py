@@ -55,6 +55,7 @@ class LayerKind(NamedTuple):
     moe: bool  # the MLP is a mixture of experts
     ffn: int  # dense MLP width (0 = no MLP); ignored for MoE layers
     attention: bool  # the layer has self-attention
+    window: int = 0  # sliding-window attention: tokens each query sees back (0 = full causal attention)
 
 
 class LayerOverride(BaseModel):
@@ -135,6 +136,8 @@ class ModelSpec(BaseModel):
                 raise InputError(f"moe_top_k ({self.moe_top_k}) must be in 1..num_experts ({self.num_experts})")
             if self.moe_ffn_hidden_size <= 0:
                 raise InputError("an MoE model needs moe_ffn_hidden_size > 0")
+        self._check_mla()
+        self._check_window()
         for o in self.layer_overrides:
             bad = [i for i in o.layers if not 0 <= i < self.num_layers]
             if bad:
@@ -142,6 +145,65 @@ class ModelSpec(BaseModel):
             if o.ffn_hidden_size is not None and any(self.is_moe_layer(i) for i in o.layers):
                 raise InputError("ffn_hidden_size overrides apply to dense layers; these include MoE layers")
         return self
+
+    def _check_mla(self) -> None:
+        mla_dims = {
+            "q_lora_rank": self.q_lora_rank,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "v_head_dim": self.v_head_dim,
+        }
+        if not self.is_mla:
+            set_dims = [f"{k}({v})" for k, v in mla_dims.items() if v]
+            if set_dims:
+                raise InputError(
+                    f"{', '.join(set_dims)} describe multi-head latent attention, which kv_lora_rank(0) turns off; "
+                    "set kv_lora_rank > 0 or leave them 0"
+                )
+            return
+        if self.qk_rope_head_dim <= 0 or self.v_head_dim <= 0:
+            raise InputError(
+                f"MLA (kv_lora_rank {self.kv_lora_rank}) needs qk_rope_head_dim({self.qk_rope_head_dim}) > 0 and "
+                f"v_head_dim({self.v_head_dim}) > 0: the key's rotary part and the value heads"
+            )
+        if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+            raise InputError(
+                f"MLA query/key heads are qk_nope_head_dim({self.qk_nope_head_dim}) + qk_rope_head_dim"
+                f"({self.qk_rope_head_dim}) = {self.qk_nope_head_dim + self.qk_rope_head_dim} wide, but head_dim is "
+                f"{self.head_dim}; set head_dim to their sum"
+            )
+        if self.num_kv_heads != self.num_heads:
+            raise InputError(
+                f"MLA up-projects a key and a value per query head: num_kv_heads({self.num_kv_heads}) must equal "
+                f"num_heads({self.num_heads})"
+            )
+        if self.position != "rope":
+            raise InputError("MLA splits each head into a rotary and a non-rotary part: position must be 'rope'")
+
+    def _check_window(self) -> None:
+        w, k = self.sliding_window, self.full_attention_every
+        if not w:
+            if k != 1:
+                raise InputError(
+                    f"full_attention_every({k}) picks the full-attention layers among windowed ones; set "
+                    "sliding_window > 0 or leave full_attention_every 1"
+                )
+            return
+        if k == 1:
+            raise InputError(
+                f"sliding_window({w}) with full_attention_every(1) leaves every layer in full attention; set "
+                "full_attention_every to k > 1 (layer i full when (i + 1) % k == 0) or 0 (every layer windowed)"
+            )
+        if k > self.num_layers:
+            raise InputError(
+                f"full_attention_every({k}) > num_layers({self.num_layers}) makes no layer full attention; "
+                "write 0 for that"
+            )
+        if w >= self.max_position_embeddings:
+            raise InputError(
+                f"sliding_window({w}) >= max_position_embeddings({self.max_position_embeddings}): the window never "
+                "binds; set sliding_window 0"
+            )
 
     # ---- derived widths ----------------------------------------------------------------
     @property
@@ -171,6 +233,14 @@ class ModelSpec(BaseModel):
             and ((layer - self.moe_first_dense_layers) % self.moe_layer_freq == 0)
         )
 
+    def attention_window(self, layer: int) -> int:
+        """Tokens layer ``layer`` attends back through a sliding window; 0 = full attention.
+        GPT-OSS (window 128, full_attention_every 2): layers 0, 2, 4, ... windowed, 1, 3, ... full."""
+        k = self.full_attention_every
+        if not self.sliding_window or (k and (layer + 1) % k == 0):
+            return 0
+        return self.sliding_window
+
     def layer_kind(self, layer: int) -> LayerKind:
         """The kind of layer ``layer`` after overrides."""
         ffn, attention = self.ffn_hidden_size, True
@@ -178,12 +248,12 @@ class ModelSpec(BaseModel):
             if layer in o.layers:
                 ffn = o.ffn_hidden_size if o.ffn_hidden_size is not None else ffn
                 attention = o.attention
-        return LayerKind(self.is_moe_layer(layer), ffn, attention)
+        return LayerKind(self.is_moe_layer(layer), ffn, attention, self.attention_window(layer) if attention else 0)
 
     def kind_counts(self, start: int, stop: int) -> dict[LayerKind, int]:
         """How many layers of each kind lie in ``start <= layer < stop``. Closed form for models
-        without overrides (the search asks this for every stage of every layout)."""
-        if self.layer_overrides:
+        without overrides or sliding windows (the search asks this for every stage of every layout)."""
+        if self.layer_overrides or self.sliding_window:
             return dict(Counter(self.layer_kind(i) for i in range(start, stop)))
         moe = self.count_moe_layers(start, stop)
         counts = {
@@ -225,10 +295,38 @@ class ModelSpec(BaseModel):
     # ---- parameter counts (elements) ---------------------------------------------------
     @property
     def attention_params(self) -> int:
-        """QKV and output projection (+ biases): h(q + 2kv) + q h."""
+        """QKV and output projection (+ biases): h(q + 2kv) + q h; MLA's projections instead
+        (``mla_params``); attention sinks add one logit per head."""
+        sinks = self.num_heads if self.attention_sinks else 0
+        if self.is_mla:
+            return self.mla_params + sinks
         h = self.hidden_size
         bias = (self.q_width + 2 * self.kv_width + h) if self.bias else 0
-        return h * (self.q_width + 2 * self.kv_width) + self.q_width * h + bias
+        return h * (self.q_width + 2 * self.kv_width) + self.q_width * h + bias + sinks
+
+    @property
+    def mla_down_params(self) -> int:
+        """MLA's down-projections and the norms of their latents (DeepSeek-V2, arXiv 2405.04434,
+        eqs. 9-13): queries h -> q_lora_rank (+ its RMSNorm), keys and values jointly h ->
+        kv_lora_rank + qk_rope_head_dim (the shared rotary key rides along) (+ an RMSNorm of the
+        kv_lora_rank latent). Megatron-Core keeps them whole on every TP rank
+        (``MLASelfAttention``: TELinear with ``parallel_mode='duplicated'``)."""
+        h, q, kv = self.hidden_size, self.q_lora_rank, self.kv_lora_rank + self.qk_rope_head_dim
+        bias = (q + kv) if self.bias else 0
+        return h * q + q + h * kv + self.kv_lora_rank + bias
+
+    @property
+    def mla_params(self) -> int:
+        """All MLA parameters of one layer: the down-projections (``mla_down_params``), the
+        up-projections q_lora_rank -> a (nope + rope) (or h -> a (nope + rope) with no query
+        latent) and kv_lora_rank -> a (nope + v), and the output a v -> h (+ its bias).
+        DeepSeek-V3: 11.0M + 4.1M down, 37.7M + 16.8M up, 117.4M out = 187.1M per layer."""
+        h, a = self.hidden_size, self.num_heads
+        q_in = self.q_lora_rank or h
+        up = q_in * a * self.head_dim + self.kv_lora_rank * a * (self.qk_nope_head_dim + self.v_head_dim)
+        q_bias = a * self.head_dim if self.bias and not self.q_lora_rank else 0
+        out = a * self.v_head_dim * h + (h if self.bias else 0)
+        return self.mla_down_params + up + q_bias + out
 
     @property
     def norm_params(self) -> int:
@@ -268,11 +366,19 @@ class ModelSpec(BaseModel):
         return self.expert_params if kind.moe else 0
 
     def layer_tp_replicated_params(self, kind: LayerKind) -> int:
-        """Parameters every TP rank keeps whole: norms, and the biases of row-parallel
-        projections (attention output, MLP down), added after the reduction."""
+        """Parameters every TP rank keeps whole: norms, the biases of row-parallel
+        projections (attention output, MLP down), added after the reduction, and MLA's
+        down-projections with their latent norms."""
         has_mlp = kind.moe or kind.ffn > 0
         bias = (kind.attention + has_mlp) * self.hidden_size if self.bias else 0
-        return (kind.attention + has_mlp) * self._norm_size() + bias
+        mla = self._mla_replicated if kind.attention else 0
+        return (kind.attention + has_mlp) * self._norm_size() + bias + mla
+
+    @property
+    def _mla_replicated(self) -> int:
+        """MLA's down-projections and latent norms (``mla_down_params``; without a query latent
+        only the joint KV one: the query projection is then column-parallel)."""
+        return self.mla_down_params if self.is_mla else 0
 
     @property
     def expert_params(self) -> int:
@@ -307,3 +413,41 @@ class ModelSpec(BaseModel):
         """Parameters one token touches (routed experts counted top_k times, not num_experts)."""
         unused = (self.num_experts - self.moe_top_k) * self.mlp_params(self.moe_ffn_hidden_size)
         return self.num_params - self.num_moe_layers * unused
+
+    # ---- multi-token prediction (DeepSeek-V3, arXiv 2412.19437 section 2.2) -------------
+    @property
+    def mtp_layer_kind(self) -> LayerKind:
+        """The transformer layer of each MTP module: the kind the layer pattern gives layer
+        ``num_layers`` (DeepSeek-V3's module is an MoE layer, checkpoint layer 61)."""
+        return self.layer_kind(self.num_layers)
+
+    @property
+    def mtp_module_params(self) -> int:
+        """One MTP module's own parameters: RMSNorms of the hidden state and of the next token's
+        embedding, their projection 2h -> h, one transformer layer and the module's final norm.
+        The embedding and output head are shared with the main model (paper section 2.2) and not
+        counted here; DeepSeek-V3's checkpoint stores copies of both in the module (its "14B")."""
+        h = self.hidden_size
+        return self.layer_params(self.mtp_layer_kind) + 2 * h * h + 3 * self._norm_size()
+
+    @property
+    def mtp_params(self) -> int:
+        return self.mtp_layers * self.mtp_module_params
+
+    # ---- published parameter counts ----------------------------------------------------
+    @property
+    def params_total(self) -> int:
+        """Every parameter of the main model, embeddings and output layer included (one copy
+        when tied), every expert included, the MTP modules left out: the figure model cards
+        publish (DeepSeek-V3 671B; its 685B checkpoint adds the MTP module with its copies of the
+        embedding and output head)."""
+        return self.num_params
+
+    @property
+    def params_active(self) -> int:
+        """Parameters one token's forward touches: attention, dense MLPs, the router, the shared
+        expert and ``moe_top_k`` routed experts of each MoE layer, the norms, the embedding matrix
+        and the output layer, MTP modules left out. The convention of the DeepSeek-V3 (37B),
+        Qwen3 (3.3B, 22B), Llama 4 (17B) and Mixtral (12.9B, 39B) model cards; OpenAI's GPT-OSS card
+        counts the unembedding but not the embedding (5.1B = this minus vocab_size x hidden_size)."""
+        return self.active_params

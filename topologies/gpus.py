@@ -44,10 +44,10 @@ _BOUNDS: dict[str, Bound] = {
         1e8, 1e18, "FLOP/s", "today's GPUs run 3e14 (A100) to 2.5e15 (GB200), one CPU core 1e9 to 1e11"
     ),
     "fp8_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 2e15 (H100) to 5e15 (GB200)"),
-    "fp4_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 9e15 (B200) to 1e16 (GB200)"),
-    "hbm_bytes": Bound(2**30, 2**50, "bytes", "GPUs hold 80 GiB (8.6e10 bytes) to 186 GiB"),
+    "fp4_flops_per_s": Bound(1e12, 1e18, "FLOP/s", "today's GPUs run 9e15 (B200) to 1.5e16 (GB300)"),
+    "hbm_bytes": Bound(2**30, 2**50, "bytes", "GPUs hold 80 GiB (8.6e10 bytes) to 288 GiB (B300)"),
     "hbm_bw_bytes_per_s": Bound(1e8, 1e15, "bytes/s", "HBM moves 2e12 (A100) to 8e12 (GB200), a CPU core 1e9 to 5e10"),
-    "tdp_watts": Bound(1, 100_000, "W", "GPUs draw 400 W (A100) to 1,200 W (GB200)"),
+    "tdp_watts": Bound(1, 100_000, "W", "GPUs draw 400 W (A100) to 1,400 W (GB300)"),
 }
 
 
@@ -98,11 +98,17 @@ _H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM column; sparse r
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM column; sparse rate / 2"
 _B200 = "NVIDIA HGX B200 specifications (2024), per-GPU figures; sparse rate / 2"
 _GB200 = "NVIDIA GB200 NVL72 specifications (2024), individual Blackwell GPU; sparse rate / 2"
+_B300 = "NVIDIA HGX B300 specifications (2025), 8-GPU figures / 8; sparse rate / 2 unless stated dense"
+_GB300 = "NVIDIA GB300 NVL72 specifications (2025), 72-GPU rack figures / 72; sparse rate / 2 unless stated dense"
+_ULTRA = "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (2025)"
 GIB = 2**30
 _BINARY = "read as GiB (HBM stacks are binary)"
 _SM_A100 = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): A100 has 108 SMs"
 _SM_H100 = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): H100 SXM5 has 132 SMs"
 _SM_B200 = "Chips and Cheese, 'Nvidia's B200: Keeping the CUDA Juggernaut Rolling' (2025): 74 SMs per die, 148 per GPU"
+_SM_B300 = (
+    f"{_ULTRA}: 160 SMs on the full two-die chip; assumed 148 enabled as on the B200, whose full chip also has 160"
+)
 
 GPUS: dict[str, GPUSpec] = {
     g.name: g
@@ -207,6 +213,49 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_GB200}: 186GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_GB200}: 8 TB/s",
                 "tdp_watts": f"{_GB200}: configurable up to 1,200W",
+            },
+        ),
+        GPUSpec(
+            name="B300",
+            architecture="blackwell",
+            sm_count=148,
+            bf16_flops_per_s=2.25e15,
+            fp8_flops_per_s=4.5e15,
+            fp4_flops_per_s=13.5e15,
+            hbm_bytes=288 * GIB,
+            hbm_bw_bytes_per_s=8e12,
+            tdp_watts=1100,
+            sources={
+                "bf16_flops_per_s": f"{_B300}: FP16/BF16 36 PFLOPS sparse per 8 GPUs",
+                "fp8_flops_per_s": f"{_B300}: FP8/FP6 72 PFLOPS sparse per 8 GPUs",
+                "fp4_flops_per_s": f"{_B300}: FP4 108 PFLOPS dense (144 sparse) per 8 GPUs",
+                "sm_count": _SM_B300,
+                "architecture": f"{_ULTRA}: Blackwell Ultra, the same Blackwell architecture with faster NVFP4",
+                "hbm_bytes": f"{_ULTRA}: 288GB HBM3e per GPU, {_BINARY}",
+                "hbm_bw_bytes_per_s": f"{_ULTRA}: 8 TB/s HBM3e per GPU",
+                "tdp_watts": "NVIDIA DGX B300 / HGX B300 system guides (2025): 1,100 W per B300 GPU",
+            },
+        ),
+        GPUSpec(
+            name="GB300",
+            architecture="blackwell",
+            sm_count=148,
+            bf16_flops_per_s=2.5e15,
+            fp8_flops_per_s=5e15,
+            fp4_flops_per_s=15e15,
+            hbm_bytes=288 * GIB,
+            hbm_bw_bytes_per_s=8e12,
+            tdp_watts=1400,
+            sources={
+                "bf16_flops_per_s": f"{_GB300}: FP16/BF16 360 PFLOPS sparse per 72 GPUs",
+                "fp8_flops_per_s": f"{_GB300}: FP8/FP6 720 PFLOPS sparse per 72 GPUs",
+                "fp4_flops_per_s": f"{_GB300}: FP4 1,080 PFLOPS dense (1,440 sparse) per 72 GPUs; {_ULTRA}: 15 PFLOPS "
+                "dense NVFP4 per GPU",
+                "sm_count": _SM_B300,
+                "architecture": f"{_ULTRA}: Blackwell Ultra, the same Blackwell architecture with faster NVFP4",
+                "hbm_bytes": f"{_GB300}: up to 21 TB HBM3e per 72 GPUs; {_ULTRA}: 288GB per GPU, {_BINARY}",
+                "hbm_bw_bytes_per_s": f"{_GB300}: up to 576 TB/s per 72 GPUs (8 TB/s per GPU)",
+                "tdp_watts": f"{_ULTRA}: GB300 up to 1,400 W per GPU",
             },
         ),
     ]

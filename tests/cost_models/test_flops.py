@@ -206,3 +206,88 @@ def test_causal_model_flops_match_megatron_lm(causal, expected):
     megatron = 12 * B * s * L * h * h * ((1 + g / a + s / h / (2 if causal else 1)) + 1.5 * f / h + V / (2 * L * h))
     assert megatron == pytest.approx(expected, rel=1e-15)
     assert model_flops_per_step(LLAMA8, s, B, causal=causal) == pytest.approx(expected, rel=1e-12)
+
+
+def _by_name(ops):
+    return {op.name: op for op in ops}
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_mla_projections_and_core_by_hand(tp):
+    # DeepSeek-V3, one sequence of 4096 tokens: the down-projections whole on every TP rank, the
+    # up-projections and the output on the rank's 128 / tp heads; scores over 128 + 64 = 192
+    # dims, values over 128; a flash kernel's causal half: 4096^2 / 2 pairs per head.
+    m, s, a = MODELS["deepseek-v3"], 4096, 128 // tp
+    ops = _by_name(attention_ops(m, 1, s, tp, 1, flash=True))
+    assert (ops["q-down"].m, ops["q-down"].n, ops["q-down"].k) == (s, 1536, 7168)
+    assert (ops["q-up"].n, ops["q-up"].k) == (a * 192, 1536)
+    assert (ops["kv-down"].n, ops["kv-down"].k) == (512 + 64, 7168)
+    assert (ops["kv-up"].n, ops["kv-up"].k) == (a * (128 + 128), 512)
+    assert (ops["out-proj"].n, ops["out-proj"].k) == (7168, a * 128)
+    assert ops["attention-core"].flops == 2 * a * (s * s / 2) * (192 + 128)
+    assert "qkv" not in ops
+    # rotary on the queries' 64 rope dims and the one shared rope key; latent norms read + write
+    assert ops["rotary"].mem_bytes == 2 * 2 * s * (a + 1) * 64
+    assert ops["latent-norms"].mem_bytes == 2 * 2 * s * (1536 + 512)
+    gemm_flops = sum(op.flops for op in ops.values() if op.kind == "gemm")
+    per_token = 2 * (7168 * 1536 + 7168 * 576) + 2 * (1536 * a * 192 + 512 * a * 256 + a * 128 * 7168)
+    assert gemm_flops == s * per_token
+
+
+def test_sliding_window_core_is_the_band_not_the_triangle():
+    # GPT-OSS-20B at 4096 tokens: layer 0 attends through a 128-token window, layer 1 in full.
+    m, s = MODELS["gpt-oss-20b"], 4096
+    windowed = _by_name(layer_ops(m, 0, 1, s, 1, 1, 1, False, True))["attention-core"]
+    full = _by_name(layer_ops(m, 1, 1, s, 1, 1, 1, False, True))["attention-core"]
+    # each query sees min(i, 128) keys: 4096 x 128 - 128^2 / 2 = 516,096 pairs per head, not
+    # 4096^2 / 2 = 8,388,608; per pair 2 x (64 + 64) FLOPs, 64 heads
+    assert windowed.flops == 64 * 516_096 * 2 * 128
+    assert full.flops == 64 * 8_388_608 * 2 * 128
+    # with cp 2 each rank takes half the band; sinks add no GEMM work
+    assert _by_name(layer_ops(m, 0, 1, s, 1, 2, 1, False, True))["attention-core"].flops == windowed.flops / 2
+    no_sinks = m.model_copy(update={"attention_sinks": False})
+    assert layer_ops(no_sinks, 0, 1, s, 1, 1, 1, False, True)[:4] == layer_ops(m, 0, 1, s, 1, 1, 1, False, True)[:4]
+
+
+def test_windowed_model_flops_by_hand():
+    # GPT-OSS-20B, one 4096-token sequence, causal convention: per token, each of the 24 layers
+    # projects (2 x 2880 x (4096 + 2 x 512) + 2 x 4096 x 2880), routes (2 x 2880 x 32) and runs 4
+    # experts (2 x 3 x 2880 x 2880 each); the 12 full layers' core is 2 x 4096 x 4096, the 12
+    # windowed layers' 4 x (516,096 / 4096) x 4096; the logits 2 x 2880 x 201,088; x3 for backward.
+    m, s = MODELS["gpt-oss-20b"], 4096
+    proj = 2 * 2880 * (4096 + 1024) + 2 * 4096 * 2880
+    moe = 2 * 2880 * 32 + 4 * 2 * 3 * 2880 * 2880
+    cores = 12 * 2 * s * 4096 + 12 * 4 * (516_096 / s) * 4096
+    per_token = 24 * (proj + moe) + cores + 2 * 2880 * 201_088
+    assert model_flops_per_step(m, s, 1, causal=True) == pytest.approx(3 * s * per_token, rel=1e-12)
+
+
+def test_mtp_adds_its_layer_projection_and_logits():
+    m, s, h, V = MODELS["deepseek-v3"], 4096, 7168, 129_280
+    without = m.model_copy(update={"mtp_layers": 0})
+    layer61 = model_flops_per_step(without.model_copy(update={"num_layers": 62}), s, 1) - model_flops_per_step(
+        without, s, 1
+    )  # the pattern's next (MoE) layer, as the MTP module's layer
+    extra = model_flops_per_step(m, s, 1) - model_flops_per_step(without, s, 1)
+    assert extra == pytest.approx(layer61 + 3 * s * (2 * 2 * h * h + 2 * h * V), rel=1e-12)
+    # the MTP ops on the last stage: one projection 2h -> h (column-parallel) and a second logits GEMM
+    from cost_models.flops import mtp_ops
+
+    ops = mtp_ops(m, 1, s, 8, 1, 8, True, True)
+    proj = [op for op in ops if op.name == "mtp-proj"]
+    assert len(proj) == 1 and proj[0].flops == 2 * s * (h // 8) * 2 * h
+    assert [op.name for op in ops].count("logits") == 1
+    assert mtp_ops(without, 1, s, 8, 1, 8, True, True) == []
+
+
+def test_mla_casts_each_projection_input_and_output_gradient():
+    # DeepSeek-V3's dense layer 0 in fp8 on Hopper, delayed scaling, tp 1: a cast fused into the
+    # kernel before it (norm -> down-projections and FC1, activation -> FC2) is free; the others
+    # read 2 bytes and write row- and column-wise fp8 copies: 4 bytes per element. Forward: the
+    # q latent 1536, the kv latent 512, the values 128 x 128 into the out-projection; backward:
+    # the output gradients of q-down 1536, kv-down 576, q-up 128 x 192, kv-up 128 x 256, out 7168
+    # and FC2's 7168.
+    m, T = MODELS["deepseek-v3"], 4096
+    ops = _by_name(cast_ops(m, m.layer_kind(0), T, 1, False, "fp8", "hopper", "delayed"))
+    assert ops["cast-inputs"].mem_bytes == 4 * T * (1536 + 512 + 128 * 128)
+    assert ops["cast-grads"].mem_bytes == 4 * T * (1536 + 576 + 128 * 192 + 128 * 256 + 7168 + 7168)

@@ -33,6 +33,25 @@ def test_stage_params_match_hand_count():
     assert stage_params(GPT3, range(0, 12), tp=8, ep=1, first=True, last=False, pp=8) == STAGE0_PARAMS
 
 
+def test_parallel_folding_splits_experts_over_etp_times_ep():
+    # Mixtral 8x7B, one MoE layer (h 4096, 8 experts of 3 x 4096 x 14336 = 176,160,768): attention
+    # 4096 x (4096 + 2 x 1024) + 4096 x 4096 = 41,943,040 and the router 4096 x 8 = 32,768 split over
+    # tp 2; the two RMSNorms (8,192) whole; the 1,409,286,144 expert parameters over etp x ep.
+    m = MODELS["mixtral-8x7b"]
+    moe = range(0, 1)
+    dense_part = (41_943_040 + 32_768) / 2 + 8_192
+    folded = stage_params(m, moe, tp=2, ep=4, first=False, last=False, pp=2, etp=1)
+    assert folded == dense_part + 1_409_286_144 / 4 == 373_317_632
+    # etp None is etp = tp: each expert's matrices split over the two attention TP ranks too.
+    unfolded = stage_params(m, moe, tp=2, ep=4, first=False, last=False, pp=2)
+    assert unfolded == stage_params(m, moe, tp=2, ep=4, first=False, last=False, pp=2, etp=2)
+    assert unfolded == dense_part + 1_409_286_144 / 8 == 197_156_864
+    # tp 1 with etp 2 (expert TP wider than the attention's): experts 8 ways, attention whole.
+    assert stage_params(m, moe, tp=1, ep=4, first=False, last=False, pp=2, etp=2) == (
+        41_943_040 + 32_768 + 8_192 + 1_409_286_144 / 8
+    )
+
+
 def test_fp16_adam_state_bytes_match_megatron_table():
     # fp16 params + fp16 grads: 2 + 2 bytes, fp32 main params/grads + Adam m, v: 16 bytes.
     st = state_bytes(STAGE0_PARAMS, "fp16", dp=16, distributed_optimizer=False)
@@ -246,3 +265,55 @@ def test_low_precision_formats_save_linear_inputs_in_their_own_width(dtype, save
     linear = tokens * (4096 + 4096 + 14_336)
     expected = (2.0 - saved) * linear - (saved * tokens * 4096 if dtype != "bf16" else 0)
     assert act(2.0) - act(saved_input_bytes(dtype)) == pytest.approx(expected)
+
+
+def test_mla_layer_activations_by_hand():
+    # DeepSeek-V3's first (dense) layer, one 4096-token sequence, tp 1, no SP, bf16, flash, no
+    # recompute: the two norm inputs and the two linear inputs (2 + 2 bytes x 2 x T h); Q and K of
+    # 128 heads x 192, V of 128 x 128, the out-projection's input 128 x 128 (2 bytes each); MLA's
+    # latents q 1536 + kv 512 (norm input and up-projection input) and the 64-wide rope key; the
+    # SwiGLU MLP of 18432 (two up outputs + the down input, 2 bytes each); the fp32 log-sum-exp.
+    m, T, h = MODELS["deepseek-v3"], 4096, 7168
+    by_hand = 2 * 4 * T * h
+    by_hand += 2 * T * (128 + 128) * 192 + 2 * T * 128 * 128 + 2 * T * 128 * 128
+    by_hand += 4 * T * (1536 + 512) + 2 * T * 64
+    by_hand += 3 * 2 * T * 18432 + 4 * T * 128
+    assert activation_bytes_per_layer(m, 0, T, 1, 1, False, "none", True) == by_hand
+    # at tp 8 with SP the heads and the MLP split 8 ways, the latents stay whole (duplicated
+    # down-projections), the norm / linear inputs split under SP.
+    tp8 = 2 * 4 * T * h / 8
+    tp8 += 2 * T * (16 + 16) * 192 + 2 * T * 16 * 128 + 2 * T * 16 * 128
+    tp8 += 4 * T * (1536 + 512) + 2 * T * 64
+    tp8 += 3 * 2 * T * 18432 / 8 + 4 * T * 16
+    assert activation_bytes_per_layer(m, 0, T, 1, 8, True, "none", True) == tp8
+
+
+def test_last_stage_holds_the_mtp_module():
+    # DeepSeek-V3 PP16 at tp 1, ep 64 (etp 1): the last stage's 4 layers, head, and the MTP module
+    # (an MoE layer, its 2h x h projection, 3 norms, and a copy of the embedding to look the next
+    # tokens up: 129,280 x 7168).
+    m, h = MODELS["deepseek-v3"], 7168
+    last = stage_params(m, range(57, 61), tp=1, ep=64, first=False, last=True, pp=16, etp=1)
+    without = stage_params(
+        m.model_copy(update={"mtp_layers": 0}), range(57, 61), tp=1, ep=64, first=False, last=True, pp=16, etp=1
+    )
+    mla = 187_107_328
+    expert = 3 * h * 2048
+    moe_layer_per_gpu = mla + 2 * h + h * 256 + expert + 256 * expert / 64
+    assert last - without == moe_layer_per_gpu + 2 * h * h + 3 * h + 129_280 * h
+    # pp 1: the embedding is already on the only stage
+    one = stage_params(m, range(0, 61), tp=1, ep=64, first=True, last=True, pp=1, etp=1)
+    one_without = stage_params(
+        m.model_copy(update={"mtp_layers": 0}), range(0, 61), tp=1, ep=64, first=True, last=True, pp=1, etp=1
+    )
+    assert one - one_without == moe_layer_per_gpu + 2 * h * h + 3 * h
+
+
+def test_mtp_activations_by_hand():
+    from cost_models.memory import mtp_activation_bytes
+
+    m, T, h = MODELS["deepseek-v3"], 4096, 7168
+    layer = activation_bytes_per_layer(m, 61, T, 1, 8, True, "none", True)  # the pattern's next layer: MoE
+    # the two norm inputs (h each) and the projection's 2h input, split under SP: (2 + 2) x 2h T / 8
+    assert mtp_activation_bytes(m, T, 1, 8, True, "none", True) == layer + 4 * 2 * h * T / 8
+    assert mtp_activation_bytes(MODELS["mixtral-8x7b"], T, 1, 8, True, "none", True) == 0.0

@@ -121,3 +121,118 @@ def test_yaml_model_file(tmp_path):
 def test_heads_must_be_multiple_of_kv_heads():
     with pytest.raises(ValueError, match=r"num_heads \(10\) must be a multiple of num_kv_heads \(4\)"):
         ModelSpec(**{**MODELS["llama3-8b"].model_dump(), "num_heads": 10, "num_kv_heads": 4})
+
+
+# Published (total, active) in billions. DeepSeek-V3: arXiv 2412.19437 (MTP module apart); Qwen3: the
+# Qwen3 technical report's model table; GPT-OSS: OpenAI's model card (Table 1); Llama 4: Meta's model
+# cards (the vision encoder is in Meta's total, not here); Mixtral: Mistral's 8x7B and 8x22B posts.
+PUBLISHED = [
+    ("deepseek-v3", 671, 37),
+    ("qwen3-30b-a3b", 30.5, 3.3),
+    ("qwen3-235b-a22b", 235, 22),
+    ("llama4-scout", 109, 17),
+    ("llama4-maverick", 400, 17),
+    ("mixtral-8x7b", 46.7, 12.9),
+    ("mixtral-8x22b", 141, 39),
+]
+
+
+@pytest.mark.parametrize(("name", "total", "active"), PUBLISHED)
+def test_params_total_and_active_match_the_model_cards(name, total, active):
+    m = MODELS[name]
+    assert m.params_total / 1e9 == pytest.approx(total, rel=0.015)
+    assert m.params_active / 1e9 == pytest.approx(active, rel=0.02)
+    assert isinstance(m.params_total, int) and isinstance(m.params_active, int)
+
+
+@pytest.mark.parametrize(("name", "total", "active"), [("gpt-oss-20b", 20.91, 3.61), ("gpt-oss-120b", 116.83, 5.13)])
+def test_gpt_oss_counts_the_unembedding_not_the_embedding(name, total, active):
+    m = MODELS[name]
+    assert m.params_total / 1e9 == pytest.approx(total, rel=0.002)
+    # OpenAI's card: active = attention + top-4 experts + router + unembedding; the embedding
+    # lookup (201,088 x 2,880 = 0.58B) is not counted, so our count is that much higher.
+    embedding = 201_088 * 2_880
+    assert (m.params_active - embedding) / 1e9 == pytest.approx(active, rel=0.005)
+    assert m.params_active / 1e9 > 1.1 * active
+
+
+def test_deepseek_v3_by_hand():
+    m = MODELS["deepseek-v3"]
+    h, a = 7168, 128
+    # MLA per layer: q down 7168 x 1536 (+ its norm 1536), q up 1536 x 128 x 192, kv down
+    # 7168 x (512 + 64) (+ norm 512), kv up 512 x 128 x (128 + 128), out 128 x 128 x 7168.
+    mla = h * 1536 + 1536 + 1536 * a * 192 + h * 576 + 512 + 512 * a * 256 + a * 128 * h
+    assert m.attention_params == mla == 187_107_328
+    expert = 3 * h * 2048
+    moe_layer = mla + 2 * h + h * 256 + expert + 256 * expert  # norms, router, shared, routed
+    dense_layer = mla + 2 * h + 3 * h * 18432
+    embed = 129_280 * h
+    assert m.params_total == 3 * dense_layer + 58 * moe_layer + 2 * embed + h
+    assert m.params_active == 3 * dense_layer + 58 * (moe_layer - 248 * expert) + 2 * embed + h
+    # One MTP module: norms of the hidden state and embedding, projection 2h -> h, an MoE layer,
+    # a final norm. The checkpoint's 685B adds it with its copies of the embedding and head.
+    assert m.mtp_params == moe_layer + 2 * h * h + 3 * h
+    assert (m.params_total + m.mtp_params + 2 * embed) / 1e9 == pytest.approx(685, rel=0.005)
+    assert (m.mtp_params + 2 * embed) / 1e9 == pytest.approx(14, rel=0.05)
+    # The down-projections and latent norms stay whole on every TP rank (Megatron-Core's
+    # duplicated TELinear): 11.0M + 4.1M per layer, plus the two RMSNorms of the layer.
+    kind = m.layer_kind(10)
+    assert m.layer_tp_replicated_params(kind) == h * 1536 + 1536 + h * 576 + 512 + 2 * h
+
+
+def test_layer_patterns_of_the_families():
+    maverick, scout, oss = MODELS["llama4-maverick"], MODELS["llama4-scout"], MODELS["gpt-oss-120b"]
+    # Maverick interleaves: odd layers MoE, even layers dense of intermediate_size_mlp 16384.
+    assert [maverick.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert maverick.num_moe_layers == 24 and scout.num_moe_layers == 48
+    assert MODELS["deepseek-v3"].num_moe_layers == 58
+    # GPT-OSS: layer_types alternate sliding (even) and full (odd) attention.
+    assert [oss.layer_kind(i).window for i in range(4)] == [128, 0, 128, 0]
+    counts = oss.kind_counts(0, 36)
+    assert sorted(counts.values()) == [18, 18] and {k.window for k in counts} == {0, 128}
+    assert oss.kind_counts(3, 8) == {oss.layer_kind(3): 3, oss.layer_kind(4): 2}
+    # Sinks: one logit per head per layer, 64 x 36.
+    no_sinks = oss.model_copy(update={"attention_sinks": False})
+    assert oss.params_total - no_sinks.params_total == 64 * 36
+
+
+def _spec(**kw):
+    base = dict(
+        name="x", family="llama", hidden_size=64, ffn_hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=4,
+        head_dim=16, vocab_size=100, max_position_embeddings=1024, tie_embeddings=False, gated_mlp=True,
+        norm="rmsnorm", position="rope", bias=False, dropout=0.0,
+    )  # fmt: skip
+    return ModelSpec(**{**base, **kw})
+
+
+MLA = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(q_lora_rank=16), r"q_lora_rank\(16\) describe multi-head latent attention, which kv_lora_rank\(0\)"),
+        (dict(v_head_dim=16, qk_rope_head_dim=8), r"qk_rope_head_dim\(8\), v_head_dim\(16\) describe"),
+        ({**MLA, "qk_rope_head_dim": 0, "qk_nope_head_dim": 16}, r"needs qk_rope_head_dim\(0\) > 0"),
+        ({**MLA, "head_dim": 24}, r"qk_nope_head_dim\(8\) \+ qk_rope_head_dim\(8\) = 16 wide, but head_dim is 24"),
+        ({**MLA, "num_kv_heads": 2}, r"num_kv_heads\(2\) must equal num_heads\(4\)"),
+        ({**MLA, "position": "learned"}, "position must be 'rope'"),
+        (dict(full_attention_every=2), r"full_attention_every\(2\) picks the full-attention layers"),
+        (dict(sliding_window=128), r"sliding_window\(128\) with full_attention_every\(1\) leaves every layer"),
+        (dict(sliding_window=128, full_attention_every=5), r"full_attention_every\(5\) > num_layers\(4\)"),
+        (dict(sliding_window=1024, full_attention_every=2), r"sliding_window\(1024\) >= max_position_embeddings"),
+    ],
+)
+def test_mla_and_window_fields_are_validated(fields, message):
+    with pytest.raises(ValueError, match=message):
+        _spec(**fields)
+
+
+def test_small_mla_and_window_specs_are_accepted():
+    # A window shorter than the sequence is the point of one; 0 makes every layer windowed.
+    all_windowed = _spec(sliding_window=64, full_attention_every=0)
+    assert {all_windowed.layer_kind(i).window for i in range(4)} == {64}
+    m = _spec(**MLA, q_lora_rank=0)
+    # No query latent: q is projected directly, h x a(nope + rope), and is column-parallel.
+    assert m.attention_params == 64 * 40 + 32 + 64 * 4 * 16 + 32 * 4 * 24 + 4 * 16 * 64 == 13_856
+    assert m.layer_tp_replicated_params(m.layer_kind(0)) == 64 * 40 + 32 + 2 * 64

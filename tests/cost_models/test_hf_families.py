@@ -1,0 +1,127 @@
+"""The MoE families' published config.json files (hf_configs/, trimmed to the keys that shape the
+model) read into the catalogue's ModelSpec, and the layer patterns each family's modelling code
+derives from its keys."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cost_models import MODELS
+from cost_models.hf_config import load_model_file, model_from_hf_config
+
+CONFIGS = Path(__file__).parent / "hf_configs"
+FILES = sorted(CONFIGS.glob("*.json"))
+
+
+def _cfg(name: str) -> dict:
+    return json.loads((CONFIGS / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_config_reads_into_the_catalogue_entry(path):
+    m = load_model_file(path)
+    assert m.model_dump(exclude={"name"}) == MODELS[path.stem].model_dump(exclude={"name"})
+
+
+def test_every_moe_family_has_a_fixture():
+    names = {"deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b", "llama4-scout"}
+    assert names | {"llama4-maverick", "mixtral-8x7b", "mixtral-8x22b"} == {p.stem for p in FILES}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_parameter_count_equals_transformers_on_the_meta_device(path):
+    """transformers' own model classes, built on the meta device (no memory), counted."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    raw = json.loads(path.read_text())
+    if "text_config" in raw:  # Llama 4: the text model alone (its vision tower is not trained here)
+        from transformers.models.llama4 import Llama4ForCausalLM, Llama4TextConfig
+
+        cfg, build = Llama4TextConfig(**raw["text_config"]), Llama4ForCausalLM
+    else:
+        cfg = transformers.AutoConfig.for_model(**raw)
+        build = transformers.AutoModelForCausalLM.from_config
+    with torch.device("meta"):
+        hf = sum(p.numel() for p in build(cfg).parameters())
+    # What ntp leaves out: Qwen3's per-head q/k RMSNorms (2 x 128 per layer) and GPT-OSS's router
+    # bias (one per expert per layer); DeepSeek-V3's HF class builds no MTP module.
+    m = MODELS[path.stem]
+    left_out = {"qwen3_moe": 2 * m.head_dim * m.num_layers, "gpt_oss": m.num_experts * m.num_layers}
+    assert m.params_total + left_out.get(raw.get("model_type"), 0) == hf
+
+
+def test_deepseek_mla_keys_win_over_head_dim():
+    # transformers' DeepseekV3Config writes head_dim = qk_rope_head_dim (64) into saved files; the
+    # query/key heads are qk_nope + qk_rope = 192 wide all the same.
+    m = model_from_hf_config({**_cfg("deepseek-v3"), "head_dim": 64}, "ds")
+    assert (m.head_dim, m.v_head_dim, m.kv_lora_rank, m.q_lora_rank, m.mtp_layers) == (192, 128, 512, 1536, 1)
+    lite = model_from_hf_config({**_cfg("deepseek-v3"), "q_lora_rank": None}, "lite")  # V2-Lite: no q latent
+    assert lite.q_lora_rank == 0 and lite.is_mla
+
+
+def test_deepseek_moe_layer_freq_counts_from_layer_zero():
+    # DeepseekV3DecoderLayer: MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0.
+    m = model_from_hf_config({**_cfg("deepseek-v3"), "moe_layer_freq": 2}, "ds")
+    assert [i for i in range(12) if m.is_moe_layer(i)] == [4, 6, 8, 10]
+
+
+@pytest.mark.parametrize(
+    ("keys", "moe"),
+    [
+        (dict(decoder_sparse_step=2), [1, 3, 5, 7]),  # Qwen3MoeDecoderLayer: (i + 1) % step == 0
+        (dict(mlp_only_layers=[0, 1]), [2, 3, 4, 5, 6, 7]),
+        (dict(decoder_sparse_step=2, mlp_only_layers=[1]), [3, 5, 7]),  # a dense prefix of 3, then every 2nd
+        (dict(decoder_sparse_step=2, mlp_only_layers=[3]), None),
+        (dict(mlp_only_layers=[5]), None),
+    ],
+)
+def test_qwen_moe_layers(keys, moe):
+    cfg = {**_cfg("qwen3-30b-a3b"), "num_hidden_layers": 8, **keys}
+    if moe is None:
+        with pytest.raises(ValueError, match="mlp_only_layers makes layers .* MoE; ntp writes MoE layers as"):
+            model_from_hf_config(cfg, "q")
+        return
+    m = model_from_hf_config(cfg, "q")
+    assert [i for i in range(8) if m.is_moe_layer(i)] == moe
+
+
+def test_llama4_interleaving_and_moe_layers_list():
+    text = _cfg("llama4-maverick")["text_config"]
+    m = model_from_hf_config({"text_config": text}, "mav")
+    # Llama4TextModel: moe_layers = range(step - 1, layers, step); dense layers intermediate_size_mlp.
+    assert [i for i in range(6) if m.is_moe_layer(i)] == [1, 3, 5]
+    assert (m.ffn_hidden_size, m.moe_ffn_hidden_size, m.moe_shared_ffn_hidden_size) == (16384, 8192, 8192)
+    listed = model_from_hf_config({"text_config": {**text, "moe_layers": list(range(1, 48, 2))}}, "mav")
+    assert listed == m
+    with pytest.raises(ValueError, match=r"moe_layers makes layers \[1, 2, 5\] MoE"):
+        model_from_hf_config({"text_config": {**text, "moe_layers": [1, 2, 5]}}, "bad")
+
+
+@pytest.mark.parametrize(
+    ("keys", "window", "every"),
+    [
+        ({}, 128, 2),  # GPT-OSS: sliding, full, sliding, ...
+        (dict(layer_types=["sliding_attention"] * 24), 128, 0),
+        (dict(layer_types=["full_attention"] * 24), 0, 1),
+        (dict(layer_types=None), 128, 0),  # Mistral: no layer_types, every layer windowed
+        (dict(use_sliding_window=False), 0, 1),  # Qwen2: the window is written but off
+        (dict(sliding_window=None), 0, 1),
+        (dict(layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 6), 128, 4),
+    ],
+)
+def test_sliding_window_from_layer_types(keys, window, every):
+    m = model_from_hf_config({**_cfg("gpt-oss-20b"), **keys}, "oss")
+    assert (m.sliding_window, m.full_attention_every, m.attention_sinks) == (window, every, True)
+
+
+def test_irregular_layer_types_are_refused():
+    types = ["full_attention", "sliding_attention", "full_attention"] + ["sliding_attention"] * 21
+    with pytest.raises(ValueError, match=r"layer_types puts full attention on layers \[0, 2\]"):
+        model_from_hf_config({**_cfg("gpt-oss-20b"), "layer_types": types}, "oss")
+    with pytest.raises(ValueError, match=r"layer_types must list one attention type per layer \(24\)"):
+        model_from_hf_config({**_cfg("gpt-oss-20b"), "layer_types": ["full_attention"]}, "oss")
+
+
+def test_sinks_only_for_gpt_oss():
+    assert not model_from_hf_config(_cfg("mixtral-8x22b"), "mx").attention_sinks
