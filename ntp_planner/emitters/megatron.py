@@ -76,6 +76,7 @@ FLAGS = {
     # experts (emitters.moe.moe_fields)
     "num_moe_experts": "--num-experts",
     "moe_router_topk": "--moe-router-topk",
+    "moe_router_pre_softmax": "--moe-router-pre-softmax",
     "moe_ffn_hidden_size": "--moe-ffn-hidden-size",
     "moe_grouped_gemm": "--moe-grouped-gemm",
     "moe_token_dispatcher_type": "--moe-token-dispatcher-type",

@@ -61,6 +61,8 @@ def moe_fields(plan: Plan, layout: ParallelLayout) -> dict:
     return {
         "num_moe_experts": m.num_experts,
         "moe_router_topk": m.moe_top_k,
+        # megatron-core refuses top-1 after the softmax (every weight would be 1: no gradient)
+        "moe_router_pre_softmax": True if m.moe_top_k == 1 else None,
         "moe_ffn_hidden_size": m.moe_ffn_hidden_size,
         "moe_grouped_gemm": True,
         "moe_token_dispatcher_type": layout.moe_dispatcher,
@@ -147,6 +149,11 @@ def moe_warnings(plan: Plan, layout: ParallelLayout, target: str) -> list[str]:
     if not plan.model.is_moe:
         return []
     notes = [f"{target}: {ROUTER_NOTE}"]
+    if plan.model.bias and layout.expert_tp != 1:
+        notes.append(
+            f"{target}: megatron-core runs experts with biases only at expert TP 1 ('Bias in Moe is only supported "
+            f"when ETP==1'); this plan has etp {layout.expert_tp}: re-plan with etp 1"
+        )
     if layout.moe_overlap == "none":
         return notes
     refusal = overlap_refusal(plan, layout)

@@ -45,6 +45,7 @@ MODEL_FIELDS = (  # set on the model's TransformerConfig
     # experts and attention variants (emitters.moe), on the recipe's model config
     "num_moe_experts",
     "moe_router_topk",
+    "moe_router_pre_softmax",
     "moe_ffn_hidden_size",
     "moe_grouped_gemm",
     "moe_token_dispatcher_type",

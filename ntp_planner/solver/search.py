@@ -128,8 +128,9 @@ def expert_grids(model: ModelSpec, tp: int, cp: int, dp: int, domain: int) -> li
     """The experts' grids tried over a stage's ``tp x cp x dp`` ranks, as layout fields: expert
     TP ``etp`` in {tp, 1} (1 folds EP over the attention's TP ranks, Megatron's parallel folding;
     one value when tp is 1), EP every divisor of ``tp * cp * dp / etp`` that divides the experts,
-    and the dispatcher the EP group calls for (``moe_dispatcher``). A dense model has one grid:
-    no fields, so its layouts are those of before folding.
+    and the dispatcher the EP group calls for (``moe_dispatcher``). Experts with biases (GPT-OSS)
+    take etp 1 only: megatron-core builds them at no other ("Bias in Moe is only supported when
+    ETP==1"). A dense model has one grid: no fields, so its layouts are those of before folding.
 
     >>> from cost_models import MODELS
     >>> [(g.get("etp"), g["ep"]) for g in expert_grids(MODELS["mixtral-8x7b"], 2, 1, 2, 8)]
@@ -138,7 +139,7 @@ def expert_grids(model: ModelSpec, tp: int, cp: int, dp: int, domain: int) -> li
     if not model.is_moe:
         return [{}]
     grids = []
-    for etp in dict.fromkeys((tp, 1)):
+    for etp in dict.fromkeys((1,) if model.bias else (tp, 1)):
         for ep in divisors(tp * cp * dp // etp):
             if model.num_experts % ep == 0:
                 fields = {"ep": ep, "moe_dispatcher": dispatcher(etp, ep, domain)}

@@ -158,6 +158,7 @@ def _catalogue_plan(name):
         pp=2,
         dp=dp,
         ep=2 if m.is_moe else 1,
+        etp=1 if m.is_moe and m.bias else None,  # megatron-core: biased experts only at etp 1
         global_batch=8,
         sequence_parallel=tp > 1,
         distributed_optimizer=True,
@@ -180,7 +181,8 @@ def test_megatron_core_accepts_every_catalogue_plan(name):
     assert config.tensor_model_parallel_size == plan.layout.tp
     assert bool(getattr(config, "multi_latent_attention", False)) == plan.model.is_mla
     if plan.model.is_moe:
-        assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (2, plan.layout.tp)
+        assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (2, plan.layout.expert_tp)
+        assert config.moe_router_pre_softmax == (plan.model.moe_top_k == 1)
 
 
 def test_megatron_core_rejects_a_broken_export():

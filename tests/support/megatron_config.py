@@ -63,6 +63,7 @@ def transformer_config_kwargs(args: list[str]) -> dict:
         kw.update(
             num_moe_experts=num("--num-experts"),
             moe_router_topk=num("--moe-router-topk"),
+            moe_router_pre_softmax="--moe-router-pre-softmax" in values,
             moe_ffn_hidden_size=num("--moe-ffn-hidden-size"),
             moe_grouped_gemm="--moe-grouped-gemm" in values,
             moe_token_dispatcher_type=values["--moe-token-dispatcher-type"],

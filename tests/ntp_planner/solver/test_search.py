@@ -17,7 +17,8 @@ def expert_choices(model, tp, n, domain):
     if not model.is_moe:
         return [{}]
     out = []
-    for etp, ep in itertools.product(sorted({tp, 1}), range(1, n + 1)):
+    etps = {1} if model.bias else {tp, 1}  # megatron-core: "Bias in Moe is only supported when ETP==1"
+    for etp, ep in itertools.product(sorted(etps), range(1, n + 1)):
         grid = RankGrid(tp=tp, dp=n // tp)  # pp and cp do not move an EP group off its domain here
         try:
             groups = grid.expert_groups("ep", ep, etp)
@@ -117,6 +118,12 @@ def test_moe_search_space_equals_brute_force_and_folds_ep_over_tp():
     # tp 8 unfolded, ep 2 (or tp 2, ep 8): 16 ranks over both nodes -> flex; tp 8, etp 1, ep 8: one node
     by_key = {(lay.tp, lay.expert_tp, lay.ep, lay.pp): lay.moe_dispatcher for lay in layouts}
     assert by_key[(8, 8, 2, 1)] == "flex" and by_key[(8, 1, 8, 1)] == "alltoall" and by_key[(2, 2, 8, 1)] == "flex"
+
+
+def test_biased_experts_are_searched_at_etp_1_only():
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    layouts = enumerate_layouts(MODELS["gpt-oss-20b"], TrainingSpec(seq_len=4096, global_batch=16), cluster)
+    assert layouts and {lay.expert_tp for lay in layouts} == {1} and max(lay.tp for lay in layouts) == 8
 
 
 def test_dense_search_sets_no_expert_fields():
