@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -32,7 +31,7 @@ from ntp_planner.cli.options import (
     SeqOpt,
     parse_list,
 )
-from ntp_planner.cli.output import show
+from ntp_planner.cli.output import show, show_json
 from ntp_planner.cli.plan import plan_inputs
 from topologies.errors import InputError
 
@@ -180,8 +179,10 @@ def estimate(
     cost = estimate_step(model_spec, training, layout, cluster_obj, efficiency)
     if output:
         _save_estimate(inputs, layout, cost, output, efficiency)
-    if json_out:
-        sys.stdout.write(cost.model_dump_json(indent=1) + "\n")
+    if json_out:  # the step cost, and the model's parameter counts beside it
+        from ntp_planner.views.model import params_json
+
+        show_json(params_json(model_spec) | cost.model_dump(mode="json"))
     else:
         _show_estimate(inputs, layout, cost)
 
@@ -256,7 +257,10 @@ def _show_estimate(inputs, layout, cost) -> None:
     from ntp_planner.views.plan import cost_tables, domain_use
 
     model_spec, _, cluster_obj = inputs
+    from ntp_planner.views.model import params_line
+
     show(f"[bold]{model_spec.name}[/bold]: {layout.describe()}")
+    show(params_line(model_spec))
     for line in domain_use(cluster_obj):
         show(line)
     show(cost_tables(cost))

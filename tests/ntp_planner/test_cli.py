@@ -675,3 +675,38 @@ def test_a_catalogue_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch)
     assert run("estimate", *SMALL, "--tp", "8").exit_code == 0  # the catalogue's llama3-8b
     result = ntp("estimate", *[a if a != "llama3-8b" else "./llama3-8b" for a in SMALL], "--tp", "8")
     assert result.exit_code == 2 and "cannot read model file llama3-8b: it is a folder" in result.stderr
+
+
+MOE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "16", "--seq-len", "4096", "--global-batch", "16"]
+
+
+def test_every_command_shows_total_and_active_parameters(tmp_path):
+    """The model's size in each command's --json (exact integers, the ModelSpec properties) and
+    table (one line): models, plan, estimate, explain, export, simulate."""
+    m, dense = MODELS["mixtral-8x7b"], MODELS["llama3-8b"]
+    assert m.params_active < m.params_total  # top-2 of 8 experts: the two counts must differ
+    models = {d["name"]: d for d in json.loads(run("models", "--json").stdout)}
+    assert all((d["params_total"], d["params_active"]) == (MODELS[n].params_total, MODELS[n].params_active)
+               for n, d in models.items())  # fmt: skip
+    table = " ".join(run("models").stdout.split())
+    assert f"mixtral-8x7b {m.params_total / 1e9:.1f}B {m.params_active / 1e9:.1f}B" in table
+    line = f"mixtral-8x7b: {m.params_total / 1e9:.1f}B parameters, {m.params_active / 1e9:.1f}B active per token"
+    saved = tmp_path / "moe.json"
+    est = run("estimate", *MOE, "--tp", 2, "--ep", 8, "--sequence-parallel", "--json", "-o", saved)
+    assert est.exit_code == 0, est.output
+    outputs = {"estimate": json.loads(est.stdout)}
+    assert line in run("estimate", *MOE, "--tp", 2, "--ep", 8, "--sequence-parallel").stdout
+    outputs["explain"] = json.loads(run("explain", saved, "--json").stdout)
+    assert line in run("explain", saved).stdout
+    exported = run("export", saved, "--format", "megatron", "--output", tmp_path / "out", "--json")
+    assert exported.exit_code == 0, exported.output
+    outputs["export"] = json.loads(exported.stdout)
+    sim = ntp("simulate", saved, "--trials", "2", "--days", "1", "--json")
+    assert sim.exit_code == 0, sim.output
+    outputs["simulate"] = json.loads(sim.stdout)
+    assert line in " ".join(ntp("simulate", saved, "--trials", "2", "--days", "1").stdout.split())
+    for command, data in outputs.items():
+        assert (data["params_total"], data["params_active"]) == (m.params_total, m.params_active), command
+    planned = json.loads(run("plan", *SMALL, "--top", "1", "--json").stdout)
+    assert planned["params_total"] == planned["params_active"] == dense.params_total == dense.num_params
+    assert f"llama3-8b: {dense.params_total / 1e9:.1f}B parameters" in run("plan", *SMALL, "--top", "1").stdout
