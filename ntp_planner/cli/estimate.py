@@ -14,6 +14,7 @@ from ntp_planner.cli.options import (
     AttentionKernelOpt,
     BatchOpt,
     ClusterOpt,
+    Dispatcher,
     DtypeOpt,
     FlashOpt,
     Fp8ParamsOpt,
@@ -24,6 +25,7 @@ from ntp_planner.cli.options import (
     GradReduceOpt,
     JsonOpt,
     ModelOpt,
+    MoeOverlap,
     OutOpt,
     PrecisionAwareOpt,
     ProfileOpt,
@@ -42,6 +44,13 @@ PpOpt = Annotated[int, typer.Option("--pp", **_DEG, help="Pipeline stages.")]
 DpOpt = Annotated[int | None, typer.Option("--dp", **_DEG, help="Data-parallel degree (default: GPUs / (tp pp cp)).")]
 CpOpt = Annotated[int, typer.Option("--cp", **_DEG, help="Context-parallel degree.")]
 EpOpt = Annotated[int, typer.Option("--ep", **_DEG, help="Expert-parallel degree (MoE).")]
+EtpOpt = Annotated[
+    int | None, typer.Option("--etp", **_DEG, help="Expert tensor parallelism (MoE; default tp; 1 folds EP over TP).")
+]
+DispatcherOpt = Annotated[
+    Dispatcher, typer.Option("--moe-dispatcher", help="MoE token dispatcher (flex: DeepEP / HybridEP).")
+]
+MoeOverlapOpt = Annotated[MoeOverlap, typer.Option("--moe-overlap", help="Overlap of MoE dispatch with compute.")]
 MicroBatchOpt = Annotated[
     int, typer.Option("--micro-batch", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per micro-batch.")
 ]
@@ -98,6 +107,9 @@ def estimate(
     dp: DpOpt = None,
     cp: CpOpt = 1,
     ep: EpOpt = 1,
+    etp: EtpOpt = None,
+    moe_dispatcher: DispatcherOpt = "alltoall",
+    moe_overlap: MoeOverlapOpt = "none",
     micro_batch: MicroBatchOpt = 1,
     vpp: VppOpt = 1,
     pp_layers: PpLayersOpt = None,
@@ -173,6 +185,9 @@ def estimate(
         overlap_p2p=overlap_p2p,
         p2p_scatter_gather=p2p_scatter_gather,
         tp_comm_overlap=tp_comm_overlap,
+        etp=etp,
+        moe_dispatcher=moe_dispatcher,
+        moe_overlap=moe_overlap,
     )
     model_spec, training, cluster_obj = inputs
     efficiency = profile_efficiency(profile, cluster_obj.gpu.name)

@@ -86,6 +86,9 @@ def test_cli_surface_is_frozen():
                 "--dp",
                 "--cp",
                 "--ep",
+                "--etp",
+                "--moe-dispatcher",
+                "--moe-overlap",
                 "--micro-batch",
                 "--vpp",
                 "--pp-layers",
@@ -710,3 +713,37 @@ def test_every_command_shows_total_and_active_parameters(tmp_path):
     planned = json.loads(run("plan", *SMALL, "--top", "1", "--json").stdout)
     assert planned["params_total"] == planned["params_active"] == dense.params_total == dense.num_params
     assert f"llama3-8b: {dense.params_total / 1e9:.1f}B parameters" in run("plan", *SMALL, "--top", "1").stdout
+
+
+def test_estimate_takes_the_experts_grid_and_dispatch(tmp_path):
+    from typing import get_args
+
+    from cost_models import layout as library
+    from ntp_planner.cli import options
+
+    assert get_args(options.Dispatcher) == get_args(library.Dispatcher)
+    assert get_args(options.MoeOverlap) == get_args(library.MoeOverlap)
+    out = tmp_path / "folded.json"
+    args = [
+        "--tp",
+        2,
+        "--ep",
+        4,
+        "--etp",
+        1,
+        "--moe-dispatcher",
+        "flex",
+        "--moe-overlap",
+        "1f1b",
+        "--pp",
+        2,
+        "--vpp",
+        2,
+    ]
+    result = run("estimate", *MOE, *args, "-o", out)
+    assert result.exit_code == 0, result.output
+    layout = json.loads(out.read_text())["layout"]
+    assert (layout["etp"], layout["ep"], layout["moe_dispatcher"], layout["moe_overlap"]) == (1, 4, "flex", "1f1b")
+    assert "etp1 moe-flex a2a-1f1b" in " ".join(result.stdout.split())
+    refused = ntp("estimate", *SMALL, "--tp", 2, "--etp", 1)
+    assert refused.exit_code == 2 and "etp(1) needs an MoE model" in refused.stderr
