@@ -1,6 +1,8 @@
 """Accuracy of the step-time model on published measurements (shared/reference/calibration.md
 tables A-D; table E, more NeMo / Megatron-Bridge runs, cost_models/published_runs.py; table F,
-NVIDIA's DGX Cloud recipes in bf16 and fp8, cost_models/published_dgxc.py).
+NVIDIA's DGX Cloud recipes in bf16 and fp8, cost_models/published_dgxc.py; table G, the MoE runs of
+the Megatron-Bridge performance summaries, cost_models/published_moe.py, with the runs whose layout
+cannot be costed as printed listed after it with the reason).
 
 Prints each run's layout, measured and predicted step time, the error and whether it fits in
 memory, then the mean and max absolute error per table (with --markdown, tables E and F are
@@ -23,9 +25,10 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost_models import published, published_dgxc, published_runs  # noqa: E402
+from cost_models import published, published_dgxc, published_moe, published_runs  # noqa: E402
 from cost_models.published import all_tables  # noqa: E402
 from cost_models.step import estimate_step  # noqa: E402
+from topologies.errors import InputError  # noqa: E402
 
 TITLES = {
     "A": "Table A: Narayanan et al. SC'21, A100, fp16",
@@ -35,8 +38,10 @@ TITLES = {
     "D": "Table D: Megatron-Bridge, H100, fp8 (current scaling)",
     "E": "Table E: NeMo and Megatron-Bridge, H100 / B200 / GB200, fp8 / mxfp8 / nvfp4",
     "F": "Table F: NVIDIA DGX Cloud recipes (NeMo 24.05-25.04), H100 / GB200, bf16 and fp8",
+    "G": "Table G: Megatron-Bridge 25.09-26.08 MoE pre-training, H100 / B200 / B300 / GB200 / GB300",
 }
-MODULES = {"E": published_runs, "F": published_dgxc}  # tables whose settings are in their own module
+MODULES = {"E": published_runs, "F": published_dgxc, "G": published_moe}  # settings in their own module
+EXCLUDED = {"G": published_moe.excluded_g}  # runs left out of a table, each with its reason
 
 
 def settings(table: str) -> str:
@@ -51,10 +56,23 @@ def settings(table: str) -> str:
     return ""
 
 
-def rows_of(table: str):
+def rows_of(table: str, failed: list[str] | None = None):
+    """Each run of ``table`` with its cost and error. With ``failed``, a run the cost model refuses
+    or fails on is recorded there (run and message, printed after the table) instead of raising."""
     for r in all_tables()[table]:
-        cost = estimate_step(r.model, r.training, r.layout, r.cluster)
+        try:
+            cost = estimate_step(r.model, r.training, r.layout, r.cluster)
+        except (InputError, ValueError) as exc:
+            if failed is None:
+                raise
+            run = f"{r.model.name} {r.source} {r.gpus} GPUs {r.layout.describe()}"
+            failed.append(f"- {run}: {type(exc).__name__}: {exc}")
+            continue
         yield r, cost, cost.step_time_s / r.measured_step_time_s - 1
+
+
+def failed_lines(table: str, failed: list[str]) -> list[str]:
+    return [f"{len(failed)} runs of table {table} the cost model could not cost:", *failed, ""] if failed else []
 
 
 def rich_table(table: str, console: Console) -> list[float]:
@@ -62,8 +80,9 @@ def rich_table(table: str, console: Console) -> list[float]:
     where = "source" if table in MODULES else "GPUs"
     for col in ("model", where, "layout", "measured s", "predicted s", "error", "fits"):
         t.add_column(col, justify="left" if col in ("model", "layout", "source") else "right")
-    errors = []
-    for r, cost, err in rows_of(table):
+    errors: list[float] = []
+    failed: list[str] = []
+    for r, cost, err in rows_of(table, failed):
         errors.append(err)
         where = f"{r.source.split(',')[-1].strip() if table in MODULES else ''} {r.gpus}x{r.cluster.gpu.name}".strip()
         t.add_row(
@@ -76,16 +95,33 @@ def rich_table(table: str, console: Console) -> list[float]:
             "yes" if cost.fits() else f"no ({cost.memory_per_gpu_bytes / 2**30:.0f} GiB)",
         )
     console.print(t)
-    mean = sum(abs(e) for e in errors) / len(errors)
-    console.print(
-        f"{TITLES[table]}: {len(errors)} runs, mean |error| {mean:.1%}, max |error| {max(map(abs, errors)):.1%}\n"
-    )
+    console.print(f"{TITLES[table]}: {summary(errors)}\n")
+    for line in failed_lines(table, failed) + excluded_lines(table):
+        console.print(line)
     return errors
+
+
+def summary(errors: list[float]) -> str:
+    if not errors:
+        return "0 runs"
+    mean = sum(abs(e) for e in errors) / len(errors)
+    return f"{len(errors)} runs, mean |error| {mean:.1%}, max |error| {max(map(abs, errors)):.1%}"
+
+
+def excluded_lines(table: str) -> list[str]:
+    """The runs left out of ``table`` (their layout cannot be costed as printed), with the reason."""
+    if table not in EXCLUDED:
+        return []
+    left = EXCLUDED[table]()
+    lines = [f"{len(left)} runs of table {table} left out:"] if left else []
+    lines += [f"- {x.model} {x.release} {x.system} {x.description}: {x.reason}" for x in left]
+    return lines + ([""] if left else [])
 
 
 def markdown(table: str) -> None:
     print(f"{TITLES[table]}\n")
-    rows = list(rows_of(table))
+    failed: list[str] = []
+    rows = list(rows_of(table, failed))
     errors = [err for _, _, err in rows]
     if table in MODULES:  # too many runs to list: one line per source, model, GPU and format
         groups: dict[tuple, list[float]] = {}
@@ -106,8 +142,9 @@ def markdown(table: str) -> None:
                 f"| {r.model.name} | {gpus} | {r.training.dtype} {r.layout.describe()} | "
                 f"{r.measured_step_time_s:.2f} | {cost.step_time_s:.2f} | {err:+.1%} |"
             )
-    mean = sum(abs(e) for e in errors) / len(errors)
-    print(f"\n**{table}: {len(errors)} runs, mean |error| {mean:.1%}, max {max(map(abs, errors)):.1%}**\n")
+    print(f"\n**{table}: {summary(errors)}**\n")
+    for line in failed_lines(table, failed) + excluded_lines(table):
+        print(line)
 
 
 def main() -> None:

@@ -180,6 +180,7 @@ def activation_bytes_per_layer(
     flash: bool,
     cp: int = 1,
     linear_input_bytes: float = ACT_BYTES,
+    etp: int | None = None,
 ) -> float:
     """Bytes one layer stores for backward, for one micro-batch on one GPU.
 
@@ -216,8 +217,7 @@ def activation_bytes_per_layer(
         split += mla_latent_bytes(model, tokens, lin)
     up = 2 if model.gated_mlp else 1  # up-projection outputs saved for the activation's backward
     if kind.moe:
-        routed = tokens * model.moe_top_k
-        f = model.moe_ffn_hidden_size / tp
+        routed, f = routed_rows_per_gpu(model, tokens, tp, etp), model.moe_ffn_hidden_size / (etp or tp)
         split += lin * routed * h + (up * ACT_BYTES + lin) * routed * f
         if model.moe_shared_ffn_hidden_size:
             split += (up * ACT_BYTES + lin) * tokens * model.moe_shared_ffn_hidden_size / tp
@@ -233,6 +233,21 @@ def activation_bytes_per_layer(
     if recompute == "selective":  # core attention recomputed: its output is not kept in 16 bits
         core = -(ACT_BYTES * tokens * heads * dv if kind.attention and extra_out else 0.0)
     return replicated / rep_div + split + core
+
+
+def routed_rows_per_gpu(model: ModelSpec, tokens: float, tp: int, etp: int | None = None) -> float:
+    """Token copies an MoE layer's routed experts hold on one GPU, balanced: a stage's cp x dp
+    TP groups of ``tokens`` each route top_k copies of every token to tp x cp x dp / etp expert-TP
+    groups, each of whose etp GPUs keeps every row it receives (its matrices' 1/etp share):
+    tokens x top_k x etp / tp. With etp = tp every TP rank holds all its group's tokens' copies;
+    folded to etp 1 over tp 8, an eighth of them, each through a whole expert.
+
+    >>> from cost_models import MODELS
+    >>> routed_rows_per_gpu(MODELS["mixtral-8x7b"], 4096, 8), routed_rows_per_gpu(MODELS["mixtral-8x7b"], 4096, 8, 1)
+    (8192.0, 1024.0)
+    """
+    etp = tp if etp is None else etp
+    return tokens * model.moe_top_k * etp / tp
 
 
 def mla_latent_bytes(model: ModelSpec, tokens: float, linear_input_bytes: float = ACT_BYTES) -> float:
@@ -258,6 +273,7 @@ def mtp_activation_bytes(
     flash: bool,
     cp: int = 1,
     linear_input_bytes: float = ACT_BYTES,
+    etp: int | None = None,
 ) -> float:
     """Bytes the MTP modules save for backward per micro-batch on the last stage: each module's
     layer (``activation_bytes_per_layer``), the two norm inputs and the projection's 2h-wide input.
@@ -267,7 +283,7 @@ def mtp_activation_bytes(
     tokens = micro_batch * seq_len / cp
     layer = activation_bytes_per_layer(
         model, model.mtp_layer_kind, seq_len, micro_batch, tp, sequence_parallel, recompute, flash, cp,
-        linear_input_bytes,
+        linear_input_bytes, etp,
     )  # fmt: skip
     # the two norms' inputs (embedding and hidden state, h each, 16-bit) and the projection's 2h input
     around = (ACT_BYTES + linear_input_bytes) * tokens * 2 * model.hidden_size / (tp if sequence_parallel else 1)

@@ -163,22 +163,24 @@ def parse_layout(text: str, pp: int) -> tuple[int, ...]:
     Grammar (Megatron-Core ``pipeline_parallel_layer_layout.py``): ``E`` embedding, ``t`` one
     transformer layer, ``L`` loss, ``|`` between chunks, ``(...)*n`` and ``x*n`` repeat, commas
     are cosmetic. The chunks must number a multiple of ``pp`` (vpp = chunks / pp); ``E`` opens
-    the first chunk and ``L`` closes the last, once each. Multi-token prediction (``m``) is not
-    modelled.
+    the first chunk and ``L`` closes the last, once each. Multi-token prediction layers (``m``)
+    are allowed only in the last chunk, beside the loss, which is where the cost model charges
+    them (``ModelSpec.mtp_layers``); they are not counted as transformer layers.
+
+    >>> parse_layout("Et|tt|tt|tmL", pp=2)
+    (1, 2, 2, 1)
 
     >>> parse_layout("Et|tt|tt|tL", pp=2)
     (1, 2, 2, 1)
     """
     cleaned = text.replace(",", "").replace(" ", "")
-    if "m" in cleaned:
-        raise InputError(f"pipeline layout {text!r} has multi-token prediction layers ('m'), which are not modelled")
     if len(cleaned) > 1000 or any(len(n) > 6 for n in re.findall(r"\d+", cleaned)):
         raise InputError(f"pipeline layout {text!r} is too long; write repetitions as (...)*n with n < 1,000,000")
     try:
         flat = _unroll(cleaned)
     except OverflowError:
         raise InputError(f"pipeline layout {text!r} unrolls to over {MAX_LAYOUT_CHARS:,} symbols") from None
-    bad = sorted(set(flat) - set(LAYOUT_SYMBOLS))
+    bad = sorted(set(flat) - set(LAYOUT_SYMBOLS) - {"m"})
     if bad:
         raise InputError(
             f"pipeline layout {text!r} has symbols {''.join(bad)!r}; use E (embedding), t (layer), L (loss), "
@@ -189,6 +191,11 @@ def parse_layout(text: str, pp: int) -> tuple[int, ...]:
         raise InputError(f"pipeline layout {text!r} must open its first chunk with E (the embedding), once")
     if flat.count("L") != 1 or not chunks[-1].endswith("L"):
         raise InputError(f"pipeline layout {text!r} must close its last chunk with L (the loss), once")
+    if any("m" in c for c in chunks[:-1]) or chunks[-1].rstrip("L").rstrip("m").count("m"):
+        raise InputError(
+            f"pipeline layout {text!r} puts multi-token prediction layers ('m') outside the last chunk or between "
+            "its layers; write them at the end of the last chunk, before L, e.g. 'Et|tt|tmL'"
+        )
     if len(chunks) % pp:
         raise InputError(
             f"pipeline layout {text!r} has {len(chunks)} chunks, not a multiple of pp({pp}); "

@@ -40,6 +40,7 @@ from cost_models.flops import model_flops_per_step
 from cost_models.layout import ParallelLayout
 from cost_models.model import ModelSpec
 from cost_models.published_dgxc import TABLE_F
+from cost_models.published_moe import table_g
 from cost_models.published_row import PublishedRow, recipe_chunks, run_layout  # re-exported: the tables' rows
 from cost_models.published_runs import TABLE_E
 from cost_models.training import TrainingSpec
@@ -219,5 +220,6 @@ TABLES = {"A": TABLE_A, "B": TABLE_B, "B-strong": TABLE_B_STRONG, "C": TABLE_C, 
 
 
 def all_tables() -> dict[str, list[PublishedRow]]:
-    """Tables A-D of calibration.md, table E (``published_runs``) and table F (``published_dgxc``)."""
-    return {**TABLES, "E": TABLE_E, "F": TABLE_F}
+    """Tables A-D of calibration.md, table E (``published_runs``), table F (``published_dgxc``) and
+    table G (``published_moe``, the MoE runs whose layout is valid as printed)."""
+    return {**TABLES, "E": TABLE_E, "F": TABLE_F, "G": table_g()}

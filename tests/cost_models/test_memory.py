@@ -317,3 +317,20 @@ def test_mtp_activations_by_hand():
     # the two norm inputs (h each) and the projection's 2h input, split under SP: (2 + 2) x 2h T / 8
     assert mtp_activation_bytes(m, T, 1, 8, True, "none", True) == layer + 4 * 2 * h * T / 8
     assert mtp_activation_bytes(MODELS["mixtral-8x7b"], T, 1, 8, True, "none", True) == 0.0
+
+
+def test_folded_experts_hold_a_tp_share_of_the_routed_rows():
+    # Mixtral 8x7B MoE layer, 4096 tokens, tp 2 with SP, bf16: with etp = tp each TP rank holds
+    # all 4096 x 2 routed copies' inputs (2 bytes x h) and half of each expert's 14,336 columns;
+    # folded to etp 1 it holds half the copies (4096) through whole experts: the column terms are
+    # equal, the routed inputs halve, 2 x 4096 x 4096 bytes fewer.
+    m, T, h = MODELS["mixtral-8x7b"], 4096, 4096
+    base = activation_bytes_per_layer(m, 0, T, 1, 2, True, "none", True)
+    folded = activation_bytes_per_layer(m, 0, T, 1, 2, True, "none", True, etp=1)
+    assert base - folded == 2 * (2 * T) * h - 2 * T * h == 2 * T * h
+    etp2 = activation_bytes_per_layer(m, 0, T, 1, 2, True, "none", True, etp=2)
+    assert etp2 == base
+    wide = activation_bytes_per_layer(m, 0, T, 1, 1, False, "none", True, etp=2)  # tp 1, etp 2
+    narrow = activation_bytes_per_layer(m, 0, T, 1, 1, False, "none", True)
+    # etp 2 over tp 1: twice the rows per GPU, half the columns: the routed inputs double
+    assert wide - narrow == 2 * (2 * 2 * T) * h - 2 * (2 * T) * h

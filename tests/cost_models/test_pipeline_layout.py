@@ -57,6 +57,13 @@ def test_parse_layout_hand_cases(text, pp, expected):
     assert len(got) % pp == 0
 
 
+def test_parse_layout_counts_no_mtp_layers():
+    # DeepSeek-V3's 26.x recipe layout: E + 4 layers, 14 chunks of 4, 1 layer + MTP + L -> 61 layers
+    chunks = parse_layout("Et*4|(t*4|)*14tmL", pp=8)
+    assert chunks == (4,) + (4,) * 14 + (1,)
+    assert sum(chunks) == 61
+
+
 def test_parse_layout_405b_accounted_layout():
     # Et|(tt|)*62,tL: E + 1 layer, 62 chunks of 2, 1 layer + L -> 64 chunks, 1 + 124 + 1 = 126 layers.
     assert parse_layout("Et|(tt|)*62,tL", pp=8) == LLAMA405_CHUNKS
@@ -66,6 +73,7 @@ def test_parse_layout_405b_accounted_layout():
     ("text", "pp", "fragment"),
     [
         ("Et|tm|tL", 2, "multi-token prediction layers ('m')"),
+        ("Et|tt|tt|tmtL", 2, "outside the last chunk or between its layers"),
         ("Et|tx|tL", 2, "has symbols 'x'"),
         ("Et|t?|t#L", 2, "has symbols '#?'"),
         ("Et|tt|tL", 2, "has 3 chunks, not a multiple of pp(2)"),
