@@ -616,7 +616,8 @@ def test_every_exported_file_is_one_its_target_lists(case):
 
 
 def _variant(base: str, **fields):
-    return MODELS[base].model_copy(update={"name": f"{base}-variant", **fields})
+    m = MODELS[base]
+    return type(m).model_validate({**m.model_dump(), "name": f"{base}-variant", **fields})  # validated
 
 
 def _moe_plan(cluster="dgx-h100", model="deepseek-moe-16b", **layout):
@@ -740,3 +741,39 @@ def test_nemo1_drops_what_it_cannot_run_and_says_so():
     recipe = export(plan, "nemo2").files["nemo2_recipe.py"]
     assert "strategy.expert_tensor_parallel_size = 1" in recipe
     assert "recipe.model.config.moe_flex_dispatcher_backend = 'deepep'" in recipe
+
+
+@pytest.mark.parametrize("variant", ["folded", "mla", "window"])
+def test_nemo2_and_bridge_model_keys_are_megatron_core_config_fields(variant):
+    """Every model.* key of the Bridge override and every recipe.model.config.* / strategy field
+    the NeMo 2 recipe sets for experts and attention is a field of megatron-core's own config
+    dataclass (Bridge's providers and NeMo 2's configs subclass it): a misspelt name fails here."""
+    import dataclasses
+    import re
+
+    pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    names = {f.name for f in dataclasses.fields(MLATransformerConfig)}
+    models = {
+        "folded": MODELS["deepseek-moe-16b"],
+        "mla": _variant(
+            "deepseek-moe-16b",
+            head_dim=192,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+        "window": _variant("mixtral-8x7b", sliding_window=4096, full_attention_every=4, attention_sinks=True),
+    }
+    plan = _moe_plan(model=models[variant], moe_dispatcher="flex", moe_overlap="1f1b")
+    bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])["model"]
+    assert set(bridge) - names == set(), set(bridge) - names
+    recipe = export(plan, "nemo2").files["nemo2_recipe.py"]
+    compile(recipe, "nemo2_recipe.py", "exec")
+    config_keys = set(re.findall(r"recipe\.model\.config\.(\w+) =", recipe))
+    assert config_keys and config_keys <= names, config_keys - names
+    assert {"moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm"} <= config_keys
+    strategy_keys = set(re.findall(r"strategy\.(\w+_size) =", recipe))
+    assert {"expert_model_parallel_size", "expert_tensor_parallel_size"} <= strategy_keys <= names
