@@ -108,7 +108,8 @@ def plan(
     json_out: JsonOpt = False,
 ) -> None:
     """Search the layouts (with --per-layer, the default, per-layer TP degrees too) and show the
-    fastest that fits.
+    fastest that fits. For an MoE model the experts' grid too: expert TP = tp or 1 (EP folded over
+    the TP ranks), every EP degree, the dispatcher its EP group calls for.
 
     \b
     Example: ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 \\
