@@ -123,13 +123,13 @@ def flags(fields: dict) -> list[str]:
     return out
 
 
-def pipeline_split_args(layout: ParallelLayout, num_layers: int) -> list[str]:
+def pipeline_split_args(layout: ParallelLayout, num_layers: int, mtp_layers: int = 0) -> list[str]:
     """Where the layers live, as Megatron-LM's pipeline flags (``common.pipeline_split``).
 
     >>> pipeline_split_args(ParallelLayout(pp=2, dp=1, global_batch=1, pp_layers=(3, 5)), 8)
     ['--pipeline-model-parallel-layout', 'Ettt|tttttL']
     """
-    return flags(pipeline_split(layout, num_layers))
+    return flags(pipeline_split(layout, num_layers, mtp_layers))
 
 
 def megatron_args(
@@ -193,7 +193,7 @@ def megatron_args(
     args += PRECISION[t.dtype] + flags(low_precision_fields(plan))
     if layout.vpp > 1 and layout.overlap_p2p:
         args += ["--overlap-p2p-communication"]
-    args += pipeline_split_args(layout, m.num_layers)
+    args += pipeline_split_args(layout, m.num_layers, m.mtp_layers)
     if layout.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif layout.recompute == "full":

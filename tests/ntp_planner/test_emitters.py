@@ -48,7 +48,9 @@ def make(model, gpus, seq=4096, **layout):
 #       distributed_optimizer=True)
 #   ntp_replanned: make("llama3-8b", 64, tp=8, pp=2, dp=4, global_batch=32, sequence_parallel=True,
 #       distributed_optimizer=True), and Replanner(plan).replan(frozenset({3, 12}), "ntp")
-CASES = ["dense_pp_interleaved", "moe", "ntp_replanned"]
+#   moe_folded: make("deepseek-v3", 256, tp=2, pp=8, dp=16, vpp=2, ep=16, etp=1, moe_dispatcher="flex",
+#       moe_overlap="1f1b", global_batch=256, sequence_parallel=True, distributed_optimizer=True)
+CASES = ["dense_pp_interleaved", "moe", "ntp_replanned", "moe_folded"]
 
 
 def frozen(case: str) -> tuple[Plan, ReplanResult | None]:
@@ -777,3 +779,28 @@ def test_nemo2_and_bridge_model_keys_are_megatron_core_config_fields(variant):
     assert {"moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm"} <= config_keys
     strategy_keys = set(re.findall(r"strategy\.(\w+_size) =", recipe))
     assert {"expert_model_parallel_size", "expert_tensor_parallel_size"} <= strategy_keys <= names
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_megatron_core_builds_every_frozen_export(case):
+    """megatron-core's own config from each frozen plan's Megatron-LM arguments (DeepSeek-V3
+    folded, with MLA and an MTP module in its pipeline layout string included)."""
+    pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    import torch
+    from megatron.core.transformer.enums import LayerType
+
+    from tests.support.megatron_config import transformer_config
+
+    plan, _ = frozen(case)
+    args = json.loads(export(plan, "megatron").files["megatron_args.json"])
+    config = transformer_config(args, pipeline_dtype=torch.bfloat16)
+    lay, m = plan.layout, plan.model
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (lay.tp, lay.pp)
+    assert (config.mtp_num_layers or 0) == m.mtp_layers
+    if m.is_moe:
+        assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (lay.ep, lay.expert_tp)
+    if config.pipeline_model_parallel_layout is not None:
+        grid = config.pipeline_model_parallel_layout.layout  # [pp rank][virtual stage] -> layer types
+        flat = [t for chunk in zip(*grid, strict=True) for stage in chunk for t in stage]
+        assert flat.count(LayerType.decoder) == m.num_layers and flat.count(LayerType.mtp) == m.mtp_layers
+        assert grid[-1][-1][-2:] == ([LayerType.mtp, LayerType.loss] if m.mtp_layers else grid[-1][-1][-2:])
