@@ -120,6 +120,23 @@ def test_moe_search_space_equals_brute_force_and_folds_ep_over_tp():
     assert by_key[(8, 8, 2, 1)] == "flex" and by_key[(8, 1, 8, 1)] == "alltoall" and by_key[(2, 2, 8, 1)] == "flex"
 
 
+def test_moe_search_equals_costed_brute_force_with_folded_layouts():
+    """The costed MoE search equals brute force (every valid layout costed afresh, the first ZeRO
+    level that fits): Mixtral 8x7B's experts with 2 attention heads (tp 1 or 2) on 16 H100, one
+    stage, so folded layouts (etp 1 under tp 2) compete with unfolded ones."""
+    base = MODELS["mixtral-8x7b"]
+    m = type(base).model_validate({**base.model_dump(), "name": "mixtral-2-heads", "num_heads": 2, "num_kv_heads": 2})
+    training = TrainingSpec(seq_len=4096, global_batch=16)
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    space = SearchSpace(cps=(1,), micro_batches=(1,), vpps=(1,), recomputes=("full",), max_pp=1)
+    result = search(m, training, cluster, 0.1, space)
+    expected = brute_force(m, training, cluster, space, 0.1)
+    assert {c.layout: c.cost.step_time_s for c in result.ranked} == expected
+    assert result.ranked[0].cost.step_time_s == min(expected.values())
+    folded = [c.layout for c in result.ranked if c.layout.folded]
+    assert {lay.ep for lay in folded} == {1, 2, 4, 8} and all(lay.tp == 2 and lay.etp == 1 for lay in folded)
+
+
 def test_biased_experts_are_searched_at_etp_1_only():
     cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
     layouts = enumerate_layouts(MODELS["gpt-oss-20b"], TrainingSpec(seq_len=4096, global_batch=16), cluster)
