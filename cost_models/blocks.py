@@ -12,8 +12,9 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from cost_models import collectives as coll
+from cost_models import moe
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, kv_heads_per_rank, layer_ops
+from cost_models.flops import ACT_BYTES, Op, embedding_ops, head_ops, kv_heads_per_rank, layer_ops, moe_ops
 from cost_models.layout import ParallelLayout, sub_batch
 from cost_models.memory import (
     StateBytes,
@@ -56,8 +57,9 @@ class Pass:
     recompute: float = 0.0
     tp_comm: float = 0.0
     cp_comm: float = 0.0
-    ep_comm: float = 0.0
+    ep_comm: float = 0.0  # MoE dispatch and combine on the critical path in the steady state
     hw_flops: float = 0.0
+    ep_comm_full: float = 0.0  # ... all of it (not in total: what an unpaired micro-batch pays)
 
     def add(self, other: Pass, times: float = 1.0) -> None:
         for f in fields(self):
@@ -84,6 +86,8 @@ class Degree:
     ep_links: GroupLinks
     dp_links: GroupLinks  # every rank holding the same shard: in-stage copies x dp x cp
     expert_dp_links: GroupLinks
+    etp: int  # expert tensor parallelism: t, or the layout's etp when it folds the experts
+    experts: moe.ExpertLinks
 
     @property
     def dp_ranks(self) -> int:
@@ -151,6 +155,13 @@ class CostEnv:
             seqs, split = sub_batch(lay.micro_batch, t, lay.tp)
             copies = lay.tp // t
             cp_stride = lay.rank_grid.stride("cp")  # the rank order's, like every stride below
+            etp = lay.expert_tp if lay.folded else t
+            ep_links = c.strided_links(0, cp_stride, lay.ep)
+            expert_dp_links = c.grid_links(t, copies, cp_stride * lay.ep, lay.dp * lay.cp // lay.ep)
+            if lay.folded:  # the experts' own grid (etp fastest, then ep, then edp): rank 0's groups
+                grid = lay.rank_grid
+                ep_links = c.group_links(grid.expert_group("ep", 0, lay.ep, etp))
+                expert_dp_links = c.group_links(grid.expert_group("edp", 0, lay.ep, etp))
             self._degrees[t] = Degree(
                 t=t,
                 seqs=seqs,
@@ -161,9 +172,15 @@ class CostEnv:
                 cp_links=c.grid_links(t, split, cp_stride, lay.cp),
                 # Megatron generates expert groups over the flattened cp x dp ranks ("tp-cp-ep-dp-pp"):
                 # EP takes consecutive ones, the expert data-parallel group the rest
-                ep_links=c.strided_links(0, cp_stride, lay.ep),
+                ep_links=ep_links,
                 dp_links=c.grid_links(t, copies, cp_stride, lay.cp * lay.dp),
-                expert_dp_links=c.grid_links(t, copies, cp_stride * lay.ep, lay.dp * lay.cp // lay.ep),
+                expert_dp_links=expert_dp_links,
+                etp=etp,
+                experts=moe.ExpertLinks(
+                    ep=ep_links,
+                    etp=c.strided_links(0, 1, etp),
+                    tp_ep=c.strided_links(0, 1, etp * lay.ep) if lay.folded or t == lay.tp else ep_links,
+                ),
             )
         return self._degrees[t]
 
@@ -185,6 +202,8 @@ class CostEnv:
         """Seconds of one execution of ``op`` (its forward unit), launch overhead excluded."""
         if op.kind == "gemm":
             rate, half = self._gemm[op.low_precision and self.training.low_precision]
+            if op.name.startswith(moe.GROUPED):
+                return op.flops / (rate * moe.grouped_gemm_factor(self.eff, op.m, op.n, op.k, half))
             return op.flops / (rate * self.eff.shape_factor(op.m, op.n, op.k, half))
         if op.kind == "flash":  # attention runs in bf16 whatever the GEMM format
             return op.flops / (self.bf16_peak * self._attention)
@@ -326,15 +345,19 @@ class CostEnv:
             tr.fp8_recipe,
             tr.grad_bytes,
         )
+        if kind.moe:
+            ops = self._moe_layer_ops(ops, d)
         p = self.compute_pass(kind, t, ops)
         tp_fwd, tp_bwd = self._tp_layer_comm(kind, d, ops)
         p.tp_comm = tp_fwd + tp_bwd
         core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
         cp_fwd, cp_bwd = self._cp_comm(kind, d, core)
         p.cp_comm = cp_fwd + cp_bwd
-        if kind.moe and lay.ep > 1:  # dispatch + combine, forward and backward
-            routed = self.act_bytes * d.tokens * m.hidden_size * m.moe_top_k
-            p.ep_comm = 4 * self.coll("all_to_all", routed, d.ep_links)
+        if kind.moe and lay.ep * d.etp > 1:  # dispatch + combine, forward and backward
+            one = self._dispatch_s(d)
+            p.ep_comm_full = 4 * one
+            overlap = "none" if self.executor else lay.moe_overlap
+            p.ep_comm = moe.exposed_dispatch(overlap, 2 * one, 2 * one, p.fwd, p.bwd)
         if lay.recompute == "full":  # the forward again, with its collectives: of the four
             # all-to-alls in ep_comm, the forward's two (dispatch and combine) are half
             p.recompute = p.fwd + tp_fwd + cp_fwd + p.ep_comm / 2
@@ -343,6 +366,36 @@ class CostEnv:
             p.recompute = sum(op.fwd * (self.op_time(op) + self.eff.kernel_overhead_s) for op in core)
             p.hw_flops += sum(op.flops for op in core)
         return p
+
+    def moe_shape(self, d: Degree) -> moe.MoeShape:
+        """The MoE sublayer of one GPU at degree ``d``, at the busiest EP rank's load."""
+        m = self.model
+        mean = moe.MoeShape(
+            d.tokens // d.t, m.hidden_size, m.num_experts, m.moe_top_k, m.moe_ffn_hidden_size, self.layout.ep, d.etp
+        )
+        imbalance = moe.imbalance_factor(mean.ep, mean.experts_per_rank, mean.rows_per_expert, self.eff.moe_load_cv)
+        # dropless routing (a capacity factor, ``moe.routed_load``, needs a TrainingSpec field)
+        return moe.MoeShape(**{**mean.__dict__, "load": moe.routed_load(imbalance, None)})
+
+    def _moe_layer_ops(self, ops: list[Op], d: Degree) -> list[Op]:
+        """``layer_ops``' MoE sublayer at the expert grid and the busiest rank's load: its router,
+        experts and shared expert replaced by ``moe_ops`` of them, and the weight-gradient
+        accumulation recounted over the new GEMMs (``layer_ops``: 2 x grad_bytes per weight)."""
+        m, s = self.model, self.moe_shape(d)
+        old = {op.name for op in moe_ops(m, d.tokens, d.t, self.layout.ep)} | {"main-grad-accumulate"}
+        new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load)
+        kept = [op for op in ops if op.name not in old] + new
+        gemms = [op for op in kept if op.kind == "gemm" and not op.name.startswith("attention")]
+        weights = sum(op.n * op.k * op.batch for op in gemms)
+        grad = self.training.grad_bytes
+        return kept + [Op("main-grad-accumulate", "memory", mem_bytes=2 * grad * weights, fwd=0.0, bwd=1.0)]
+
+    def _dispatch_s(self, d: Degree) -> float:
+        """Seconds of one dispatch (combine costs the same) of the layout's dispatcher
+        (``moe.dispatch_bytes``)."""
+        s = self.moe_shape(d)
+        nbytes = moe.dispatch_bytes(self.layout.moe_dispatcher, s, d.experts.tp_ep.domains, self.act_bytes)
+        return moe.dispatch_time(nbytes, d.experts, self.coll, self.eff)
 
     def _tp_layer_comm(self, kind: LayerKind, d: Degree, ops: list[Op]) -> tuple[float, float]:
         """Exposed TP communication of one layer, forward and backward.
@@ -356,7 +409,10 @@ class CostEnv:
         """
         if d.t == 1:
             return 0.0, 0.0
-        sublayers = kind.attention + (kind.moe or kind.ffn > 0)
+        # an MoE sublayer's routed experts talk over their expert groups (``_dispatch_s``); its shared
+        # expert, a TP MLP, has the TP collectives of one
+        mlp = bool(self.model.moe_shared_ffn_hidden_size) if kind.moe else kind.ffn > 0
+        sublayers = kind.attention + mlp
         half = self._collective(d, self.act_bytes) / 2  # one all-gather or reduce-scatter
         gather_in = half * (0.5 if self.training.low_precision and self.layout.sequence_parallel else 1.0)
         if self.executor and self.layout.sequence_parallel:  # one all-gather and one reduce-scatter per
@@ -418,7 +474,8 @@ class CostEnv:
     # ---- memory and gradient sync of one block -------------------------------------------------
     def block_params(self, block: Block, t: int, last_stage_ties: bool = False) -> tuple[float, float]:
         """(non-expert, expert) parameters of a block on one GPU at degree t."""
-        return _block_params(self.model, block, t, self.layout.ep, last_stage_ties)
+        etp = self.layout.expert_tp if self.layout.folded else t
+        return _block_params(self.model, block, t, self.layout.ep, last_stage_ties, etp)
 
     def gemm_params(self, block: Block, t: int) -> float:
         """Weights of the block's low-precision GEMMs on one GPU (none in the embedding and LM
@@ -545,14 +602,17 @@ class BlockFacts:
 
 
 @lru_cache(maxsize=65536)
-def _block_params(model: ModelSpec, block: Block, t: int, ep: int, last_stage_ties: bool) -> tuple[float, float]:
-    """``CostEnv.block_params``, shared by every layout of a search (it depends on nothing else)."""
+def _block_params(
+    model: ModelSpec, block: Block, t: int, ep: int, last_stage_ties: bool, etp: int
+) -> tuple[float, float]:
+    """``CostEnv.block_params``, shared by every layout of a search (it depends on nothing else):
+    routed experts split over etp x ep, the rest over t."""
     if block == EMBED:
         return embedding_params_per_gpu(model, t), 0.0
     if block == HEAD:
         return head_params_per_gpu(model, t, last_stage_ties), 0.0
-    expert = model.layer_expert_params(block) / (t * ep)
-    return layer_params_per_gpu(model, block, t, ep) - expert, expert
+    expert = model.layer_expert_params(block)
+    return layer_params_per_gpu(model, block, t, ep) - expert / (t * ep), expert / (etp * ep)
 
 
 def pass_cache_key(layout: ParallelLayout) -> tuple:
@@ -566,4 +626,7 @@ def pass_cache_key(layout: ParallelLayout) -> tuple:
         layout.recompute,
         layout.sequence_parallel,
         layout.tp_comm_overlap,
+        layout.expert_tp,
+        layout.moe_dispatcher,
+        layout.moe_overlap,
     )

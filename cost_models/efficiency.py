@@ -59,6 +59,30 @@ class Efficiency(BaseModel):
         "dimension; scaled by the tensor FLOP/s of one SM for other GPUs and formats. Fitted once to table A "
         "(SC'21) and held: the published runs use GEMMs too large to pin it down again.",
     )
+    grouped_gemm_fraction: float = Field(
+        default=0.85,
+        gt=0,
+        le=1,
+        description="Fraction of a dense GEMM's rate that the grouped expert GEMMs of an MoE layer reach at the "
+        "same shape (Transformer Engine's grouped GEMM: one launch over the local experts, but each expert's "
+        "tiles set up and drained on their own). Prior 0.85 (NVIDIA's grouped-GEMM benchmarks reach 80-90% "
+        "of cuBLAS on equal shapes); fitted to table G (cost_models.published_moe) once it lands.",
+    )
+    grouped_gemm_half_dim: float = Field(
+        default=128.0,
+        gt=0,
+        description="gemm_half_dim for grouped expert GEMMs (same A100-bf16 scale): narrow experts (768-2,880 "
+        "wide) and few rows per expert leave waves of SMs partly empty, more than one large GEMM does. Prior "
+        "twice gemm_half_dim; fitted to table G.",
+    )
+    moe_load_cv: float = Field(
+        default=0.2,
+        ge=0,
+        description="Coefficient of variation of one expert's load across the experts of an MoE layer after "
+        "load balancing (auxiliary loss or aux-loss-free bias), beside the sampling noise of its rows "
+        "(cost_models.moe.imbalance_factor). DeepSeek-V3 (arXiv 2412.19437, fig. 9) and Megatron's "
+        "load-balancing curves keep the busiest expert 10-40% over the mean in pre-training; prior 0.2.",
+    )
     flash_efficiency: dict[str, dict[str, float]] = Field(
         default={
             "ampere": {"cudnn": 0.53, "flash2": 0.53},

@@ -227,13 +227,56 @@ def mlp_ops(
     ]
 
 
-def moe_ops(model: ModelSpec, tokens: int, tp: int, ep: int) -> list[Op]:
-    """Router, routed experts (balanced load: each expert sees tokens*top_k*ep/experts rows),
-    and an optional shared expert."""
-    experts_here = model.num_experts // ep
-    per_expert = max(1, tokens * model.moe_top_k * ep // model.num_experts)
-    ops = [gemm("router", tokens, model.num_experts, model.hidden_size)]
-    ops += mlp_ops(model, tokens, tp, model.moe_ffn_hidden_size, "experts", per_expert, experts_here)
+def moe_ops(
+    model: ModelSpec,
+    tokens: int,
+    tp: int,
+    ep: int,
+    etp: int | None = None,
+    load: float = 1.0,
+    aux_loss: bool = True,
+) -> list[Op]:
+    """One MoE sublayer as Megatron-Core runs it (``cost_models.moe`` describes the steps).
+
+    ``tokens``: the TP group's tokens; under sequence parallelism (which Megatron requires of
+    MoE layers with TP) a GPU routes ``tokens / tp`` of them. ``etp`` (None: ``tp``) splits each
+    expert's width and gathers the routed rows of its expert-TP group, so one of this GPU's
+    ``experts / ep`` experts gets ``tokens / tp x etp x top_k x ep / experts`` rows at mean load,
+    times ``load`` (the busiest rank's share, ``moe.imbalance_factor``). Memory passes, per
+    forward (backward moves the same):
+
+    - router scores, per (token, expert): the 16-bit logits written (2), read and cast to fp32
+      (2 + 4), the score function read and written in fp32 (4 + 4), top-k's read of them and the
+      routing map and probabilities it writes (2): 18 bytes; the auxiliary loss reads them once
+      more (4) when the router balances with an auxiliary loss (``aux_loss``);
+    - permute reads each token and writes it ``top_k`` times, 16-bit (2 x 2 x (1 + top_k) per
+      element of hidden); after an expert-TP gather the received rows are sorted again (2 x 2);
+      unpermute reads the ``top_k`` rows and writes their weighted sum (the same as permute);
+    - the grouped GEMMs are named ``experts-up`` / ``experts-down`` (``CostEnv.op_time`` applies
+      the grouped-GEMM efficiency to them).
+    """
+    etp = tp if etp is None else etp
+    h, e, k = model.hidden_size, model.num_experts, model.moe_top_k
+    t = max(1, tokens // tp)
+    local = e // ep
+    rows = t * etp * k * ep / e * load
+    m, f = max(1, round(rows)), model.moe_ffn_hidden_size // etp
+    received = rows * local
+    gated = model.gated_mlp
+    ops = [
+        gemm("router", t, e, h),
+        Op("router-score-topk", "memory", mem_bytes=18.0 * t * e, bwd=1.0),
+        *([Op("router-aux-loss", "memory", mem_bytes=4.0 * t * e, bwd=1.0)] if aux_loss else []),
+        Op("permute", "memory", mem_bytes=2 * 2 * t * h * (1 + k), bwd=1.0),
+    ]
+    if etp > 1:
+        ops.append(Op("permute-etp", "memory", mem_bytes=2 * 2 * received * h, bwd=1.0))
+    ops += [
+        gemm("experts-up", m, (2 if gated else 1) * f, h, batch=local),
+        Op("experts-act", "memory", mem_bytes=(6 if gated else 4) * received * f),
+        gemm("experts-down", m, h, f, batch=local),
+        Op("unpermute", "memory", mem_bytes=2 * 2 * t * h * (1 + k), bwd=1.0),
+    ]
     if model.moe_shared_ffn_hidden_size:
         ops += mlp_ops(model, tokens, tp, model.moe_shared_ffn_hidden_size, "shared-expert")
     return ops

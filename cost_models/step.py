@@ -19,6 +19,7 @@ from cost_models.flops import model_flops_per_step, padded_vocab
 from cost_models.layout import ParallelLayout, check_layout
 from cost_models.memory import in_flight_micro_batches
 from cost_models.model import ModelSpec
+from cost_models.moe import unpaired_micro_batches
 from cost_models.pipeline import p2p_bytes, pipeline_time
 from cost_models.profile import BlockShape
 from cost_models.stage import (
@@ -245,7 +246,8 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
         "recompute": m * s.recompute,
         "tp_comm": m * s.tp_comm,
         "cp_comm": m * s.cp_comm,
-        "ep_comm": m * s.ep_comm,
+        # MoE dispatch: the steady state's exposed part, and all of it for the micro-batches no other hides
+        "ep_comm": m * s.ep_comm + unpaired_micro_batches(lay.moe_overlap, lay.pp, m) * (s.ep_comm_full - s.ep_comm),
         "pp_p2p": m * p2p_per_mb + p2p_fill,
         # the fill and drain run with fewer ranks computing: on a shared CPU host, at a lone rank's speed
         "pp_bubble": pipe.bubble_s / env.host_slowdown,

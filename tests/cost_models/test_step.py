@@ -88,7 +88,8 @@ def test_moe_expert_parallelism_costs_all_to_all():
     t = TrainingSpec(seq_len=4096, global_batch=256)
     ep1 = estimate_step(mixtral, t, ParallelLayout(tp=2, dp=32, global_batch=256, sequence_parallel=True), c)
     ep8 = estimate_step(mixtral, t, ParallelLayout(tp=2, dp=32, ep=8, global_batch=256, sequence_parallel=True), c)
-    assert ep1.time_breakdown_s["ep_comm"] == 0 < ep8.time_breakdown_s["ep_comm"]
+    # ep 1 at tp 2 still gathers the routed rows over the expert-TP group; ep 8 adds the all-to-all
+    assert 0 < ep1.time_breakdown_s["ep_comm"] < ep8.time_breakdown_s["ep_comm"]
     assert ep8.memory_breakdown_bytes["weights"] < ep1.memory_breakdown_bytes["weights"] / 4
 
 

@@ -1,0 +1,187 @@
+"""The MoE cost model (cost_models.moe, flops.moe_ops, the MoE parts of blocks and step) against
+hand-derived numbers, closed forms and brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from cost_models import moe
+from cost_models.blocks import CostEnv
+from cost_models.catalogue import MODELS
+from cost_models.collectives import all_gather_time
+from cost_models.efficiency import DEFAULT_EFFICIENCY as EFF
+from cost_models.flops import moe_ops
+from cost_models.layout import ParallelLayout
+from cost_models.step import estimate_step
+from cost_models.training import TrainingSpec
+from topologies.cluster import Cluster
+from topologies.cluster_catalogue import CLUSTERS
+
+MIXTRAL = MODELS["mixtral-8x7b"]  # 8 experts, top 2, hidden 4096, expert width 14336, no shared expert
+H64 = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)  # 8-GPU NVLink nodes
+TRAIN = TrainingSpec(seq_len=4096, global_batch=256)
+
+
+def _env(model=MIXTRAL, training=TRAIN, cluster=H64, **lay) -> CostEnv:
+    kw = {"tp": 2, "dp": 32, "global_batch": 256, "sequence_parallel": True, **lay}
+    return CostEnv(model, training, ParallelLayout(**kw), cluster)
+
+
+# ---- load imbalance and capacity -----------------------------------------------------------------
+def test_expected_max_of_normals_matches_the_exact_order_statistics():
+    # E[max of 2 standard normals] = 1 / sqrt(pi); of 8: 1.4236 (Harter's tables)
+    assert moe.expected_max_normal(1) == 0.0
+    assert moe.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=0.05)
+    assert moe.expected_max_normal(8) == pytest.approx(1.4236, rel=0.01)
+
+
+def test_imbalance_is_one_at_uniform_routing_and_for_one_rank():
+    assert moe.imbalance_factor(8, 4, math.inf, 0.0) == 1.0  # no skew, no sampling noise
+    assert moe.imbalance_factor(1, 8, 10.0, 0.5) == 1.0  # nobody to wait for
+
+
+def test_imbalance_closed_form():
+    # ep 8, 4 experts per rank, 100 rows per expert, cv 0.2: cv_rank = sqrt((0.04 + 0.01) / 4)
+    got = moe.imbalance_factor(8, 4, 100.0, 0.2)
+    assert got == pytest.approx(1 + math.sqrt(0.0125) * 1.4236, rel=2e-3)  # Blom: within 0.1%
+    assert moe.imbalance_factor(8, 4, 100.0, 0.4) > got > moe.imbalance_factor(8, 16, 100.0, 0.2)
+
+
+def test_capacity_factor_caps_the_busiest_rank():
+    assert moe.routed_load(1.4, None) == 1.4  # dropless
+    assert moe.routed_load(1.4, 1.25) == 1.25  # dropped past capacity
+    assert moe.routed_load(1.1, 1.25) == 1.1
+    assert moe.routed_load(1.1, 1.25, pad_to_capacity=True) == 1.25
+
+
+# ---- compute ---------------------------------------------------------------------------------------
+def test_moe_ops_rows_and_widths_by_hand():
+    # 4096 tokens in the TP group of 2: 2048 per GPU; etp 2 gathers 4096; x top 2 x ep 4 / 8 experts
+    ops = {op.name: op for op in moe_ops(MIXTRAL, 4096, 2, 4)}
+    up, down = ops["experts-up"], ops["experts-down"]
+    assert (up.m, up.n, up.k, up.batch) == (4096, 2 * 7168, 4096, 2)
+    assert (down.m, down.n, down.k) == (4096, 4096, 7168)
+    assert ops["router"].m == 2048 and ops["permute"].mem_bytes == 2 * 2 * 2048 * 4096 * 3
+    # folded (etp 1): each GPU's own 2048 tokens on whole experts, no expert-TP re-sort
+    folded = {op.name: op for op in moe_ops(MIXTRAL, 4096, 2, 4, etp=1, load=1.5)}
+    assert (folded["experts-up"].m, folded["experts-up"].n) == (3072, 2 * 14336)  # 2048 x 2 x 4 / 8 x 1.5
+    assert "permute-etp" not in folded and "permute-etp" in ops
+    # the FLOPs of the experts on one GPU do not depend on how the grid splits them (at equal load)
+    flops = lambda o: sum(op.flops for op in o if op.name.startswith("experts-"))  # noqa: E731
+    assert flops(moe_ops(MIXTRAL, 4096, 2, 4, etp=1)) == pytest.approx(flops(ops.values()))
+    no_aux = {op.name for op in moe_ops(MIXTRAL, 4096, 2, 4, aux_loss=False)}
+    assert "router-aux-loss" in ops and "router-aux-loss" not in no_aux
+
+
+def test_grouped_gemm_factor_closed_form():
+    half = 166.0
+    got = moe.grouped_gemm_factor(EFF, 512, 768, 2048, half)
+    h2 = half * EFF.grouped_gemm_half_dim / EFF.gemm_half_dim
+    want = EFF.grouped_gemm_fraction * (512 / (512 + h2)) * (768 / (768 + h2)) * (2048 / (2048 + h2))
+    assert got == pytest.approx(want, rel=1e-12)
+    same = EFF.model_copy(update={"grouped_gemm_fraction": 1.0, "grouped_gemm_half_dim": EFF.gemm_half_dim})
+    assert moe.grouped_gemm_factor(same, 512, 768, 2048, half) == EFF.shape_factor(512, 768, 2048, half)
+
+
+# ---- dispatch ---------------------------------------------------------------------------------------
+def _shape(ep=8, etp=1, experts=8, top_k=2, tokens=1024, load=1.0):
+    return moe.MoeShape(tokens, 4096, experts, top_k, 14336, ep, etp, load)
+
+
+def test_dispatch_bytes_by_hand():
+    a2a = moe.dispatch_bytes("alltoall", _shape(), 1, 2)
+    assert (a2a.all_to_all, a2a.etp_all_gather) == (1024 * 2 * 4096 * 2, 0.0)
+    assert moe.dispatch_bytes("alltoall", _shape(etp=2), 1, 2).etp_all_gather == 1024 * 2 * 4096 * 2 * 2
+    assert moe.dispatch_bytes("alltoall", _shape(load=1.5), 1, 2).all_to_all == 1.5 * a2a.all_to_all
+    # all-gather: each token once, with a routing-map byte and an fp32 probability per expert, from ep x etp
+    ag = moe.dispatch_bytes("allgather", _shape(ep=4, etp=2), 1, 2)
+    assert ag.tp_ep_all_gather == 1024 * (4096 * 2 + 8 * 5) * 8
+
+
+def test_flex_across_two_nodes_equals_hand_derived_dedup():
+    # 16 experts on ep 16 over 2 nodes, top 2: a token misses the other node with C(8,2)/C(16,2) = 28/120
+    b = moe.dispatch_bytes("flex", _shape(ep=16, experts=16), 2, 2)
+    row = 1024 * 4096 * 2
+    assert b.scaleout == pytest.approx(row * 92 / 120)
+    assert b.nvlink == pytest.approx(row * 2)  # two distinct GPUs per token, one expert on each
+    # brute force over every pair of distinct experts (GPU g holds expert g, node g // 8)
+    pairs = list(itertools.combinations(range(16), 2))
+    remote = sum(any(e // 8 != 0 for e in p) for p in pairs) / len(pairs)  # seen from node 0
+    assert b.scaleout == pytest.approx(row * remote)
+    # 4 experts per GPU, top 4: copies for experts on one GPU go once
+    b4 = moe.dispatch_bytes("flex", _shape(ep=4, experts=16, top_k=4), 1, 2)
+    quads = list(itertools.combinations(range(16), 4))
+    distinct = sum(len({e // 4 for e in q}) for q in quads) / len(quads)
+    assert b4.nvlink == pytest.approx(row * distinct) and b4.scaleout == 0
+
+
+def test_flex_dispatch_time_is_the_slower_tier():
+    c = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    group = c.strided_links(0, 1, 16)
+    links = moe.ExpertLinks(ep=group, etp=c.strided_links(0, 1, 1), tp_ep=group)
+    b = moe.DispatchBytes(scaleout=3e8, nvlink=1e8)
+    net = 3e8 / (group.scaleout_bw_bytes_per_s * EFF.scaleout_efficiency)
+    got = moe.dispatch_time(b, links, lambda *a: 0.0, EFF)
+    assert got == pytest.approx(net + 4 * group.scaleout_latency_s)
+
+
+# ---- overlap ----------------------------------------------------------------------------------------
+def test_exposed_dispatch_with_overlap_hand_example():
+    assert moe.exposed_dispatch("none", 3.0, 3.0, 1.0, 2.0) == 6.0
+    # forward's 3 s behind the other micro-batch's 2 s of backward, backward's 3 s behind 1 s of forward
+    assert moe.exposed_dispatch("1f1b", 3.0, 3.0, 1.0, 2.0) == (3 - 2) + (3 - 1)
+    assert moe.exposed_dispatch("dualpipe", 1.0, 1.0, 1.0, 2.0) == 0.0
+    assert [moe.unpaired_micro_batches("1f1b", pp, 8) for pp in (1, 4, 16)] == [1, 4, 8]
+    assert moe.unpaired_micro_batches("dualpipe", 8, 32) == 4 and moe.unpaired_micro_batches("none", 8, 32) == 0
+
+
+def test_step_pays_the_unpaired_micro_batches_in_full():
+    lay = {"ep": 8, "etp": 1, "moe_overlap": "1f1b"}
+    env = _env(**lay)
+    p = env.block_pass(MIXTRAL.layer_kind(0), 2)
+    assert 0 == p.ep_comm < p.ep_comm_full  # in one node the dispatch hides entirely
+    step = estimate_step(MIXTRAL, TRAIN, env.layout, H64)
+    m = env.layout.num_micro_batches
+    layers = MIXTRAL.num_layers
+    want = layers * (m * p.ep_comm + 1 * (p.ep_comm_full - p.ep_comm))  # pp 1: one micro-batch alone
+    assert step.time_breakdown_s["ep_comm"] == pytest.approx(want)
+
+
+# ---- parallel folding -------------------------------------------------------------------------------
+def test_folding_removes_the_expert_tp_collective():
+    kind = MIXTRAL.layer_kind(0)
+    unfolded, folded = _env().block_pass(kind, 2), _env(etp=1).block_pass(kind, 2)
+    assert folded.ep_comm == 0.0 and folded.tp_comm == unfolded.tp_comm  # the attention's TP collectives stay
+    # unfolded, ep 1: the expert-TP all-gather after dispatch and reduce-scatter before combine, forward
+    # and backward: 4 x the gathered rows (4096 x 4096 tokens per micro-batch / TP 2, x top 2 x etp 2)
+    env = _env()
+    links = env.degree(2).experts.etp
+    gathered = 2 * (4096 // 2) * 2 * 4096 * 2
+    assert unfolded.ep_comm == pytest.approx(4 * all_gather_time(gathered, links, EFF))
+
+
+def test_folding_divides_expert_weights_by_ep_only():
+    kind = MIXTRAL.layer_kind(0)
+    experts = MIXTRAL.layer_expert_params(kind)
+    assert _env(ep=8, etp=1).block_params(kind, 2)[1] == experts / 8
+    assert _env(ep=8).block_params(kind, 2)[1] == experts / 16
+    assert _env(ep=8, etp=1).block_params(kind, 2)[0] == _env(ep=8).block_params(kind, 2)[0]
+
+
+def test_folded_ep_group_stays_in_the_node():
+    # tp 2 ep 8: unfolded EP takes every other rank (16 GPUs, two nodes); folded the first 8 (one node)
+    assert _env(ep=8).degree(2).ep_links.domains == 2
+    assert _env(ep=8, etp=1).degree(2).ep_links.domains == 1
+    assert _env(ep=8, etp=1).degree(2).expert_dp_links.size == 64 // 8
+
+
+def test_a_dense_layer_has_no_moe_terms():
+    dense = MODELS["llama3-8b"]
+    env = CostEnv(dense, TRAIN, ParallelLayout(tp=2, dp=32, global_batch=256, sequence_parallel=True), H64)
+    p = env.block_pass(dense.layer_kind(0), 2)
+    assert p.ep_comm == p.ep_comm_full == 0.0
+    step = estimate_step(dense, TRAIN, env.layout, H64)
+    assert step.time_breakdown_s["ep_comm"] == 0.0
