@@ -272,10 +272,11 @@ def _show_estimate(inputs, layout, cost) -> None:
     from ntp_planner.views.plan import cost_tables, domain_use
 
     model_spec, _, cluster_obj = inputs
-    from ntp_planner.views.model import params_line
+    from ntp_planner.views.model import model_lines
 
     show(f"[bold]{model_spec.name}[/bold]: {layout.describe()}")
-    show(params_line(model_spec))
+    for line in model_lines(model_spec, layout):
+        show(line)
     for line in domain_use(cluster_obj):
         show(line)
     show(cost_tables(cost))

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from cost_models.step import StepCost
 from ntp_planner.plan import Plan, RunnerUp
-from ntp_planner.views.model import params_json, params_line
+from ntp_planner.views.model import model_lines, params_json
 from topologies.cluster import Cluster
 
 TIME_LABELS = {
@@ -120,7 +120,7 @@ def plan_view(plan: Plan) -> Group:
     )
     parts = [
         title,
-        params_line(plan.model),
+        *model_lines(plan.model, plan.layout),
         *domain_use(plan.cluster.build()),
         Text(f"layout: {plan.layout.describe()}", style="bold green"),
         cost_tables(plan.predicted),
@@ -178,7 +178,7 @@ def explain_view(plan: Plan, efficiency=None) -> Group:
     return Group(
         *extra,
         Text(f"{plan.model.name}: {plan.layout.describe()} ({plan.source})", style="bold"),
-        params_line(plan.model),
+        *model_lines(plan.model, plan.layout),
         *domain_use(plan.cluster.build()),
         cost_tables(plan.predicted),
         degrees_table(plan, efficiency),

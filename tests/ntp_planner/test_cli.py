@@ -744,6 +744,11 @@ def test_estimate_takes_the_experts_grid_and_dispatch(tmp_path):
     assert result.exit_code == 0, result.output
     layout = json.loads(out.read_text())["layout"]
     assert (layout["etp"], layout["ep"], layout["moe_dispatcher"], layout["moe_overlap"]) == (1, 4, "flex", "1f1b")
-    assert "etp1 moe-flex a2a-1f1b" in " ".join(result.stdout.split())
+    text = " ".join(result.stdout.split())
+    assert "etp1 moe-flex a2a-1f1b" in text
+    # tp 2 x dp 4 = 8 GPUs a stage hold ep 4 x etp 1, so 2 copies of each expert shard
+    grid = "experts: ep 4 x etp 1 x edp 2 over the 8 GPUs of a stage (folded over the attention TP), flex dispatch"
+    assert grid + ", 1f1b A2A overlap" in text
+    assert grid.replace("folded over", "split like") not in text
     refused = ntp("estimate", *SMALL, "--tp", 2, "--etp", 1)
     assert refused.exit_code == 2 and "etp(1) needs an MoE model" in refused.stderr
