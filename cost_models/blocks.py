@@ -156,12 +156,13 @@ class CostEnv:
             copies = lay.tp // t
             cp_stride = lay.rank_grid.stride("cp")  # the rank order's, like every stride below
             etp = lay.expert_tp if lay.folded else t
-            ep_links = c.strided_links(0, cp_stride, lay.ep)
-            expert_dp_links = c.grid_links(t, copies, cp_stride * lay.ep, lay.dp * lay.cp // lay.ep)
             if lay.folded:  # the experts' own grid (etp fastest, then ep, then edp): rank 0's groups
                 grid = lay.rank_grid
                 ep_links = c.group_links(grid.expert_group("ep", 0, lay.ep, etp))
                 expert_dp_links = c.group_links(grid.expert_group("edp", 0, lay.ep, etp))
+            else:
+                ep_links = c.strided_links(0, cp_stride, lay.ep)
+                expert_dp_links = c.grid_links(t, copies, cp_stride * lay.ep, lay.dp * lay.cp // lay.ep)
             self._degrees[t] = Degree(
                 t=t,
                 seqs=seqs,
@@ -579,6 +580,7 @@ class CostEnv:
             self.training.flash_attention,
             d.cp,
             linear_input_bytes=saved_input_bytes(self.training.dtype),
+            etp=d.etp,
         )
 
 
@@ -612,7 +614,7 @@ def _block_params(
     if block == HEAD:
         return head_params_per_gpu(model, t, last_stage_ties), 0.0
     expert = model.layer_expert_params(block)
-    return layer_params_per_gpu(model, block, t, ep) - expert / (t * ep), expert / (etp * ep)
+    return layer_params_per_gpu(model, block, t, ep, etp) - expert / (etp * ep), expert / (etp * ep)
 
 
 def pass_cache_key(layout: ParallelLayout) -> tuple:
