@@ -219,3 +219,17 @@ def test_interleaving_keeps_to_megatrons_micro_batch_rule():
     result = search(model, TrainingSpec(seq_len=4096, global_batch=96), cluster, 0.1, SearchSpace(cps=(1,)))
     interleaved = [c.layout for c in result.ranked if c.layout.vpp > 1]
     assert interleaved and all(lay.num_micro_batches % lay.pp == 0 for lay in interleaved)
+
+
+def test_moe_search_equals_costed_brute_force_over_every_grid():
+    """Mixtral 8x7B on 16 H100: the costed search equals brute force over every tp, pp, etp in
+    {tp, 1} and ep, folded layouts with ep > dp x cp (EP spanning the TP ranks) among them."""
+    m = MODELS["mixtral-8x7b"]
+    training = TrainingSpec(seq_len=4096, global_batch=16)
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    space = SearchSpace(cps=(1,), micro_batches=(1,), vpps=(1,), recomputes=("full",))
+    result = search(m, training, cluster, 0.1, space)
+    expected = brute_force(m, training, cluster, space, 0.1)
+    assert {c.layout: c.cost.step_time_s for c in result.ranked} == expected
+    assert result.ranked[0].cost.step_time_s == min(expected.values())
+    assert any(c.layout.folded and c.layout.ep > c.layout.dp for c in result.ranked)
