@@ -159,6 +159,9 @@ def chunk_placements(layout: ParallelLayout, num_layers: int) -> list[ChunkPlace
     return sorted(out, key=lambda c: c.chunk)
 
 
+SHOWN_COUNTS = ("params_total", "params_active")  # shown beside a plan in --json, derived from its model
+
+
 class Plan(BaseModel):
     """A layout for one model on one cluster, with its predicted cost."""
 
@@ -369,13 +372,19 @@ class Plan(BaseModel):
         version = data["schema_version"]
         if type(version) is not int or version != SCHEMA_VERSION:
             raise InputError(f"plan {path}: {_version_message(version)}.")
+        shown = {key: data.pop(key) for key in SHOWN_COUNTS if key in data}  # what `ntp plan --json` adds
         try:
-            return cls.model_validate(data)
+            plan = cls.model_validate(data)
         except ValidationError as exc:
             cause = exc.errors()[0].get("ctx", {}).get("error")
             if isinstance(cause, EditedPlan):
                 raise InputError(f"{path} {cause}.") from None
             raise InputError(f"plan {path} is malformed: {first_error(exc)}.") from None
+        for key, value in shown.items():
+            if value != getattr(plan.model, key):
+                actual = getattr(plan.model, key)
+                raise InputError(f"{path} gives {key} {value!r} but its model has {actual}: {RE_PREDICT}.")
+        return plan
 
 
 def _unset_later_fields(cluster: ClusterInputs) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +14,7 @@ from ntp_planner.cli.options import (
     AttentionKernelOpt,
     BatchOpt,
     ClusterOpt,
+    Dispatcher,
     DtypeOpt,
     FlashOpt,
     Fp8ParamsOpt,
@@ -25,6 +25,7 @@ from ntp_planner.cli.options import (
     GradReduceOpt,
     JsonOpt,
     ModelOpt,
+    MoeOverlap,
     OutOpt,
     PrecisionAwareOpt,
     ProfileOpt,
@@ -32,7 +33,7 @@ from ntp_planner.cli.options import (
     SeqOpt,
     parse_list,
 )
-from ntp_planner.cli.output import show
+from ntp_planner.cli.output import show, show_json
 from ntp_planner.cli.plan import plan_inputs
 from topologies.errors import InputError
 
@@ -43,6 +44,13 @@ PpOpt = Annotated[int, typer.Option("--pp", **_DEG, help="Pipeline stages.")]
 DpOpt = Annotated[int | None, typer.Option("--dp", **_DEG, help="Data-parallel degree (default: GPUs / (tp pp cp)).")]
 CpOpt = Annotated[int, typer.Option("--cp", **_DEG, help="Context-parallel degree.")]
 EpOpt = Annotated[int, typer.Option("--ep", **_DEG, help="Expert-parallel degree (MoE).")]
+EtpOpt = Annotated[
+    int | None, typer.Option("--etp", **_DEG, help="Expert tensor parallelism (MoE; default tp; 1 folds EP over TP).")
+]
+DispatcherOpt = Annotated[
+    Dispatcher, typer.Option("--moe-dispatcher", help="MoE token dispatcher (flex: DeepEP / HybridEP).")
+]
+MoeOverlapOpt = Annotated[MoeOverlap, typer.Option("--moe-overlap", help="Overlap of MoE dispatch with compute.")]
 MicroBatchOpt = Annotated[
     int, typer.Option("--micro-batch", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per micro-batch.")
 ]
@@ -99,6 +107,9 @@ def estimate(
     dp: DpOpt = None,
     cp: CpOpt = 1,
     ep: EpOpt = 1,
+    etp: EtpOpt = None,
+    moe_dispatcher: DispatcherOpt = "alltoall",
+    moe_overlap: MoeOverlapOpt = "none",
     micro_batch: MicroBatchOpt = 1,
     vpp: VppOpt = 1,
     pp_layers: PpLayersOpt = None,
@@ -174,14 +185,19 @@ def estimate(
         overlap_p2p=overlap_p2p,
         p2p_scatter_gather=p2p_scatter_gather,
         tp_comm_overlap=tp_comm_overlap,
+        etp=etp,
+        moe_dispatcher=moe_dispatcher,
+        moe_overlap=moe_overlap,
     )
     model_spec, training, cluster_obj = inputs
     efficiency = profile_efficiency(profile, cluster_obj.gpu.name)
     cost = estimate_step(model_spec, training, layout, cluster_obj, efficiency)
     if output:
         _save_estimate(inputs, layout, cost, output, efficiency)
-    if json_out:
-        sys.stdout.write(cost.model_dump_json(indent=1) + "\n")
+    if json_out:  # the step cost, and the model's parameter counts beside it
+        from ntp_planner.views.model import params_json
+
+        show_json(params_json(model_spec) | cost.model_dump(mode="json"))
     else:
         _show_estimate(inputs, layout, cost)
 
@@ -256,7 +272,11 @@ def _show_estimate(inputs, layout, cost) -> None:
     from ntp_planner.views.plan import cost_tables, domain_use
 
     model_spec, _, cluster_obj = inputs
+    from ntp_planner.views.model import model_lines
+
     show(f"[bold]{model_spec.name}[/bold]: {layout.describe()}")
+    for line in model_lines(model_spec, layout):
+        show(line)
     for line in domain_use(cluster_obj):
         show(line)
     show(cost_tables(cost))

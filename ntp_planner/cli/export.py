@@ -50,7 +50,10 @@ def export_cmd(
     for w in result.warnings:
         typer.echo(f"warning: {w}", err=True)
     if json_out:
-        show_json({"files": [str(out_dir / n) for n in result.files], "warnings": result.warnings})
+        from ntp_planner.views.model import params_json
+
+        files = [str(out_dir / n) for n in result.files]
+        show_json({**params_json(p.model), "files": files, "warnings": result.warnings})
     else:
         for name in result.files:
             show(f"wrote {out_dir / name}")

@@ -213,7 +213,7 @@ def validate_live(plan, shrunk_run, nproc, steps, timeout, tolerance, json_out, 
     units = [*LAYER_UNITS, "vocab"]  # ``cuts.compare_cuts``'s order
     cuts = sorted([*cuts, *(c for c in run.cuts if (c["unit"], c["degree"]) not in seen)],
                   key=lambda c: (units.index(c["unit"]), c["degree"]))  # fmt: skip
-    data = validate_json(shrunk, result, tolerance, "gloo", cuts) | live_json(result, run, tolerance)
+    data = validate_json(shrunk, result, tolerance, "gloo", cuts, plan.model) | live_json(result, run, tolerance)
     if json_out:
         show_json(data)
     else:

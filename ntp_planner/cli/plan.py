@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -60,7 +59,9 @@ def models(json_out: JsonOpt = False) -> None:
     from cost_models import MODELS
 
     if json_out:
-        show_json([m.model_dump(mode="json") | {"num_params": m.num_params} for m in MODELS.values()])
+        from ntp_planner.views.model import params_json
+
+        show_json([m.model_dump(mode="json") | {"num_params": m.num_params} | params_json(m) for m in MODELS.values()])
     else:
         from ntp_planner.views.catalogue import models_table
 
@@ -107,7 +108,8 @@ def plan(
     json_out: JsonOpt = False,
 ) -> None:
     """Search the layouts (with --per-layer, the default, per-layer TP degrees too) and show the
-    fastest that fits.
+    fastest that fits. For an MoE model the experts' grid too: expert TP = tp or 1 (EP folded over
+    the TP ranks), every EP degree, the dispatcher its EP group calls for.
 
     \b
     Example: ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 \\
@@ -158,8 +160,10 @@ def plan(
     )
     if output:
         result.save(output)
-    if json_out:
-        sys.stdout.write(result.model_dump_json(indent=1) + "\n")
+    if json_out:  # the plan, and the model's parameter counts beside it (-o writes the plan file)
+        from ntp_planner.views.model import params_json
+
+        show_json(params_json(result.model) | result.model_dump(mode="json"))
         return
     from ntp_planner.views.plan import plan_view
 

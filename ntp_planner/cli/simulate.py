@@ -236,14 +236,22 @@ def simulate(
         results, trace = run_simulation(p, cfg, names, np.random.default_rng(seed), progress=advance)
     if plot is not None:
         plot_simulation(trace, results, plot, title)
+    _show_simulation(p, results, cfg, sources, settings, json_out)
+    if plot is not None and not json_out:
+        show(f"plots written to {plot}/")
+
+
+def _show_simulation(plan, results, cfg, sources, settings, json_out) -> None:
+    """The goodput per strategy, after the model's size: as JSON or as a table."""
+    from ntp_planner.views.model import params_json, params_line
+
     if json_out:
-        show_json({**{s: _result_json(r) for s, r in results.items()}, "settings": settings})
+        show_json({**params_json(plan.model), **{s: _result_json(r) for s, r in results.items()}, "settings": settings})
         return
     from ntp_planner.views.simulate import simulation_table
 
+    show(params_line(plan.model))
     show(simulation_table(results, cfg, sources))
-    if plot is not None:
-        show(f"plots written to {plot}/")
 
 
 def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, title) -> None:
@@ -260,16 +268,19 @@ def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, tit
             runs[k], _ = run_simulation(
                 plan, cfg.model_copy(update={"spares": k}), names, np.random.default_rng(seed), progress=advance
             )
+    from ntp_planner.views.model import params_json, params_line
+
     rows = pool_rows(plan, runs)
     if plot is not None:
         from ntp_planner.views.plots import plot_spares
 
         plot_spares(rows, Path(plot) / "spares.png", title)
     if json_out:
-        show_json({"spares_sweep": rows, "settings": settings})
+        show_json({**params_json(plan.model), "spares_sweep": rows, "settings": settings})
         return
     from ntp_planner.views.simulate import pool_table
 
+    show(params_line(plan.model))
     show(pool_table(rows, cfg, settings["recovery_sources"]))
     if plot is not None:
         show(f"plot written to {Path(plot) / 'spares.png'}")

@@ -221,7 +221,7 @@ def validate(
     if result is None:
         return  # a torchrun rank other than 0: rank 0 reports
     comparison = None if measured_profile is None else _compare_prediction(measured_profile, shrunk.spec, p, result)
-    data = validate_json(shrunk, result, tolerance, backend, cuts) | replan_fields | (comparison or {})
+    data = validate_json(shrunk, result, tolerance, backend, cuts, p.model) | replan_fields | (comparison or {})
     _show_run(data, validate_view(p, shrunk, result, tolerance, backend, cuts), comparison, json_out)
     if record is not None:
         _record(record, plan_file, p, measured_profile, comparison)

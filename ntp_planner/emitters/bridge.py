@@ -13,6 +13,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
+from ntp_planner.emitters.moe import MLA_NOTE, moe_warnings
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -22,7 +23,11 @@ def emit(
 ) -> Export:
     layout, warnings = expressible_layout(plan, "Megatron-Bridge")
     warnings += sharding_warnings(layout, "Megatron-Bridge")
-    model = {k: v for k, v in mcore_fields(plan, layout).items() if v is not None}
+    warnings += moe_warnings(plan, layout, "Megatron-Bridge")
+    if plan.model.is_mla:
+        provider = "an MLA model provider (DeepSeekV3ModelProvider)"
+        warnings.append(MLA_NOTE.format(target="Megatron-Bridge", config=provider))
+    model = {k: list(v) if isinstance(v, tuple) else v for k, v in mcore_fields(plan, layout).items() if v is not None}
     ddp = {**sharding_fields(layout), "grad_reduce_in_fp32": plan.training.grad_bytes == 4}
     precision = {**low_precision_fields(plan), "grad_reduce_in_fp32": plan.training.grad_bytes == 4}
     model["pipeline_dtype"] = "bf16" if plan.training.dtype != "fp16" else "fp16"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cost_models.layout import ParallelLayout
+from ntp_planner.emitters.moe import attention_fields, moe_fields
 from ntp_planner.plan import Plan
 
 
@@ -47,10 +48,16 @@ def launch_geometry(plan: Plan) -> tuple[int, int]:
 SHARDING_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP's names for ZeRO-2 / ZeRO-3
 
 
-def pipeline_split(layout: ParallelLayout, num_layers: int) -> dict:
+def pipeline_split(layout: ParallelLayout, num_layers: int, mtp_layers: int = 0) -> dict:
     """How Megatron-Core says where the layers live, in its config field names: nothing for an
     equal split, the embedding / loss counted as layers, first and last stage counts (no
-    interleaving), or an explicit layout string."""
+    interleaving), or an explicit layout string. A layout string names the ``mtp_layers``
+    multi-token prediction modules too ("m", megatron-core counts them against mtp_num_layers),
+    before the loss on the last stage, where the cost model holds them.
+
+    >>> pipeline_split(ParallelLayout(pp=2, dp=1, global_batch=1, pp_layers=(3, 5)), 8, mtp_layers=1)
+    {'pipeline_model_parallel_layout': 'Ettt|tttttmL'}
+    """
     from cost_models.pipeline_layout import format_layout, megatron_splits
 
     chunks = layout.chunks(num_layers)
@@ -70,7 +77,8 @@ def pipeline_split(layout: ParallelLayout, num_layers: int) -> dict:
         if counts[-1] != middle[0]:
             fields["num_layers_in_last_pipeline_stage"] = counts[-1]
         return fields
-    return {"pipeline_model_parallel_layout": format_layout(chunks, layout.pp)}
+    text = format_layout(chunks, layout.pp)
+    return {"pipeline_model_parallel_layout": text[: -len("L")] + "m" * mtp_layers + "L"}
 
 
 def sharding_fields(layout: ParallelLayout) -> dict:
@@ -114,11 +122,9 @@ def mcore_fields(plan: Plan, layout: ParallelLayout) -> dict:
         "recompute_method": "uniform" if layout.recompute == "full" else None,
         "recompute_num_layers": 1 if layout.recompute == "full" else None,
     }
-    fields.update(pipeline_split(layout, m.num_layers))
-    if m.is_moe:
-        fields.update(
-            num_moe_experts=m.num_experts, moe_router_topk=m.moe_top_k, moe_ffn_hidden_size=m.moe_ffn_hidden_size
-        )
+    fields.update(pipeline_split(layout, m.num_layers, m.mtp_layers))
+    fields.update({k: v for k, v in moe_fields(plan, layout).items() if v is not None})
+    fields.update(attention_fields(m))
     return fields
 
 

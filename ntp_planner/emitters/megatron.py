@@ -21,6 +21,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
+from ntp_planner.emitters.moe import attention_fields, moe_fields, moe_warnings
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -72,32 +73,63 @@ FLAGS = {
     "fp4_recipe": "--fp4-recipe",
     "fp8_param_gather": "--fp8-param-gather",
     "fp4_param_gather": "--fp4-param-gather",
+    # experts (emitters.moe.moe_fields)
+    "num_moe_experts": "--num-experts",
+    "moe_router_topk": "--moe-router-topk",
+    "moe_router_pre_softmax": "--moe-router-pre-softmax",
+    "moe_ffn_hidden_size": "--moe-ffn-hidden-size",
+    "moe_grouped_gemm": "--moe-grouped-gemm",
+    "moe_token_dispatcher_type": "--moe-token-dispatcher-type",
+    "moe_flex_dispatcher_backend": "--moe-flex-dispatcher-backend",
+    "expert_model_parallel_size": "--expert-model-parallel-size",
+    "expert_tensor_parallel_size": "--expert-tensor-parallel-size",
+    "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm",
+    "moe_layer_freq": "--moe-layer-freq",
+    "moe_shared_expert_intermediate_size": "--moe-shared-expert-intermediate-size",
+    # attention variants (emitters.moe.attention_fields)
+    "multi_latent_attention": "--multi-latent-attention",
+    "q_lora_rank": "--q-lora-rank",
+    "kv_lora_rank": "--kv-lora-rank",
+    "qk_head_dim": "--qk-head-dim",
+    "qk_pos_emb_head_dim": "--qk-pos-emb-head-dim",
+    "v_head_dim": "--v-head-dim",
+    "mtp_num_layers": "--mtp-num-layers",
+    "window_size": "--window-size",
+    "window_attn_skip_freq": "--window-attn-skip-freq",
+    "softmax_type": "--softmax-type",
 }
 
 
 def flags(fields: dict) -> list[str]:
     """Megatron-LM arguments for megatron-core config fields: True -> the switch, False/None ->
-    nothing, a value -> the flag and the value.
+    nothing, a value -> the flag and the value, a list as the Python list its parser evaluates
+    (``moe_freq_type``), a tuple as comma-separated integers (``tuple_type``).
 
     >>> flags({"pipeline_model_parallel_layout": "Ettt|tttttL", "use_megatron_fsdp": False})
     ['--pipeline-model-parallel-layout', 'Ettt|tttttL']
+    >>> flags({"moe_layer_freq": [0, 1, 1], "window_size": (127, 0)})
+    ['--moe-layer-freq', '[0,1,1]', '--window-size', '127,0']
     """
     out = []
     for key, value in fields.items():
         if value is True:
             out.append(FLAGS[key])
+        elif isinstance(value, list):
+            out += [FLAGS[key], "[" + ",".join(map(str, value)) + "]"]
+        elif isinstance(value, tuple):
+            out += [FLAGS[key], ",".join(map(str, value))]
         elif value not in (False, None):
             out += [FLAGS[key], str(value)]
     return out
 
 
-def pipeline_split_args(layout: ParallelLayout, num_layers: int) -> list[str]:
+def pipeline_split_args(layout: ParallelLayout, num_layers: int, mtp_layers: int = 0) -> list[str]:
     """Where the layers live, as Megatron-LM's pipeline flags (``common.pipeline_split``).
 
     >>> pipeline_split_args(ParallelLayout(pp=2, dp=1, global_batch=1, pp_layers=(3, 5)), 8)
     ['--pipeline-model-parallel-layout', 'Ettt|tttttL']
     """
-    return flags(pipeline_split(layout, num_layers))
+    return flags(pipeline_split(layout, num_layers, mtp_layers))
 
 
 def megatron_args(
@@ -161,30 +193,12 @@ def megatron_args(
     args += PRECISION[t.dtype] + flags(low_precision_fields(plan))
     if layout.vpp > 1 and layout.overlap_p2p:
         args += ["--overlap-p2p-communication"]
-    args += pipeline_split_args(layout, m.num_layers)
+    args += pipeline_split_args(layout, m.num_layers, m.mtp_layers)
     if layout.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    if m.is_moe:
-        pattern = [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
-        args += [
-            "--num-experts",
-            str(m.num_experts),
-            "--moe-router-topk",
-            str(m.moe_top_k),
-            "--moe-ffn-hidden-size",
-            str(m.moe_ffn_hidden_size),
-            "--moe-grouped-gemm",
-            "--moe-token-dispatcher-type",
-            "alltoall",
-            "--expert-model-parallel-size",
-            str(layout.ep),
-            "--moe-layer-freq",
-            str(m.moe_layer_freq) if all(pattern) else str(pattern).replace(" ", ""),
-        ]
-        if m.moe_shared_ffn_hidden_size:
-            args += ["--moe-shared-expert-intermediate-size", str(m.moe_shared_ffn_hidden_size)]
+    args += flags(moe_fields(plan, layout)) + flags(attention_fields(m))
     args += user_value("--data-path", data_path) if data_path else ["--mock-data"]
     checkpoints = save_dir or f"checkpoints/{m.name}"
     args += [*user_value("--save", checkpoints), *user_value("--load", checkpoints), *TRAINING_HYPERPARAMETERS]
@@ -272,7 +286,7 @@ def emit(
     plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
 ) -> Export:
     layout, warnings = expressible_layout(plan, "Megatron-LM")
-    warnings += sharding_warnings(layout, "Megatron-LM")
+    warnings += sharding_warnings(layout, "Megatron-LM") + moe_warnings(plan, layout, "Megatron-LM")
     args = megatron_args(plan, layout, data_path, save_dir)
     out = Export(warnings=warnings)
     out.files["launch_megatron.sh"] = launch_script(plan, args)

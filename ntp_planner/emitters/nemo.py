@@ -13,6 +13,7 @@ from ntp_planner.emitters.common import (
     mcore_fields,
     sharding_warnings,
 )
+from ntp_planner.emitters.moe import moe_warnings, supported
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -28,8 +29,10 @@ def emit(
     m, t = plan.model, plan.training
     if t.dtype in ("mxfp8", "nvfp4"):
         warnings.append(f"NeMo 1.x has no {t.dtype} recipe (Blackwell block scaling came with NeMo 2); exported as fp8")
+    fields, dropped = supported(mcore_fields(plan, layout), "NeMo", layout.folded)
+    warnings += dropped + moe_warnings(plan, layout, "NeMo")
     model = {
-        **mcore_fields(plan, layout),
+        **fields,
         "micro_batch_size": layout.micro_batch,
         "global_batch_size": layout.global_batch,
         "encoder_seq_length": t.seq_len,

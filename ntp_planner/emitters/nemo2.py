@@ -12,6 +12,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
+from ntp_planner.emitters.moe import MLA_NOTE, moe_warnings
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -21,6 +22,9 @@ RECIPES = {
     "llama3-70b": "llama3_70b",
     "llama3.1-405b": "llama31_405b",
     "mixtral-8x7b": "mixtral_8x7b",
+    "mixtral-8x22b": "mixtral_8x22b",
+    "deepseek-v3": "deepseek_v3",
+    "qwen3-30b-a3b": "qwen3_30b_a3b",
     "gpt3-175b": "gpt3_175b",
 }
 STRATEGY_FIELDS = (
@@ -30,6 +34,7 @@ STRATEGY_FIELDS = (
     "context_parallel_size",
     "sequence_parallel",
     "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
     "num_layers_in_first_pipeline_stage",
     "num_layers_in_last_pipeline_stage",
 )
@@ -37,6 +42,27 @@ MODEL_FIELDS = (  # set on the model's TransformerConfig
     "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split",
     "pipeline_model_parallel_layout",
+    # experts and attention variants (emitters.moe), on the recipe's model config
+    "num_moe_experts",
+    "moe_router_topk",
+    "moe_router_pre_softmax",
+    "moe_ffn_hidden_size",
+    "moe_grouped_gemm",
+    "moe_token_dispatcher_type",
+    "moe_flex_dispatcher_backend",
+    "overlap_moe_expert_parallel_comm",
+    "moe_layer_freq",
+    "moe_shared_expert_intermediate_size",
+    "multi_latent_attention",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "mtp_num_layers",
+    "window_size",
+    "window_attn_skip_freq",
+    "softmax_type",
 )
 
 
@@ -44,7 +70,9 @@ def emit(
     plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
 ) -> Export:
     layout, warnings = expressible_layout(plan, "NeMo 2.0")
-    warnings += sharding_warnings(layout, "NeMo 2.0")
+    warnings += sharding_warnings(layout, "NeMo 2.0") + moe_warnings(plan, layout, "NeMo 2.0")
+    if plan.model.is_mla and RECIPES.get(plan.model.name) != "deepseek_v3":
+        warnings.append(MLA_NOTE.format(target="NeMo 2.0", config="an MLA model config (llm.DeepSeekV3Config)"))
     hosts, per_host = launch_geometry(plan)
     fields = mcore_fields(plan, layout)
     lines = [f"    strategy.{k} = {fields[k]!r}" for k in STRATEGY_FIELDS if k in fields]

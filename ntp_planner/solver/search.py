@@ -99,8 +99,9 @@ def enumerate_layouts(
             if pp > min(model.num_layers, space.max_pp):
                 break
             dp = n // (tp * cp * pp)
-            eps = [e for e in divisors(dp * cp) if model.num_experts % e == 0] if model.is_moe else [1]
-            for mb, vpp, rc, ep in product(space.micro_batches, space.vpps, space.recomputes, eps):
+            for mb, vpp, rc, expert in product(
+                space.micro_batches, space.vpps, space.recomputes, expert_grids(model, tp, cp, dp, domain)
+            ):
                 if batch % (mb * dp):
                     continue
                 if vpp > 1 and (pp == 1 or pp * vpp > model.num_layers or (batch // (mb * dp)) % pp):
@@ -111,16 +112,52 @@ def enumerate_layouts(
                         pp=pp,
                         dp=dp,
                         cp=cp,
-                        ep=ep,
                         micro_batch=mb,
                         global_batch=batch,
                         vpp=vpp,
                         sequence_parallel=tp > 1,
                         recompute=rc,
                         zero=first_zero(training, space, dp * cp),
+                        **expert,
                     )
                 )
     return out
+
+
+def expert_grids(model: ModelSpec, tp: int, cp: int, dp: int, domain: int) -> list[dict]:
+    """The experts' grids tried over a stage's ``tp x cp x dp`` ranks, as layout fields: expert
+    TP ``etp`` in {tp, 1} (1 folds EP over the attention's TP ranks, Megatron's parallel folding;
+    one value when tp is 1), EP every divisor of ``tp * cp * dp / etp`` that divides the experts,
+    and the dispatcher the EP group calls for (``moe_dispatcher``). Experts with biases (GPT-OSS)
+    take etp 1 only: megatron-core builds them at no other ("Bias in Moe is only supported when
+    ETP==1"). A dense model has one grid: no fields, so its layouts are those of before folding.
+
+    >>> from cost_models import MODELS
+    >>> [(g.get("etp"), g["ep"]) for g in expert_grids(MODELS["mixtral-8x7b"], 2, 1, 2, 8)]
+    [(None, 1), (None, 2), (1, 1), (1, 2), (1, 4)]
+    """
+    if not model.is_moe:
+        return [{}]
+    grids = []
+    for etp in dict.fromkeys((1,) if model.bias else (tp, 1)):
+        for ep in divisors(tp * cp * dp // etp):
+            if model.num_experts % ep == 0:
+                fields = {"ep": ep, "moe_dispatcher": dispatcher(etp, ep, domain)}
+                grids.append(fields if etp == tp else {**fields, "etp": etp})
+    return grids
+
+
+def dispatcher(etp: int, ep: int, domain: int) -> str:
+    """The token dispatcher for an EP group of ``ep`` ranks ``etp`` apart: 'flex' (DeepEP /
+    HybridEP: NVLink inside the domain, one copy per node across it) when the group spans more
+    ranks than an NVLink domain holds, else Megatron's default 'alltoall', all on NVLink. A
+    stage's ranks are consecutive and the expert grid numbers them etp fastest, so an EP group
+    spans ``etp * ep`` consecutive ranks (``RankGrid.expert_group``); domains are aligned.
+
+    >>> dispatcher(1, 8, 8), dispatcher(2, 8, 8), dispatcher(8, 1, 8)
+    ('alltoall', 'flex', 'alltoall')
+    """
+    return "flex" if etp * ep > domain else "alltoall"
 
 
 def first_zero(training: TrainingSpec, space: SearchSpace, dp_shards: int) -> int:

@@ -6,19 +6,21 @@ from rich import box
 from rich.table import Table
 
 from cost_models.model import ModelSpec
+from ntp_planner.views.model import billions
 from topologies.cluster_catalogue import ClusterSpec
 
 
 def models_table(models: list[ModelSpec]) -> Table:
     t = Table(title="Models", box=box.SIMPLE_HEAD)
     t.add_column("name", no_wrap=True)
-    for col in ("params", "layers", "hidden", "ffn", "heads", "vocab", "MoE"):
+    for col in ("params", "active", "layers", "hidden", "ffn", "heads", "vocab", "MoE"):
         t.add_column(col, justify="right", no_wrap=True)
     for m in models:
         experts = f"{m.num_experts} top-{m.moe_top_k}" if m.is_moe else "-"
         t.add_row(
             m.name,
-            f"{m.num_params / 1e9:.1f}B",
+            billions(m.params_total),
+            billions(m.params_active),
             str(m.num_layers),
             str(m.hidden_size),
             str(m.ffn_hidden_size),

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from cost_models.step import StepCost
 from ntp_planner.plan import Plan, RunnerUp
+from ntp_planner.views.model import model_lines, params_json
 from topologies.cluster import Cluster
 
 TIME_LABELS = {
@@ -119,6 +120,7 @@ def plan_view(plan: Plan) -> Group:
     )
     parts = [
         title,
+        *model_lines(plan.model, plan.layout),
         *domain_use(plan.cluster.build()),
         Text(f"layout: {plan.layout.describe()}", style="bold green"),
         cost_tables(plan.predicted),
@@ -176,6 +178,7 @@ def explain_view(plan: Plan, efficiency=None) -> Group:
     return Group(
         *extra,
         Text(f"{plan.model.name}: {plan.layout.describe()} ({plan.source})", style="bold"),
+        *model_lines(plan.model, plan.layout),
         *domain_use(plan.cluster.build()),
         cost_tables(plan.predicted),
         degrees_table(plan, efficiency),
@@ -187,6 +190,7 @@ def explain_view(plan: Plan, efficiency=None) -> Group:
 def explain_json(plan: Plan) -> dict:
     cost = plan.predicted
     return {
+        **params_json(plan.model),
         "layout": plan.layout.model_dump(mode="json"),
         "step_time_s": cost.step_time_s,
         "time_breakdown_s": cost.time_breakdown_s,

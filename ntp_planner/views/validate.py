@@ -12,11 +12,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ntp_planner.plan import Plan
+from ntp_planner.views.model import params_json, params_text
 
 
-def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dict] | None = None) -> dict:
+def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dict] | None = None, model=None) -> dict:
     """What `ntp validate --json` prints. ``cuts``: the shard cuts against the planner's shares
-    (``executor.cuts.compare_cuts``); a mismatch fails the run."""
+    (``executor.cuts.compare_cuts``); a mismatch fails the run. ``model``: the plan's model (the
+    run executes a shrunk one), whose parameter counts come first."""
     spec = shrunk.spec
     errors = (result.max_rel_error_loss, result.max_rel_error_grads, result.max_rel_error_params)
     ranks = []
@@ -27,6 +29,7 @@ def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dic
             {"process": process, "plan_rank": plan_rank, "gpu": gpu, "replica": replica, "stage": stage, "local": local}
         )
     return {
+        **(params_json(model) if model is not None else {}),
         # NaN <= tolerance is false, so a NaN error fails too; a non-finite error prints as null
         "passed": max(errors) <= tolerance and all(c["match"] for c in cuts or []) and not result.problems,
         "problems": list(result.problems),
@@ -84,6 +87,7 @@ def validate_view(plan: Plan, shrunk, result, tolerance: float, backend: str, cu
     spec = shrunk.spec
     head = Table(show_header=False, box=None)
     head.add_row("plan", escape(plan.layout.describe()))
+    head.add_row("model", escape(params_text(plan.model)))
     shape = "; ".join(
         f"replica {i}: {' | '.join(_stage_text(st) for st in rep.stages)} x {rep.micro_batches} micro-batches"
         for i, rep in enumerate(spec.replicas)

@@ -86,6 +86,9 @@ def test_cli_surface_is_frozen():
                 "--dp",
                 "--cp",
                 "--ep",
+                "--etp",
+                "--moe-dispatcher",
+                "--moe-overlap",
                 "--micro-batch",
                 "--vpp",
                 "--pp-layers",
@@ -675,3 +678,77 @@ def test_a_catalogue_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch)
     assert run("estimate", *SMALL, "--tp", "8").exit_code == 0  # the catalogue's llama3-8b
     result = ntp("estimate", *[a if a != "llama3-8b" else "./llama3-8b" for a in SMALL], "--tp", "8")
     assert result.exit_code == 2 and "cannot read model file llama3-8b: it is a folder" in result.stderr
+
+
+MOE = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "16", "--seq-len", "4096", "--global-batch", "16"]
+
+
+def test_every_command_shows_total_and_active_parameters(tmp_path):
+    """The model's size in each command's --json (exact integers, the ModelSpec properties) and
+    table (one line): models, plan, estimate, explain, export, simulate."""
+    m, dense = MODELS["mixtral-8x7b"], MODELS["llama3-8b"]
+    assert m.params_active < m.params_total  # top-2 of 8 experts: the two counts must differ
+    models = {d["name"]: d for d in json.loads(run("models", "--json").stdout)}
+    assert all((d["params_total"], d["params_active"]) == (MODELS[n].params_total, MODELS[n].params_active)
+               for n, d in models.items())  # fmt: skip
+    table = " ".join(run("models").stdout.split())
+    assert f"mixtral-8x7b {m.params_total / 1e9:.1f}B {m.params_active / 1e9:.1f}B" in table
+    line = f"mixtral-8x7b: {m.params_total / 1e9:.1f}B parameters, {m.params_active / 1e9:.1f}B active per token"
+    saved = tmp_path / "moe.json"
+    est = run("estimate", *MOE, "--tp", 2, "--ep", 8, "--sequence-parallel", "--json", "-o", saved)
+    assert est.exit_code == 0, est.output
+    outputs = {"estimate": json.loads(est.stdout)}
+    assert line in run("estimate", *MOE, "--tp", 2, "--ep", 8, "--sequence-parallel").stdout
+    outputs["explain"] = json.loads(run("explain", saved, "--json").stdout)
+    assert line in run("explain", saved).stdout
+    exported = run("export", saved, "--format", "megatron", "--output", tmp_path / "out", "--json")
+    assert exported.exit_code == 0, exported.output
+    outputs["export"] = json.loads(exported.stdout)
+    sim = ntp("simulate", saved, "--trials", "2", "--days", "1", "--json")
+    assert sim.exit_code == 0, sim.output
+    outputs["simulate"] = json.loads(sim.stdout)
+    assert line in " ".join(ntp("simulate", saved, "--trials", "2", "--days", "1").stdout.split())
+    for command, data in outputs.items():
+        assert (data["params_total"], data["params_active"]) == (m.params_total, m.params_active), command
+    planned = json.loads(run("plan", *SMALL, "--top", "1", "--json").stdout)
+    assert planned["params_total"] == planned["params_active"] == dense.params_total == dense.num_params
+    assert f"llama3-8b: {dense.params_total / 1e9:.1f}B parameters" in run("plan", *SMALL, "--top", "1").stdout
+
+
+def test_estimate_takes_the_experts_grid_and_dispatch(tmp_path):
+    from typing import get_args
+
+    from cost_models import layout as library
+    from ntp_planner.cli import options
+
+    assert get_args(options.Dispatcher) == get_args(library.Dispatcher)
+    assert get_args(options.MoeOverlap) == get_args(library.MoeOverlap)
+    out = tmp_path / "folded.json"
+    args = [
+        "--tp",
+        2,
+        "--ep",
+        4,
+        "--etp",
+        1,
+        "--moe-dispatcher",
+        "flex",
+        "--moe-overlap",
+        "1f1b",
+        "--pp",
+        2,
+        "--vpp",
+        2,
+    ]
+    result = run("estimate", *MOE, *args, "-o", out)
+    assert result.exit_code == 0, result.output
+    layout = json.loads(out.read_text())["layout"]
+    assert (layout["etp"], layout["ep"], layout["moe_dispatcher"], layout["moe_overlap"]) == (1, 4, "flex", "1f1b")
+    text = " ".join(result.stdout.split())
+    assert "etp1 moe-flex a2a-1f1b" in text
+    # tp 2 x dp 4 = 8 GPUs a stage hold ep 4 x etp 1, so 2 copies of each expert shard
+    grid = "experts: ep 4 x etp 1 x edp 2 over the 8 GPUs of a stage (folded over the attention TP), flex dispatch"
+    assert grid + ", 1f1b A2A overlap" in text
+    assert grid.replace("folded over", "split like") not in text
+    refused = ntp("estimate", *SMALL, "--tp", 2, "--etp", 1)
+    assert refused.exit_code == 2 and "etp(1) needs an MoE model" in refused.stderr

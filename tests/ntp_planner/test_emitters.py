@@ -48,7 +48,9 @@ def make(model, gpus, seq=4096, **layout):
 #       distributed_optimizer=True)
 #   ntp_replanned: make("llama3-8b", 64, tp=8, pp=2, dp=4, global_batch=32, sequence_parallel=True,
 #       distributed_optimizer=True), and Replanner(plan).replan(frozenset({3, 12}), "ntp")
-CASES = ["dense_pp_interleaved", "moe", "ntp_replanned"]
+#   moe_folded: make("deepseek-v3", 256, tp=2, pp=8, dp=16, vpp=2, ep=16, etp=1, moe_dispatcher="flex",
+#       moe_overlap="1f1b", global_batch=256, sequence_parallel=True, distributed_optimizer=True)
+CASES = ["dense_pp_interleaved", "moe", "ntp_replanned", "moe_folded"]
 
 
 def frozen(case: str) -> tuple[Plan, ReplanResult | None]:
@@ -158,6 +160,7 @@ def _catalogue_plan(name):
         pp=2,
         dp=dp,
         ep=2 if m.is_moe else 1,
+        etp=1 if m.is_moe and m.bias else None,  # megatron-core: biased experts only at etp 1
         global_batch=8,
         sequence_parallel=tp > 1,
         distributed_optimizer=True,
@@ -169,15 +172,19 @@ def test_megatron_core_accepts_every_catalogue_plan(name):
     transformer = pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
     import torch
 
+    from tests.support.megatron_config import transformer_config
+
     plan = _catalogue_plan(name)
-    kwargs = transformer_config_kwargs(megatron_args(plan, plan.layout))
-    if kwargs["pipeline_model_parallel_size"] > 1:
-        kwargs["pipeline_dtype"] = torch.bfloat16
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformer.TransformerConfig(**kwargs)
+    args = megatron_args(plan, plan.layout)
+    extra = {"pipeline_dtype": torch.bfloat16} if plan.layout.pp > 1 else {}
+    config = transformer_config(args, **extra)  # MLATransformerConfig for an MLA model
+    assert isinstance(config, transformer.TransformerConfig)
     assert config.num_layers == plan.model.num_layers
     assert config.tensor_model_parallel_size == plan.layout.tp
+    assert bool(getattr(config, "multi_latent_attention", False)) == plan.model.is_mla
+    if plan.model.is_moe:
+        assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (2, plan.layout.expert_tp)
+        assert config.moe_router_pre_softmax == (plan.model.moe_top_k == 1)
 
 
 def test_megatron_core_rejects_a_broken_export():
@@ -605,3 +612,195 @@ def test_every_exported_file_is_one_its_target_lists(case):
         assert set(names) <= set(EXPORT_FILES[fmt]) and names
     plan, replan = _ntp_case()
     assert set(export(plan, "megatron", replan=replan).files) == set(EXPORT_FILES["megatron"])
+
+
+# ---- experts and attention variants: megatron-core's own config classes read the exports ----------
+
+
+def _variant(base: str, **fields):
+    m = MODELS[base]
+    return type(m).model_validate({**m.model_dump(), "name": f"{base}-variant", **fields})  # validated
+
+
+def _moe_plan(cluster="dgx-h100", model="deepseek-moe-16b", **layout):
+    """deepseek-moe-16b (64 experts top-6, first layer dense, a 2,816-wide shared expert) on 16
+    GPUs, its experts folded: etp 1, ep 4 over tp 2 x dp 4, interleaved pp 2."""
+    fields = dict(tp=2, pp=2, dp=4, vpp=2, ep=4, etp=1, global_batch=16, sequence_parallel=True)
+    lay = ParallelLayout(**{**fields, **layout})
+    m = MODELS[model] if isinstance(model, str) else model
+    return plan_from_layout(
+        m, TrainingSpec(seq_len=4096, global_batch=16), Cluster(spec=CLUSTERS[cluster], num_gpus=16), lay
+    )
+
+
+@pytest.mark.parametrize(("cluster", "backend"), [("dgx-h100", "deepep"), ("gb200-nvl72", "hybridep")])
+def test_megatron_core_builds_a_folded_moe_export(cluster, backend):
+    pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    import torch
+
+    from tests.support.megatron_config import transformer_config
+
+    plan = _moe_plan(cluster, moe_dispatcher="flex", moe_overlap="1f1b")
+    args = megatron_args(plan, plan.layout)
+    config = transformer_config(args, pipeline_dtype=torch.bfloat16)
+    assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (4, 1)
+    assert (config.tensor_model_parallel_size, config.num_moe_experts, config.moe_router_topk) == (2, 64, 6)
+    assert config.moe_token_dispatcher_type == "flex" and config.moe_flex_dispatcher_backend == backend
+    assert config.overlap_moe_expert_parallel_comm and config.moe_grouped_gemm
+    assert config.moe_layer_freq == [0] + [1] * 27  # HF first_k_dense_replace 1 of 28 layers
+    assert config.moe_shared_expert_intermediate_size == 2816 and config.moe_ffn_hidden_size == 1408
+    unfolded = _moe_plan(cluster, etp=None)
+    config = transformer_config(megatron_args(unfolded, unfolded.layout), pipeline_dtype=torch.bfloat16)
+    assert config.expert_tensor_parallel_size == 2 and config.moe_token_dispatcher_type == "alltoall"
+    assert not config.overlap_moe_expert_parallel_comm
+
+
+@pytest.mark.parametrize(
+    ("layout", "rule"),
+    [
+        (dict(recompute="full"), "full recomputation"),
+        (dict(vpp=1), "virtual pipeline"),
+        (dict(moe_dispatcher="allgather"), "allgather dispatcher"),
+        (dict(ep=1, etp=None), "expert parallelism"),
+    ],
+)
+def test_a2a_overlap_megatron_refuses_is_dropped_with_its_rule(layout, rule):
+    pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    import torch
+
+    from tests.support.megatron_config import transformer_config
+
+    plan = _moe_plan(moe_overlap="1f1b", **layout)
+    args = megatron_args(plan, plan.layout)
+    assert "--overlap-moe-expert-parallel-comm" not in args
+    notes = export(plan, "megatron").warnings
+    assert any("A2A overlap is not exported" in w and rule in w for w in notes), notes
+    transformer_config(args, pipeline_dtype=torch.bfloat16)  # builds without the flag
+    with pytest.raises((AssertionError, ValueError)):  # megatron-core itself refuses the flag here
+        transformer_config([*args, "--overlap-moe-expert-parallel-comm"], pipeline_dtype=torch.bfloat16)
+
+
+def test_dualpipe_exports_as_the_1f1b_overlap_with_a_note():
+    plan = _moe_plan(moe_overlap="dualpipe")
+    out = export(plan, "megatron")
+    assert "--overlap-moe-expert-parallel-comm" in json.loads(out.files["megatron_args.json"])
+    assert any("no DualPipe" in w for w in out.warnings)
+    assert any("router settings" in w for w in out.warnings)  # the plan has none but top-k: said so
+
+
+@pytest.mark.parametrize("q_lora_rank", [0, 1536])
+def test_megatron_core_builds_an_mla_and_mtp_export(q_lora_rank):
+    """DeepSeek-V3's attention (kv_lora_rank 512, 128 no-rope + 64 rope query/key dims, 128-wide
+    values, one MTP layer) on deepseek-moe-16b: megatron-core's MLATransformerConfig."""
+    transformer = pytest.importorskip("megatron.core.transformer.transformer_config", reason="no megatron-core")
+    import torch
+
+    from tests.support.megatron_config import transformer_config
+
+    mla = dict(q_lora_rank=q_lora_rank, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    plan = _moe_plan(model=_variant("deepseek-moe-16b", head_dim=192, mtp_layers=1, **mla))
+    config = transformer_config(megatron_args(plan, plan.layout), pipeline_dtype=torch.bfloat16)
+    assert isinstance(config, transformer.MLATransformerConfig) and config.multi_latent_attention
+    assert config.q_lora_rank == (q_lora_rank or None) and config.kv_lora_rank == 512
+    assert (config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim) == (128, 64, 128)
+    assert config.mtp_num_layers == 1
+    bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])["model"]
+    assert bridge["multi_latent_attention"] and bridge["kv_lora_rank"] == 512 and bridge["mtp_num_layers"] == 1
+    nemo = export(plan, "nemo")
+    assert "multi_latent_attention" not in yaml.safe_load(nemo.files["nemo_config.yaml"])["model"]
+    assert any("multi_latent_attention dropped" in w for w in nemo.warnings)
+
+
+@pytest.mark.parametrize("every", [2, 0, 3])
+def test_megatron_core_windows_the_layers_the_model_windows(every):
+    """GPT-OSS's attention (a 128-token window on every other layer, sinks) on mixtral-8x7b:
+    megatron-core's own is_layer_window_attention picks the layers ModelSpec's rule windows."""
+    pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    from tests.support.megatron_config import transformer_config
+
+    m = _variant("mixtral-8x7b", sliding_window=128, full_attention_every=every, attention_sinks=True)
+    plan = _moe_plan(model=m, ep=8, etp=1, vpp=1, pp=1, dp=8)
+    config = transformer_config(megatron_args(plan, plan.layout))
+    assert config.window_size == (127, 0) and config.softmax_type == "learnable"
+    windowed = [is_layer_window_attention(config.window_size, config.window_attn_skip_freq, i + 1) for i in range(32)]
+    full = [every > 0 and (i + 1) % every == 0 for i in range(32)]  # the ModelSpec field's stated rule
+    assert windowed == [not f for f in full] and any(windowed)
+    nemo2 = export(plan, "nemo2").files["nemo2_recipe.py"]
+    assert "recipe.model.config.window_size = (127, 0)" in nemo2
+    assert "recipe.model.config.softmax_type = 'learnable'" in nemo2
+
+
+def test_nemo1_drops_what_it_cannot_run_and_says_so():
+    plan = _moe_plan(moe_dispatcher="flex")
+    out = export(plan, "nemo")
+    model = yaml.safe_load(out.files["nemo_config.yaml"])["model"]
+    assert model["moe_token_dispatcher_type"] == "alltoall" and "moe_flex_dispatcher_backend" not in model
+    assert "expert_tensor_parallel_size" not in model and model["expert_model_parallel_size"] == 4
+    assert any("moe_flex_dispatcher_backend dropped, moe_token_dispatcher_type alltoall" in w for w in out.warnings)
+    assert any("expert_tensor_parallel_size dropped" in w for w in out.warnings)  # etp 1: a folding NeMo 1 lacks
+    recipe = export(plan, "nemo2").files["nemo2_recipe.py"]
+    assert "strategy.expert_tensor_parallel_size = 1" in recipe
+    assert "recipe.model.config.moe_flex_dispatcher_backend = 'deepep'" in recipe
+
+
+@pytest.mark.parametrize("variant", ["folded", "mla", "window"])
+def test_nemo2_and_bridge_model_keys_are_megatron_core_config_fields(variant):
+    """Every model.* key of the Bridge override and every recipe.model.config.* / strategy field
+    the NeMo 2 recipe sets for experts and attention is a field of megatron-core's own config
+    dataclass (Bridge's providers and NeMo 2's configs subclass it): a misspelt name fails here."""
+    import dataclasses
+    import re
+
+    pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    names = {f.name for f in dataclasses.fields(MLATransformerConfig)}
+    models = {
+        "folded": MODELS["deepseek-moe-16b"],
+        "mla": _variant(
+            "deepseek-moe-16b",
+            head_dim=192,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+        "window": _variant("mixtral-8x7b", sliding_window=4096, full_attention_every=4, attention_sinks=True),
+    }
+    plan = _moe_plan(model=models[variant], moe_dispatcher="flex", moe_overlap="1f1b")
+    bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])["model"]
+    assert set(bridge) - names == set(), set(bridge) - names
+    recipe = export(plan, "nemo2").files["nemo2_recipe.py"]
+    compile(recipe, "nemo2_recipe.py", "exec")
+    config_keys = set(re.findall(r"recipe\.model\.config\.(\w+) =", recipe))
+    assert config_keys and config_keys <= names, config_keys - names
+    assert {"moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm"} <= config_keys
+    strategy_keys = set(re.findall(r"strategy\.(\w+_size) =", recipe))
+    assert {"expert_model_parallel_size", "expert_tensor_parallel_size"} <= strategy_keys <= names
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_megatron_core_builds_every_frozen_export(case):
+    """megatron-core's own config from each frozen plan's Megatron-LM arguments (DeepSeek-V3
+    folded, with MLA and an MTP module in its pipeline layout string included)."""
+    pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    import torch
+    from megatron.core.transformer.enums import LayerType
+
+    from tests.support.megatron_config import transformer_config
+
+    plan, _ = frozen(case)
+    args = json.loads(export(plan, "megatron").files["megatron_args.json"])
+    config = transformer_config(args, pipeline_dtype=torch.bfloat16)
+    lay, m = plan.layout, plan.model
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (lay.tp, lay.pp)
+    assert (config.mtp_num_layers or 0) == m.mtp_layers
+    if m.is_moe:
+        assert (config.expert_model_parallel_size, config.expert_tensor_parallel_size) == (lay.ep, lay.expert_tp)
+    if config.pipeline_model_parallel_layout is not None:
+        grid = config.pipeline_model_parallel_layout.layout  # [pp rank][virtual stage] -> layer types
+        flat = [t for chunk in zip(*grid, strict=True) for stage in chunk for t in stage]
+        assert flat.count(LayerType.decoder) == m.num_layers and flat.count(LayerType.mtp) == m.mtp_layers
+        assert grid[-1][-1][-2:] == ([LayerType.mtp, LayerType.loss] if m.mtp_layers else grid[-1][-1][-2:])

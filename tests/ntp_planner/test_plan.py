@@ -385,3 +385,19 @@ def test_committed_plans_keep_their_inputs_hash(name):
     plans' hashes, and the hashes their exported configs carry, as they were."""
     plan = Plan.load(Path(__file__).parent / "plans" / f"{name}.json")
     assert inputs_hash(plan.model, plan.training, plan.cluster, plan.layout) == plan.inputs_hash
+
+
+def test_plan_json_output_loads_back_with_its_counts_checked(tmp_path):
+    # `ntp plan --json` prints the plan with params_total / params_active beside it; that output is a
+    # plan file too, and counts that disagree with the model are an edit
+    plan = Plan.load(Path(__file__).parent / "plans" / "moe_folded.json")
+    shown = json.loads(plan.model_dump_json()) | {
+        "params_total": plan.model.params_total,
+        "params_active": plan.model.params_active,
+    }
+    (tmp_path / "ok.json").write_text(json.dumps(shown))
+    assert Plan.load(tmp_path / "ok.json") == plan
+    shown["params_active"] = plan.model.params_total
+    (tmp_path / "bad.json").write_text(json.dumps(shown))
+    with pytest.raises(InputError, match=f"gives params_active {plan.model.params_total} but its model has"):
+        Plan.load(tmp_path / "bad.json")

@@ -60,15 +60,57 @@ def transformer_config_kwargs(args: list[str]) -> dict:
             kw["recompute_method"] = values["--recompute-method"]
             kw["recompute_num_layers"] = num("--recompute-num-layers")
     if "--num-experts" in values:
-        freq = values["--moe-layer-freq"]
         kw.update(
             num_moe_experts=num("--num-experts"),
             moe_router_topk=num("--moe-router-topk"),
+            moe_router_pre_softmax="--moe-router-pre-softmax" in values,
             moe_ffn_hidden_size=num("--moe-ffn-hidden-size"),
-            moe_grouped_gemm=True,
+            moe_grouped_gemm="--moe-grouped-gemm" in values,
             moe_token_dispatcher_type=values["--moe-token-dispatcher-type"],
-            moe_layer_freq=json.loads(freq) if str(freq).startswith("[") else int(freq),
+            moe_layer_freq=_freq(values["--moe-layer-freq"]),
+            expert_tensor_parallel_size=num("--expert-tensor-parallel-size"),
+            moe_shared_expert_intermediate_size=num("--moe-shared-expert-intermediate-size"),
+            overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm" in values,
         )
-        if "--moe-shared-expert-intermediate-size" in values:
-            kw["moe_shared_expert_intermediate_size"] = num("--moe-shared-expert-intermediate-size")
-    return {k: v for k, v in kw.items() if v is not None}
+        if "--moe-flex-dispatcher-backend" in values:
+            kw["moe_flex_dispatcher_backend"] = values["--moe-flex-dispatcher-backend"]
+    if "--multi-latent-attention" in values:  # Megatron-LM then builds an MLATransformerConfig
+        kw.update(
+            multi_latent_attention=True,
+            q_lora_rank=num("--q-lora-rank"),
+            kv_lora_rank=num("--kv-lora-rank"),
+            qk_head_dim=num("--qk-head-dim"),
+            qk_pos_emb_head_dim=num("--qk-pos-emb-head-dim"),
+            v_head_dim=num("--v-head-dim"),
+        )
+        if "--q-lora-rank" not in values:  # argparse's default; the config class defaults to 512
+            kw["q_lora_rank"] = None
+    kw["mtp_num_layers"] = num("--mtp-num-layers")
+    if "--window-size" in values:  # Megatron-LM's tuple_type: "a,b" -> (a, b)
+        kw["window_size"] = tuple(int(x) for x in values["--window-size"].strip("()").split(","))
+        kw["window_attn_skip_freq"] = (
+            _freq(values["--window-attn-skip-freq"]) if "--window-attn-skip-freq" in values else None
+        )
+    if "--softmax-type" in values:
+        kw["softmax_type"] = values["--softmax-type"]
+    return {k: v for k, v in kw.items() if v is not None or k == "q_lora_rank"}
+
+
+def _freq(text: str) -> int | list[int]:
+    """Megatron-LM's moe_freq_type for what the exporter writes: an int, or a list literal."""
+    return json.loads(text) if str(text).startswith("[") else int(text)
+
+
+def transformer_config(args: list[str], **extra):
+    """megatron-core's own config from emitted arguments: MLATransformerConfig when they ask
+    for multi-head latent attention (as Megatron-LM's core_transformer_config_from_args does),
+    else TransformerConfig; ``extra`` fields added (``pipeline_dtype``)."""
+    import warnings
+
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    kwargs = transformer_config_kwargs(args)
+    cls = MLATransformerConfig if kwargs.get("multi_latent_attention") else TransformerConfig
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls(**kwargs, **extra)

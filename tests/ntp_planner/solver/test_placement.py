@@ -49,3 +49,30 @@ def test_a_first_test_on_one_machine_saves_a_plan(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "p.json").read_text())["placement"] == list(range(8))
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpus", "tp", "dp", "pp", "ep", "etp"),
+    [
+        ("dgx-h100", 16, 2, 4, 2, 4, 1),  # folded: EP over tp x dp inside a host
+        ("dgx-h100", 32, 4, 4, 2, 8, 1),  # folded, 8 ranks: one host each
+        ("dgx-h100", 32, 2, 8, 2, 8, 2),  # unfolded, 16 ranks: two hosts -> flex
+        ("dgx-h100", 16, 8, 2, 1, 2, 8),  # unfolded, ep 2 across the two hosts -> flex
+        ("gb200-nvl72", 64, 4, 8, 2, 8, 1),  # one 72-GPU domain holds all 64
+        ("gb200-nvl72", 128, 8, 8, 2, 8, 1),  # domains of 72 and 56: tp_domain_size 8
+    ],
+)
+def test_the_searched_dispatcher_matches_where_placement_puts_each_ep_group(spec, gpus, tp, dp, pp, ep, etp):
+    """Placement puts an EP group (RankGrid's expert grid) inside one NVLink domain exactly when
+    the search's dispatcher rule calls for all-to-all, else it spans domains and the rule says
+    flex: the rule's contiguity assumption (etp * ep consecutive ranks) holds where it is used."""
+    from ntp_planner.solver.search import dispatcher
+
+    cluster = Cluster(spec=CLUSTERS[spec], num_gpus=gpus)
+    grid = RankGrid(tp=tp, dp=dp, pp=pp)
+    gpu_of = place_ranks(grid, cluster)
+    domain_of = {g: g // cluster.used_per_domain for g in range(gpus)}  # the job's GPU ids, domain by domain
+    spans = {len({domain_of[gpu_of[r]] for r in group}) > 1 for group in grid.expert_groups("ep", ep, etp)}
+    rule = dispatcher(etp, ep, cluster.tp_domain_size)
+    # all-to-all only where no group leaves its domain; flex where one does (others may fit: 72 / 56)
+    assert spans == {rule == "flex"} or (rule == "flex" and spans == {False, True})

@@ -45,6 +45,7 @@ torchrun --nproc_per_node 8 --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --moe-grouped-gemm \
     --moe-token-dispatcher-type alltoall \
     --expert-model-parallel-size 8 \
+    --expert-tensor-parallel-size 2 \
     --moe-layer-freq 1 \
     --mock-data \
     --save checkpoints/mixtral-8x7b \

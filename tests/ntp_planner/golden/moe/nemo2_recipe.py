@@ -14,6 +14,13 @@ def configure(recipe):
     strategy.context_parallel_size = 1
     strategy.sequence_parallel = True
     strategy.expert_model_parallel_size = 8
+    strategy.expert_tensor_parallel_size = 2
+    recipe.model.config.num_moe_experts = 8
+    recipe.model.config.moe_router_topk = 2
+    recipe.model.config.moe_ffn_hidden_size = 14336
+    recipe.model.config.moe_grouped_gemm = True
+    recipe.model.config.moe_token_dispatcher_type = 'alltoall'
+    recipe.model.config.moe_layer_freq = 1
     strategy.ddp.use_distributed_optimizer = True
     strategy.ddp.overlap_grad_reduce = True
     strategy.ddp.overlap_param_gather = True

@@ -1,0 +1,170 @@
+"""What every target says about experts and the newer attention variants, in megatron-core config
+field names (``TransformerConfig`` / ``MLATransformerConfig``, megatron-core 0.16): the experts'
+grid (``expert_model_parallel_size`` x ``expert_tensor_parallel_size``, Megatron's parallel
+folding), the token dispatcher, the A2A overlap and its rules, multi-head latent attention,
+multi-token prediction, sliding windows and attention sinks. Each target maps these names to its
+own (``megatron.FLAGS``) or drops the ones it cannot run, with a note (``UNSUPPORTED``)."""
+
+from __future__ import annotations
+
+from cost_models.layout import ParallelLayout
+from cost_models.model import ModelSpec
+from ntp_planner.plan import Plan
+
+ROUTER_NOTE = (
+    "the plan has no router settings beyond top-k (score function, expert bias, aux-loss coefficient): "
+    "megatron-core's defaults apply (moe_router_score_function softmax, no expert bias, moe_aux_loss_coeff 0); "
+    "set the model's own (DeepSeek-V3: sigmoid with expert bias)"
+)
+
+MLA_NOTE = (
+    "{target}: multi-head latent attention is a config class of its own (megatron-core's MLATransformerConfig): "
+    "apply these settings to {config}; on a GPT config the MLA fields build no MLA layers"
+)
+
+
+def flex_backend(plan: Plan) -> str:
+    """The flex dispatcher's backend: HybridEP where one NVLink domain spans several hosts (GB200 /
+    GB300 NVL72, what it was written for: it dispatches over the multi-node NVLink), else DeepEP
+    (NVLink inside a host, RDMA across hosts, one copy of a token per host)."""
+    spec = plan.cluster.spec
+    return "hybridep" if spec.domain_size > spec.gpus_per_node else "deepep"
+
+
+def overlap_refusal(plan: Plan, layout: ParallelLayout) -> str | None:
+    """Why megatron-core 0.16 refuses ``overlap_moe_expert_parallel_comm`` for this plan
+    (TransformerConfig.__post_init__'s assertions), or None when it runs: EP > 1, the alltoall or
+    flex dispatcher, virtual pipeline stages when pp > 1, no full recomputation, at most one MTP
+    layer and, with one, pp > 1."""
+    m = plan.model
+    rules = [
+        (layout.ep > 1, f"it needs expert parallelism (ep is {layout.ep})"),
+        (layout.moe_dispatcher in ("alltoall", "flex"), f"the {layout.moe_dispatcher} dispatcher has no overlap"),
+        (layout.pp == 1 or layout.vpp > 1, f"pp {layout.pp} > 1 needs virtual pipeline stages (vpp is 1)"),
+        (layout.recompute != "full", "full recomputation is on"),
+        (m.mtp_layers <= 1, f"{m.mtp_layers} MTP layers (it takes at most 1)"),
+        (m.mtp_layers != 1 or layout.pp > 1, "one MTP layer needs pp > 1"),
+    ]
+    broken = [why for ok, why in rules if not ok]
+    return "; ".join(broken) or None
+
+
+def moe_fields(plan: Plan, layout: ParallelLayout) -> dict:
+    """The experts, their grid and their dispatch, as megatron-core config fields (None: unset).
+    ``moe_layer_freq`` is an int when every layer is MoE, else megatron's per-layer 0/1 list (it
+    covers first-k dense layers and interleaving alike)."""
+    m = plan.model
+    if not m.is_moe:
+        return {}
+    pattern = [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
+    overlap = layout.moe_overlap != "none" and overlap_refusal(plan, layout) is None
+    return {
+        "num_moe_experts": m.num_experts,
+        "moe_router_topk": m.moe_top_k,
+        # megatron-core refuses top-1 after the softmax (every weight would be 1: no gradient)
+        "moe_router_pre_softmax": True if m.moe_top_k == 1 else None,
+        "moe_ffn_hidden_size": m.moe_ffn_hidden_size,
+        "moe_grouped_gemm": True,
+        "moe_token_dispatcher_type": layout.moe_dispatcher,
+        "moe_flex_dispatcher_backend": flex_backend(plan) if layout.moe_dispatcher == "flex" else None,
+        "expert_model_parallel_size": layout.ep,
+        "expert_tensor_parallel_size": layout.expert_tp,
+        "overlap_moe_expert_parallel_comm": overlap or None,
+        "moe_layer_freq": 1 if all(pattern) else pattern,
+        "moe_shared_expert_intermediate_size": m.moe_shared_ffn_hidden_size or None,
+    }
+
+
+def attention_fields(m: ModelSpec) -> dict:
+    """MLA, MTP, sliding-window and sink fields (None: unset). MLA's query/key head is
+    ``qk_head_dim`` (no-rope part) + ``qk_pos_emb_head_dim`` (rope part). The window: the model
+    holds Hugging Face's ``sliding_window`` (tokens seen, the current one included), megatron-core
+    takes ``window_size = (left, right)`` tokens beside the current one, so (w - 1, 0) as
+    Megatron-Bridge's GPT-OSS bridge converts it; ``window_attn_skip_freq`` k makes layer i (from 1)
+    full when i % k == 0, the ModelSpec's ``full_attention_every`` rule (0 = every layer windowed:
+    unset). Sinks: megatron's ``softmax_type = 'learnable'`` (a learned offset per head)."""
+    windowed = m.sliding_window > 0 and m.full_attention_every != 1
+    fields = {
+        "multi_latent_attention": m.is_mla or None,
+        "q_lora_rank": (m.q_lora_rank or None) if m.is_mla else None,
+        "kv_lora_rank": m.kv_lora_rank if m.is_mla else None,
+        "qk_head_dim": m.qk_nope_head_dim if m.is_mla else None,
+        "qk_pos_emb_head_dim": m.qk_rope_head_dim if m.is_mla else None,
+        "v_head_dim": m.v_head_dim if m.is_mla else None,
+        "mtp_num_layers": m.mtp_layers or None,
+        "window_size": (m.sliding_window - 1, 0) if windowed else None,
+        "window_attn_skip_freq": (m.full_attention_every or None) if windowed else None,
+        "softmax_type": "learnable" if m.attention_sinks else None,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+# target -> megatron-core fields it cannot run, and why (the field is dropped, the reason printed)
+_NEMO1 = "NeMo 1.x builds its GPT from megatron-core releases before {what}"
+UNSUPPORTED: dict[str, dict[str, str]] = {
+    "NeMo": {
+        "expert_tensor_parallel_size": _NEMO1.format(
+            what="expert tensor parallelism (parallel folding): its experts "
+            "split over the attention's TP ranks, so export with --format nemo2, bridge or megatron"
+        ),
+        "moe_flex_dispatcher_backend": _NEMO1.format(what="the flex (DeepEP / HybridEP) dispatcher"),
+        "overlap_moe_expert_parallel_comm": _NEMO1.format(what="the EP all-to-all overlap"),
+        "multi_latent_attention": _NEMO1.format(what="multi-head latent attention"),
+        "mtp_num_layers": _NEMO1.format(what="multi-token prediction"),
+        "window_size": _NEMO1.format(what="sliding-window attention in its GPT layers"),
+        "softmax_type": _NEMO1.format(what="attention sinks (softmax_type)"),
+    },
+}
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+# what goes with a dropped field: fields dropped with it, or set to what the target runs instead
+_WITH: dict[str, dict] = {
+    "moe_flex_dispatcher_backend": {"moe_token_dispatcher_type": "alltoall"},
+    "multi_latent_attention": dict.fromkeys(_MLA_FIELDS),
+    "window_size": {"window_attn_skip_freq": None},
+}
+
+
+def supported(fields: dict, target: str, folded: bool) -> tuple[dict, list[str]]:
+    """``fields`` without those ``target`` cannot run, and a note for each dropped one. An
+    unfolded grid (etp = tp) needs no expert-TP field: the target splits experts like attention."""
+    out, notes = dict(fields), []
+    if not folded and "expert_tensor_parallel_size" in UNSUPPORTED.get(target, {}):
+        out.pop("expert_tensor_parallel_size", None)
+    for key, why in UNSUPPORTED.get(target, {}).items():
+        if out.get(key) is None:
+            continue
+        out.pop(key)
+        for k, instead in _WITH.get(key, {}).items():
+            out.pop(k, None)
+            if instead is not None:
+                out[k] = instead
+        runs = "".join(f", {k} {v}" for k, v in _WITH.get(key, {}).items() if v is not None)
+        notes.append(f"{target}: {key} dropped{runs}: {why}")
+    return out, notes
+
+
+def moe_warnings(plan: Plan, layout: ParallelLayout, target: str) -> list[str]:
+    """What the export of experts cannot carry as planned: the router settings the plan lacks, and
+    an A2A overlap the target runs differently (DualPipe) or refuses (dropped, with the rule)."""
+    if not plan.model.is_moe:
+        return []
+    notes = [f"{target}: {ROUTER_NOTE}"]
+    if plan.model.bias and layout.expert_tp != 1:
+        notes.append(
+            f"{target}: megatron-core runs experts with biases only at expert TP 1 ('Bias in Moe is only supported "
+            f"when ETP==1'); this plan has etp {layout.expert_tp}: re-plan with etp 1"
+        )
+    if layout.moe_overlap == "none":
+        return notes
+    refusal = overlap_refusal(plan, layout)
+    if refusal is not None:
+        notes.append(
+            f"{target}: the planned {layout.moe_overlap} A2A overlap is not exported: megatron-core's "
+            f"overlap_moe_expert_parallel_comm refuses this layout ({refusal}); expect the dispatch exposed"
+        )
+    elif layout.moe_overlap == "dualpipe":
+        notes.append(
+            f"{target} has no DualPipe schedule; the A2A overlap is exported as megatron-core's 1F1B overlap "
+            "(overlap_moe_expert_parallel_comm), which hides the dispatch of one micro-batch under another's compute"
+        )
+    return notes
