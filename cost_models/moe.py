@@ -21,6 +21,15 @@ GPU holds ``tokens / tp`` of its TP group's ``tokens``; expert tensor parallelis
 them back over the expert-TP group after dispatch (``etp`` = ``tp``: every TP rank sees all the TP
 group's routed tokens on ``f / tp`` of each expert; ``etp`` = 1, parallel folding: each rank its
 own, on whole experts).
+
+Where each piece lives: the operations of steps 1, 2, 4 and 5 are ``flops.moe_ops``; this module
+has the load (``imbalance_factor``, ``routed_load``), the grouped GEMMs' efficiency
+(``grouped_gemm_factor``), the bytes and time of dispatch per dispatcher (``dispatch_bytes``,
+``dispatch_time``) and what overlap leaves exposed (``exposed_dispatch``,
+``unpaired_micro_batches``); ``CostEnv`` (``cost_models.blocks``) composes them per layer, with
+the host sync of ``Efficiency.moe_host_sync_s``, and ``cost_models.step`` adds the unpaired
+micro-batches' dispatch. The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``
+and ``moe_host_sync_s``, fitted to or sourced against table G (``cost_models.published_moe``).
 """
 
 from __future__ import annotations
