@@ -90,7 +90,8 @@ def _range_message(exc: Exception) -> str | None:
         finite = math.isfinite(float(value))
     except (TypeError, ValueError, OverflowError):
         finite = True
-    return f"{option} {value}: {err['msg'] if finite else 'Input should be a finite number'}"
+    msg = err["msg"].removeprefix("Value error, ") if finite else "Input should be a finite number"
+    return f"{option} {value}: {msg}"
 
 
 def main() -> None:

@@ -252,3 +252,17 @@ def test_explain_signs_runner_up_deltas(tmp_path):
     slower = runner_up.model_copy(update={"step_time_s": best.step_time_s + 0.011})
     assert why_lost(best, faster).startswith("-0.011 s (")
     assert why_lost(best, slower).startswith("+0.011 s (")
+
+
+def test_a_bad_choice_reads_as_one_sentence_without_pydantic_prefixes(monkeypatch, capsys):
+    from ntp_planner.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["ntp", "estimate", "-m", "mixtral-8x7b", "-c", "dgx-h100", "-n", "16",
+                                      "--moe-dispatcher", "bogus"])  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --moe-dispatcher bogus: 'bogus' is not one of 'alltoall', 'allgather', 'flex'; "
+        "run `ntp estimate --help` for the options.\n"
+    )
