@@ -90,3 +90,13 @@ def _every_rank_dispatches_every_token():
 def test_every_rank_dispatching_every_token_is_caught():
     result = launch(tp2(2, ep=2, etp=1, steps=1), timeout_s=150, worker_init=_every_rank_dispatches_every_token)
     assert result.max_rel_error_loss > 1e-4 and result.max_rel_error_grads > 1e-2
+
+
+@pytest.mark.timeout(180)
+def test_etp2_inside_tp4_with_sequence_parallel_exact_against_one_process():
+    # one TP4 pipeline, etp 2, ep 2: expert-TP groups (0, 1), (2, 3) each take half the tokens,
+    # EP groups (0, 2), (1, 3) split the experts; every expert cut 6/6 over its etp group
+    spec = make_spec(MOE, [[4, 4, 4, 4]], [([4], 2)], 1, 8, dtype="float64", ep=2, etp=2, sequence_parallel=True)
+    assert [expert_seat(spec, r, 4).ep_ranks for r in range(4)] == [(0, 2), (1, 3), (0, 2), (1, 3)]
+    assert [expert_seat(spec, r, 4).etp_rank for r in range(4)] == [0, 1, 0, 1]
+    check(launch(spec, timeout_s=150))

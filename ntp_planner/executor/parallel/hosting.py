@@ -1,0 +1,80 @@
+"""Explicit expert hosting (``spec.StageExperts``): the folded grid at etp 1 written out, and the
+re-hosting after a failure, when the failed rank's experts move to the survivors of its EP group
+(NTP beside EP: its replica runs at reduced TP, its EP group keeps every expert). Pure; no torch.
+
+Worked example: tp 2, dp 2 (ranks 0-3), etp 1, ep 2: EP groups (0, 1) and (2, 3), each rank two
+whole experts. Rank 3 fails: its experts 2 and 3 go to rank 2, the one survivor of its group;
+ranks close the gap (none above 3 here):
+
+>>> from ntp_planner.executor.spec import StageExperts
+>>> healthy = (StageExperts(((0, 1), (2, 3)), ((0, 2), (0, 2), (1, 3), (1, 3))),)
+>>> rehost(healthy, 3)[0]
+StageExperts(groups=((0, 1), (2,)), owners=((0, 2), (0, 2), (1, 2), (1, 2)))
+>>> moves(healthy, 3)
+{(0, 2): (1, 2), (0, 3): (1, 2)}
+"""
+
+from __future__ import annotations
+
+from ntp_planner.executor.groups import expert_group, stage_ranks
+from ntp_planner.executor.spec import RunSpec, StageExperts
+
+
+def grid_hosting(spec: RunSpec) -> tuple[StageExperts, ...]:
+    """The experts' grid of a folded run at etp 1 as hosting, per stage: the grid's EP groups,
+    EP rank i of each holding the i-th block of ``experts / ep``."""
+    if spec.etp != 1:
+        raise ValueError(f"hosting holds whole experts: the run needs etp 1, not {spec.etp}")
+    per, out = spec.cfg.experts // spec.ep, []
+    for s in range(spec.pp):
+        groups = tuple(dict.fromkeys(expert_group(spec, r, "ep") for r in stage_ranks(spec, s)))
+        owners = tuple(tuple(sorted(g[e // per] for g in groups)) for e in range(spec.cfg.experts))
+        out.append(StageExperts(groups, owners))
+    return tuple(out)
+
+
+def _rehosted(host: StageExperts, failed: int) -> dict[int, int]:
+    """expert -> the survivor of ``failed``'s EP group that takes it over (old rank numbers):
+    each in turn to the survivor holding the fewest, lowest rank on a tie."""
+    group = next((g for g in host.groups if failed in g), None)
+    if group is None:
+        return {}
+    survivors = [r for r in group if r != failed]
+    if not survivors:
+        raise ValueError(f"rank {failed} was the last of its EP group {group}: nobody can take its experts")
+    held = {r: sum(r in o for o in host.owners) for r in survivors}
+    taken = {}
+    for e, owners in enumerate(host.owners):
+        if failed in owners:
+            to = min(survivors, key=lambda r: (held[r], r))
+            taken[e], held[to] = to, held[to] + 1
+    return taken
+
+
+def rehost(hosting: tuple[StageExperts, ...], failed: int) -> tuple[StageExperts, ...]:
+    """``hosting`` after rank ``failed`` is lost: on its stage its experts re-hosted on the
+    survivors of its EP group (``_rehosted``), then every rank above it renumbered one down (the
+    live ranks in order, as ``spec.make_spec`` numbers a replica that lost a rank)."""
+    new = lambda r: r - (r > failed)  # noqa: E731
+    out = []
+    for host in hosting:
+        taken = _rehosted(host, failed)
+        owners = tuple(tuple(sorted(new(taken[e] if r == failed else r) for r in o)) for e, o in enumerate(host.owners))
+        groups = tuple(tuple(new(r) for r in g if r != failed) for g in host.groups)
+        out.append(StageExperts(groups, owners))
+    return tuple(out)
+
+
+def moves(hosting: tuple[StageExperts, ...], failed: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """(stage, expert) -> (the rank that sends its rows and AdamW state, the rank that takes it
+    over), in the numbering after the failure: the sender is a surviving holder of the same
+    expert in another EP group (its expert-data-parallel replica), lowest rank first."""
+    new = lambda r: r - (r > failed)  # noqa: E731
+    out = {}
+    for s, host in enumerate(hosting):
+        for e, to in _rehosted(host, failed).items():
+            peers = [r for r in host.owners[e] if r != failed]
+            if not peers:
+                raise ValueError(f"expert {e} of stage {s} had no other holder than rank {failed}: its state is lost")
+            out[s, e] = (new(min(peers)), new(to))
+    return out

@@ -1,0 +1,104 @@
+"""NTP beside expert parallelism: a degraded replica (reduced TP) inside an EP group, the failed
+rank's experts re-hosted on the survivors of its EP group (``parallel.hosting``), run on gloo
+exact against one process (float64); the hosting's checks and its arithmetic by hand."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+from ntp_planner.executor.groups import expert_seat, process_groups  # noqa: E402
+from ntp_planner.executor.parallel.hosting import grid_hosting, moves, rehost  # noqa: E402
+from ntp_planner.executor.spec import StageExperts, TinyConfig, make_spec  # noqa: E402
+from ntp_planner.executor.train.launch import launch  # noqa: E402
+
+MOE = TinyConfig(layers=2, experts=4, top_k=2, expert_ffn=12, moe_layers=(0, 1), shared_ffn=8)
+TOL = 1e-9  # float64
+
+
+def check(result):
+    assert result.max_rel_error_loss <= TOL
+    assert result.max_rel_error_grads <= TOL
+    assert result.max_rel_error_params <= TOL
+    assert result.losses[2] < result.losses[0]  # it trained
+
+
+def run(widths, ep, hosting=None, stages=1, **kw):
+    """Pipelines of ``stages`` stages at the given TP widths (2 healthy), 2 micro-batches each."""
+    degrees = [[2, 2, 2, 2]] if stages == 1 else [[2, 2], [2, 2]]
+    reps = [([w] * stages, 2) for w in widths]
+    return make_spec(MOE, degrees, reps, 2, 8, dtype="float64", ep=ep, etp=1, hosting=hosting or (), **kw)
+
+
+def test_grid_hosting_is_the_folded_grid_and_rehost_moves_to_the_survivors():
+    healthy = run([2, 2], ep=2)
+    (host,) = grid_hosting(healthy)
+    assert host == StageExperts(((0, 1), (2, 3)), ((0, 2), (0, 2), (1, 3), (1, 3)))
+    # ep 4 over both pipelines: rank 1 fails, its expert 1 goes to the survivor holding the
+    # fewest (all hold one: the lowest, rank 0); ranks 2, 3 become 1, 2
+    (wide,) = grid_hosting(run([2, 2], ep=4))
+    (after,) = rehost((wide,), 1)
+    assert after == StageExperts(((0, 1, 2),), ((0,), (0,), (1,), (2,)))
+    with pytest.raises(ValueError, match="no other holder than rank 1"):
+        moves((wide,), 1)
+    assert moves((host,), 0) == {(0, 0): (1, 0), (0, 1): (1, 0)}  # rank 2 (now 1) holds experts 0, 1 too
+    seat = expert_seat(run([2, 1], ep=2, hosting=rehost((host,), 3)), 2, 1)
+    assert (seat.ep_ranks, seat.owned, seat.edp) == ((2,), ((0, 1, 2, 3),), ((0, 2), (0, 2), (1, 2), (1, 2)))
+
+
+def test_hosting_refusals():
+    host = StageExperts(((0, 1), (2,)), ((0, 2), (0, 2), (1, 2), (1, 2)))
+    with pytest.raises(ValueError, match=r"expert 3 is held by \(1,\)"):
+        run([2, 1], ep=2, hosting=(StageExperts(host.groups, host.owners[:3] + ((1,),)),))
+    with pytest.raises(ValueError, match="must split its ranks"):
+        run([2, 1], ep=2, hosting=(StageExperts(((0, 1),), host.owners),))
+    with pytest.raises(ValueError, match="equal micro-batches"):
+        make_spec(MOE, [[2, 2, 2, 2]], [([2], 2), ([1], 1)], 2, 8, ep=2, etp=1, hosting=(host,))
+
+
+@pytest.mark.timeout(180)
+def test_tp2_replica_beside_a_tp1_replica_that_hosts_all_its_groups_experts():
+    # 4 ranks, etp 1 ep 2; rank 3 lost: pipeline 1 runs TP1 on rank 2, which now holds all four
+    # experts (its EP group is itself); experts 2, 3 sum their gradients over ranks (1, 2)
+    (host,) = grid_hosting(run([2, 2], ep=2))
+    spec = run([2, 1], ep=2, hosting=rehost((host,), 3))
+    assert (2,) in process_groups(spec) and (1, 2) in process_groups(spec)
+    check(launch(spec, timeout_s=150))
+
+
+@pytest.mark.timeout(180)
+def test_an_ep_group_spanning_a_healthy_and_a_degraded_replica():
+    # ep 4 over two TP2 pipelines; rank 2 lost: the group (0, 1, 2) holds experts (0, 3), (1,),
+    # (2,) -- uneven splits in both all-to-alls; pipeline 1's surviving rank is TP1
+    (wide,) = grid_hosting(run([2, 2], ep=4))
+    wide = StageExperts(wide.groups, tuple(o if e != 3 else (3,) for e, o in enumerate(wide.owners)))
+    after = rehost((wide,), 2)
+    assert after[0].owners == ((0,), (1,), (0,), (2,))
+    check(launch(run([2, 1], ep=4, hosting=after), timeout_s=150))
+
+
+@pytest.mark.timeout(300)
+def test_two_stages_rehosted_where_the_failed_rank_sat():
+    # pp 2 x (tp 2, dp 2) = 8 ranks (stage 0 on 0-3, stage 1 on 4-7); rank 7 lost. NTP runs the
+    # whole replica at TP1, so rank 3 leaves stage 0 too: on each stage the pipeline's survivor
+    # (2, then 6 -> 5) takes its partner's experts
+    healthy = run([2, 2], ep=2, stages=2)
+    host = grid_hosting(healthy)
+    after = rehost(rehost(host, 7), 3)  # the replica at TP1: ranks 3 and 7 both leave
+    spec = run([2, 1], ep=2, hosting=after, stages=2)
+    assert [h.groups for h in after] == [((0, 1), (2,)), ((3, 4), (5,))]
+    check(launch(spec, timeout_s=250))
+
+
+def _experts_not_summed():
+    """Planted bug: expert gradients stay each holder's own (no sum over the expert's owners)."""
+    from ntp_planner.executor.parallel import data
+
+    data.sum_experts = lambda grad, edp, comm: grad
+
+
+@pytest.mark.timeout(180)
+def test_a_rehosted_expert_not_summed_over_its_owners_is_caught():
+    (host,) = grid_hosting(run([2, 2], ep=2))
+    spec = run([2, 1], ep=2, hosting=rehost((host,), 3), steps=1)
+    result = launch(spec, timeout_s=150, worker_init=_experts_not_summed)
+    assert result.max_rel_error_grads > 1e-2
