@@ -16,20 +16,24 @@ StageExperts(groups=((0, 1), (2,)), owners=((0, 2), (0, 2), (1, 2), (1, 2)))
 
 from __future__ import annotations
 
-from ntp_planner.executor.groups import expert_group, stage_ranks
+from ntp_planner.executor.groups import expert_seat, stage_ranks
 from ntp_planner.executor.spec import RunSpec, StageExperts
 
 
-def grid_hosting(spec: RunSpec) -> tuple[StageExperts, ...]:
-    """The experts' grid of a folded run at etp 1 as hosting, per stage: the grid's EP groups,
-    EP rank i of each holding the i-th block of ``experts / ep``."""
-    if spec.etp != 1:
-        raise ValueError(f"hosting holds whole experts: the run needs etp 1, not {spec.etp}")
-    per, out = spec.cfg.experts // spec.ep, []
+def as_hosting(spec: RunSpec) -> tuple[StageExperts, ...]:
+    """The run's placement of experts written out whole, per stage: its EP groups, each rank
+    holding whole the experts it holds (a slice of, before folding or at etp > 1). At etp 1 it
+    is the folded grid itself; otherwise the whole-expert layout a live run moves to after a
+    failure (``elastic.relayout``)."""
+    out = []
     for s in range(spec.pp):
-        groups = tuple(dict.fromkeys(expert_group(spec, r, "ep") for r in stage_ranks(spec, s)))
-        owners = tuple(tuple(sorted(g[e // per] for g in groups)) for e in range(spec.cfg.experts))
-        out.append(StageExperts(groups, owners))
+        groups, owners = {}, [[] for _ in range(spec.cfg.experts)]
+        for r in stage_ranks(spec, s):
+            seat = expert_seat(spec, r, spec.replicas[spec.locate(r)[0]].stages[s].blocks[0].degree)
+            groups[seat.ep_ranks] = None
+            for e in seat.mine:
+                owners[e].append(r)
+        out.append(StageExperts(tuple(groups), tuple(tuple(o) for o in owners)))
     return tuple(out)
 
 

@@ -61,12 +61,15 @@ def block_style(model: ModelSpec) -> dict:
     return {"norm": norm, "mlp": mlp, "bias": model.bias, "positions": model.position}
 
 
-def wanted_replicas(lay) -> int:
+def wanted_replicas(lay, failures: int = 0) -> int:
     """Replicas the shrink of a plan (no re-plan) starts from: two for the data-parallel sync,
     three under ZeRO (a group of 3 divides none of the run's tensor sizes, which are even, so the
     shards' padding runs: ``optimizer.shard_bounds``), or as many as an expert-parallel group
-    spans (ep pipelines, cp of them per replica: ``_ep``); never more than the plan's dp."""
-    return min(max(3 if lay.zero else 2, -(-lay.ep // lay.cp)), lay.dp)
+    spans (ep pipelines, cp of them per replica: ``_ep``), two groups when a live run will lose
+    processes (``failures``: every expert then has a peer holding it, its expert-data-parallel
+    replica, from which its state is rebuilt); never more than the plan's dp."""
+    group = -(-lay.ep // lay.cp)
+    return min(max(3 if lay.zero else 2, group * (2 if failures and lay.ep > 1 else 1)), lay.dp)
 
 
 def scaled_micro_batches(ratio: float, m: int, unit: int) -> int:
@@ -107,7 +110,7 @@ def shrink(
     w = lay.tp
     if replan is not None:
         replan.check_against(plan)
-    pp, picks, cp = _fit(_picks(plan, replan), lay.pp, w, nproc, replan is not None, lay.cp)
+    pp, picks, cp = _fit(_picks(plan, replan, failures), lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
     vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
     ep, picks = _ep(lay, picks, cp, replan)
@@ -128,7 +131,7 @@ def shrink(
     uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
     zero = 2 if lay.zero == 3 and not uniform else lay.zero
     run = RunShape(pp, cp, seq_len, groups, mb, run_micro, vpp, ep, zero)
-    notes = shrink_notes(plan, cfg, run, picks, replan, nproc, wanted_replicas(lay)) + cut
+    notes = shrink_notes(plan, cfg, run, picks, replan, nproc, wanted_replicas(lay, failures)) + cut
     spec = make_spec(
         cfg,
         chunk_degrees,
@@ -151,13 +154,13 @@ def shrink(
     return Shrunk(spec, ranks, tuple(p[0] for p in picks), tuple(groups))
 
 
-def _picks(plan: Plan, replan: ReplanResult | None) -> list[tuple[int, list[int], int]]:
+def _picks(plan: Plan, replan: ReplanResult | None, failures: int = 0) -> list[tuple[int, list[int], int]]:
     """(plan replica, stage widths, micro-batches) of the replicas worth running: the healthy
     plan's first ``wanted_replicas``, or one replica of each kind a re-plan made (healthy first),
     and a second replica when the re-plan made only one kind."""
     lay, w, micro = plan.layout, plan.layout.tp, plan.layout.num_micro_batches
     if replan is None:
-        return [(r, [w] * lay.pp, micro) for r in range(lay.dp)][: wanted_replicas(lay)]
+        return [(r, [w] * lay.pp, micro) for r in range(lay.dp)][: wanted_replicas(lay, failures)]
     active = [
         (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
         for x in replan.replicas

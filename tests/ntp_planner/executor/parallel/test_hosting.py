@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
 from ntp_planner.executor.groups import expert_seat, process_groups  # noqa: E402
-from ntp_planner.executor.parallel.hosting import grid_hosting, moves, rehost  # noqa: E402
+from ntp_planner.executor.parallel.hosting import as_hosting, moves, rehost  # noqa: E402
 from ntp_planner.executor.spec import StageExperts, TinyConfig, make_spec  # noqa: E402
 from ntp_planner.executor.train.launch import launch  # noqa: E402
 
@@ -29,18 +29,23 @@ def run(widths, ep, hosting=None, stages=1, **kw):
     return make_spec(MOE, degrees, reps, 2, 8, dtype="float64", ep=ep, etp=1, hosting=hosting or (), **kw)
 
 
-def test_grid_hosting_is_the_folded_grid_and_rehost_moves_to_the_survivors():
+def test_as_hosting_is_the_folded_grid_and_rehost_moves_to_the_survivors():
     healthy = run([2, 2], ep=2)
-    (host,) = grid_hosting(healthy)
+    (host,) = as_hosting(healthy)
     assert host == StageExperts(((0, 1), (2, 3)), ((0, 2), (0, 2), (1, 3), (1, 3)))
     # ep 4 over both pipelines: rank 1 fails, its expert 1 goes to the survivor holding the
     # fewest (all hold one: the lowest, rank 0); ranks 2, 3 become 1, 2
-    (wide,) = grid_hosting(run([2, 2], ep=4))
+    (wide,) = as_hosting(run([2, 2], ep=4))
     (after,) = rehost((wide,), 1)
     assert after == StageExperts(((0, 1, 2),), ((0,), (0,), (1,), (2,)))
     with pytest.raises(ValueError, match="no other holder than rank 1"):
         moves((wide,), 1)
     assert moves((host,), 0) == {(0, 0): (1, 0), (0, 1): (1, 0)}  # rank 2 (now 1) holds experts 0, 1 too
+    # before folding (etp = tp 2, ep 2 over 4 pipelines): groups of TP rank j, experts whole
+    plain = make_spec(MOE, [[2, 2, 2, 2]], [([2], 2)] * 4, 2, 8, ep=2)
+    assert as_hosting(plain)[0] == StageExperts(
+        ((0, 2), (1, 3), (4, 6), (5, 7)), ((0, 1, 4, 5), (0, 1, 4, 5), (2, 3, 6, 7), (2, 3, 6, 7))
+    )
     seat = expert_seat(run([2, 1], ep=2, hosting=rehost((host,), 3)), 2, 1)
     assert (seat.ep_ranks, seat.owned, seat.edp) == ((2,), ((0, 1, 2, 3),), ((0, 2), (0, 2), (1, 2), (1, 2)))
 
@@ -59,7 +64,7 @@ def test_hosting_refusals():
 def test_tp2_replica_beside_a_tp1_replica_that_hosts_all_its_groups_experts():
     # 4 ranks, etp 1 ep 2; rank 3 lost: pipeline 1 runs TP1 on rank 2, which now holds all four
     # experts (its EP group is itself); experts 2, 3 sum their gradients over ranks (1, 2)
-    (host,) = grid_hosting(run([2, 2], ep=2))
+    (host,) = as_hosting(run([2, 2], ep=2))
     spec = run([2, 1], ep=2, hosting=rehost((host,), 3))
     assert (2,) in process_groups(spec) and (1, 2) in process_groups(spec)
     check(launch(spec, timeout_s=150))
@@ -69,7 +74,7 @@ def test_tp2_replica_beside_a_tp1_replica_that_hosts_all_its_groups_experts():
 def test_an_ep_group_spanning_a_healthy_and_a_degraded_replica():
     # ep 4 over two TP2 pipelines; rank 2 lost: the group (0, 1, 2) holds experts (0, 3), (1,),
     # (2,) -- uneven splits in both all-to-alls; pipeline 1's surviving rank is TP1
-    (wide,) = grid_hosting(run([2, 2], ep=4))
+    (wide,) = as_hosting(run([2, 2], ep=4))
     wide = StageExperts(wide.groups, tuple(o if e != 3 else (3,) for e, o in enumerate(wide.owners)))
     after = rehost((wide,), 2)
     assert after[0].owners == ((0,), (1,), (0,), (2,))
@@ -82,7 +87,7 @@ def test_two_stages_rehosted_where_the_failed_rank_sat():
     # whole replica at TP1, so rank 3 leaves stage 0 too: on each stage the pipeline's survivor
     # (2, then 6 -> 5) takes its partner's experts
     healthy = run([2, 2], ep=2, stages=2)
-    host = grid_hosting(healthy)
+    host = as_hosting(healthy)
     after = rehost(rehost(host, 7), 3)  # the replica at TP1: ranks 3 and 7 both leave
     spec = run([2, 1], ep=2, hosting=after, stages=2)
     assert [h.groups for h in after] == [((0, 1), (2,)), ((3, 4), (5,))]
@@ -98,7 +103,58 @@ def _experts_not_summed():
 
 @pytest.mark.timeout(180)
 def test_a_rehosted_expert_not_summed_over_its_owners_is_caught():
-    (host,) = grid_hosting(run([2, 2], ep=2))
+    (host,) = as_hosting(run([2, 2], ep=2))
     spec = run([2, 1], ep=2, hosting=rehost((host,), 3), steps=1)
     result = launch(spec, timeout_s=150, worker_init=_experts_not_summed)
     assert result.max_rel_error_grads > 1e-2
+
+
+# ---- checkpoints under hosting: every expert in the checkpoint layout --------------------------
+def _hosted_spec():
+    (host,) = as_hosting(run([2, 2], ep=2))
+    return run([2, 1], ep=2, hosting=rehost((host,), 3))
+
+
+def _checkpoint_rows(rank: int) -> dict:
+    from types import SimpleNamespace
+
+    from ntp_planner.executor.elastic.handover import _gather_hosted
+    from ntp_planner.executor.model.reference import Reference
+    from ntp_planner.executor.parallel.comm import Comm
+    from ntp_planner.executor.train.stage import StageModel
+
+    torch.set_default_dtype(torch.float64)
+    spec = _hosted_spec()
+    replica, s = spec.locate(rank)
+    comm = Comm(spec, rank)
+    model = StageModel(spec, spec.replicas[replica].stages[s], rank, Reference(MOE, seed=4), comm, torch.device("cpu"))
+    rows = {
+        name: {"param": t.detach().clone(), "exp_avg": t.detach() + 1, "exp_avg_sq": t.detach() * 2}
+        for name, _, _, t in model.named_parameters()
+    }
+    _gather_hosted(SimpleNamespace(spec=spec, model=model, comm=comm), rows)
+    # plain arrays: a forked rank exits at once, so tensors shared by file descriptor cannot follow
+    return {name: {k: v.numpy().copy() for k, v in row.items()} for name, row in rows.items() if "expert_" in name}
+
+
+def test_a_hosted_run_checkpoints_every_expert_in_the_layout_before_hosting(tmp_path):
+    # ranks 0, 1 (TP2) hold experts 0-1 / 2-3 whole; rank 2 (TP1) all four. The checkpoint layout
+    # (ep 1) holds every expert at the rank's TP slice: 0..5 / 6..11 of the width on ranks 0 / 1
+    from ntp_planner.executor.model.reference import Reference
+    from ntp_planner.executor.parallel.tensor import rank_slice
+    from tests.support.gloo_ranks import run_ranks
+
+    results = run_ranks(3, _checkpoint_rows, tmp_path, timeout_s=60)
+    torch.set_default_dtype(torch.float64)
+    try:
+        ref = dict(Reference(MOE, seed=4).named_parameters())
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for rank, degree, j in ((0, 2, 0), (1, 2, 1), (2, 1, 0)):
+        for name, row in results[rank].items():
+            want = rank_slice(ref[name], MOE, name.rsplit(".", 1)[-1], degree, j).detach()
+            got = {k: torch.from_numpy(v) for k, v in row.items()}
+            assert got["param"].shape[0] == 4, (rank, name)
+            torch.testing.assert_close(got["param"], want, rtol=0, atol=0, msg=f"rank {rank} {name}")
+            torch.testing.assert_close(got["exp_avg"], want + 1, rtol=0, atol=0)
+            torch.testing.assert_close(got["exp_avg_sq"], want * 2, rtol=0, atol=0)
