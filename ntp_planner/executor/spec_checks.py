@@ -189,20 +189,25 @@ def _check_folding(spec: RunSpec) -> None:
 
 def check_hosting(spec: RunSpec) -> None:
     """Explicit expert hosting: per stage, EP groups that split its ranks, each holding every
-    expert whole once; replicas in lockstep (equal micro-batches) so the all-to-alls pair up."""
+    expert whole once; the ranks of a group in lockstep (equal micro-batches) so the
+    all-to-alls pair up."""
     cfg = spec.cfg
     if len(spec.hosting) != spec.pp or spec.etp not in (None, 1) or spec.zero or not cfg.moe_layers:
         raise ValueError(
             f"expert hosting needs MoE layers, one entry per stage ({len(spec.hosting)} for pp {spec.pp}), "
             f"whole experts (etp {spec.etp}) and zero 0 (zero {spec.zero})"
         )
-    micro = sorted({rep.micro_batches for rep in spec.replicas})
-    if len(micro) > 1:
-        raise ValueError(f"expert hosting needs equal micro-batches in every replica (all-to-alls pair up); {micro}")
+    micro = {r: rep.micro_batches for rep in spec.replicas for st in rep.stages for r in st.ranks}
     for s, host in enumerate(spec.hosting):
         ranks = sorted(r for rep in spec.replicas for r in rep.stages[s].ranks)
         if sorted(r for g in host.groups for r in g) != ranks:
             raise ValueError(f"stage {s}: the EP groups {host.groups} must split its ranks {ranks}, each once")
+        for g in host.groups:
+            if len({micro[r] for r in g}) > 1:
+                raise ValueError(
+                    f"stage {s}: EP group {g} spans pipelines of {sorted({micro[r] for r in g})} micro-batches; its "
+                    "ranks meet in every all-to-all, so they need equal micro-batches"
+                )
         if len(host.owners) != cfg.experts:
             raise ValueError(f"stage {s}: {len(host.owners)} expert owner sets for {cfg.experts} experts")
         for e, owners in enumerate(host.owners):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ntp_planner.executor.parallel.hosting import as_hosting, rehost
+from ntp_planner.executor.parallel.hosting import as_hosting, lockstep, rehost
 from ntp_planner.executor.shrink.run import Shrunk, scaled_micro_batches
 from ntp_planner.executor.spec import Block, ReplicaSpec, RunSpec, StageSpec
 from ntp_planner.failures.replan import Replanner
@@ -247,10 +247,10 @@ class RunReplanner:
     def _hosting(self, pipelines: list[ReplicaSpec], used: list[int]):
         """The base's experts held whole (``hosting.as_hosting``) with every base rank outside
         the new run re-hosted on its EP group's survivors; None where that cannot run: ZeRO,
-        unequal micro-batches (the all-to-alls pair up) or an EP group with nobody left; and
+        an EP group with nobody left; and
         None where every group is down to one rank (each holds every expert: plain ep 1)."""
         base = self.shrunk.spec
-        if base.zero or not base.cfg.moe_layers or len({r.micro_batches for r in pipelines}) > 1:
+        if base.zero or not base.cfg.moe_layers:
             return None
         hosting = as_hosting(base)
         try:
@@ -258,6 +258,8 @@ class RunReplanner:
                 hosting = rehost(hosting, b)
         except ValueError:
             return None
+        kind = {r: rep.micro_batches for rep in pipelines for st in rep.stages for r in st.ranks}
+        hosting = lockstep(hosting, kind)  # a degraded replica's fewer micro-batches: EP over its own ranks
         return hosting if max(len(g) for h in hosting for g in h.groups) > 1 else None  # else plain ep 1
 
 

@@ -82,3 +82,44 @@ def moves(hosting: tuple[StageExperts, ...], failed: int) -> dict[tuple[int, int
                 raise ValueError(f"expert {e} of stage {s} had no other holder than rank {failed}: its state is lost")
             out[s, e] = (new(min(peers)), new(to))
     return out
+
+
+def _spread(group: tuple[int, ...], holders: list[set[int]]) -> list[int]:
+    """Expert -> the one member of ``group`` that holds it: a member that held it already where
+    there is one (the one holding the fewest so far, lowest rank on a tie), then each expert
+    no member held to the member holding the fewest."""
+    held, out = dict.fromkeys(group, 0), [-1] * len(holders)
+    for orphans in (False, True):
+        for e, had in enumerate(holders):
+            keep = [r for r in group if r in had]
+            if bool(keep) == orphans or out[e] >= 0:
+                continue
+            out[e] = min(keep or group, key=lambda r: (held[r], r))
+            held[out[e]] += 1
+    return out
+
+
+def lockstep(hosting: tuple[StageExperts, ...], kind: dict[int, object]) -> tuple[StageExperts, ...]:
+    """``hosting`` with every EP group inside one lockstep class (``kind[rank]``: its pipeline's
+    micro-batches; the ranks of a group meet in every all-to-all, so they must run the same
+    micro-batches). A group whose ranks differ splits by class; the parts of one class that no
+    longer hold every expert merge into one group (a degraded replica's own ranks: EP over its
+    TP ranks), and every group then holds each expert once (``_spread``: kept where a member
+    held it, else to the member holding the fewest)."""
+    out = []
+    for host in hosting:
+        whole, short = [], {}
+        for g in host.groups:
+            for k in dict.fromkeys(kind[r] for r in g):
+                part = tuple(r for r in g if kind[r] == k)
+                if all(any(r in o for r in part) for o in host.owners):
+                    whole.append(part)
+                else:
+                    short[k] = short.get(k, ()) + part
+        groups = tuple(sorted(whole + [tuple(sorted(p)) for p in short.values()]))
+        owners = [[] for _ in host.owners]
+        for g in groups:
+            for e, r in enumerate(_spread(g, [set(o) for o in host.owners])):
+                owners[e].append(r)
+        out.append(StageExperts(groups, tuple(tuple(sorted(o)) for o in owners)))
+    return tuple(out)

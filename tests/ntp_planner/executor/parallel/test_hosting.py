@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
 from ntp_planner.executor.groups import expert_seat, process_groups  # noqa: E402
-from ntp_planner.executor.parallel.hosting import as_hosting, moves, rehost  # noqa: E402
+from ntp_planner.executor.parallel.hosting import as_hosting, lockstep, moves, rehost  # noqa: E402
 from ntp_planner.executor.spec import StageExperts, TinyConfig, make_spec  # noqa: E402
 from ntp_planner.executor.train.launch import launch  # noqa: E402
 
@@ -56,8 +56,10 @@ def test_hosting_refusals():
         run([2, 1], ep=2, hosting=(StageExperts(host.groups, host.owners[:3] + ((1,),)),))
     with pytest.raises(ValueError, match="must split its ranks"):
         run([2, 1], ep=2, hosting=(StageExperts(((0, 1),), host.owners),))
-    with pytest.raises(ValueError, match="equal micro-batches"):
-        make_spec(MOE, [[2, 2, 2, 2]], [([2], 2), ([1], 1)], 2, 8, ep=2, etp=1, hosting=(host,))
+    across = StageExperts(((0, 2), (1,)), ((0, 1), (0, 1), (1, 2), (1, 2)))
+    with pytest.raises(ValueError, match=r"EP group \(0, 2\) spans pipelines of \[1, 2\] micro-batches"):
+        make_spec(MOE, [[2, 2, 2, 2]], [([2], 2), ([1], 1)], 2, 8, ep=2, etp=1, hosting=(across,))
+    make_spec(MOE, [[2, 2, 2, 2]], [([2], 2), ([1], 1)], 2, 8, ep=2, etp=1, hosting=(host,))  # each group in step
 
 
 @pytest.mark.timeout(180)
@@ -158,3 +160,30 @@ def test_a_hosted_run_checkpoints_every_expert_in_the_layout_before_hosting(tmp_
             torch.testing.assert_close(got["param"], want, rtol=0, atol=0, msg=f"rank {rank} {name}")
             torch.testing.assert_close(got["exp_avg"], want + 1, rtol=0, atol=0)
             torch.testing.assert_close(got["exp_avg_sq"], want * 2, rtol=0, atol=0)
+
+
+def test_lockstep_splits_groups_by_micro_batches_and_merges_the_short_parts():
+    # before folding, TP4 x 2 pipelines, ep 2: groups (j, 4 + j); pipeline 0 holds experts 0-1,
+    # pipeline 1 experts 2-3, each TP rank whole. Rank 1 lost: its group (1, 5) is rank 4 (old
+    # 5) alone, holding all four; pipeline 0 runs fewer micro-batches on ranks 0-2, pipeline 1
+    # on 3-6. The groups across the two split; the short parts of each pipeline merge
+    plain = make_spec(MOE, [[4, 4, 4, 4]], [([4], 2)] * 2, 1, 8, ep=2)
+    host = rehost(as_hosting(plain), 1)
+    assert host[0].groups == ((0, 3), (4,), (1, 5), (2, 6))
+    kind = {0: 1, 1: 1, 2: 1, 3: 2, 4: 2, 5: 2, 6: 2}
+    (after,) = lockstep(host, kind)
+    assert after.groups == ((0, 1, 2), (3, 5, 6), (4,))
+    # in (0, 1, 2) experts 0, 1 stay with 0, 1 (they held them), 2 and 3 go to the fewest (2,
+    # then 0); in (3, 5, 6) 2, 3 stay with 3, 5, then 0 to 6 and 1 to 3; rank 4 keeps all
+    assert after.owners == ((0, 4, 6), (1, 3, 4), (2, 3, 4), (0, 4, 5))
+    (same,) = lockstep(host, dict.fromkeys(range(7), 2))  # all in step: the groups and owners stay
+    assert sorted(same.groups) == sorted(host[0].groups) and same.owners == host[0].owners
+
+
+@pytest.mark.timeout(180)
+def test_a_degraded_replica_with_fewer_micro_batches_keeps_every_expert_on_its_own_ranks():
+    (host,) = as_hosting(run([2, 2], ep=2))
+    kind = {0: 2, 1: 2, 2: 1}
+    hosting = lockstep(rehost((host,), 3), kind)
+    spec = make_spec(MOE, [[2, 2, 2, 2]], [([2], 2), ([1], 1)], 2, 8, dtype="float64", ep=2, etp=1, hosting=hosting)
+    check(launch(spec, timeout_s=150))
