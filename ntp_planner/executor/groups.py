@@ -4,6 +4,11 @@ pipelines, ``RunSpec.pipeline_grid``, a ``RankGrid(cp, dp)`` of the pipelines (c
 data-parallel groups); across replicas, the data-parallel groups of each block (``dp_groups``).
 Every rank creates them in one order (``process_groups``), members or not. Pure; no torch.
 
+The routed experts have groups of their own (``expert_seat``): before parallel folding the EP
+groups of the pipelines and each expert cut over the layer's TP ranks; under folding
+(``RunSpec.etp``) the experts' grid etp x ep x edp over each stage's ranks (``expert_group``);
+under explicit hosting (``RunSpec.hosting``, after a failure) the EP groups and owners it names.
+
 The NTP grid is uneven: a degraded replica's stage has fewer ranks than a healthy one, so the
 ranks of one block are no longer one rectangular grid. Worked example: a layer at degree 4 on a
 healthy stage of ranks (0, 1, 2, 3) and at degree 3 on a degraded stage of ranks (4, 5, 6) (one

@@ -123,3 +123,27 @@ def lockstep(hosting: tuple[StageExperts, ...], kind: dict[int, object]) -> tupl
                 owners[e].append(r)
         out.append(StageExperts(groups, tuple(tuple(sorted(o)) for o in owners)))
     return tuple(out)
+
+
+def from_replan(entries, pp: int, rank_of: dict[int, int]) -> tuple[StageExperts, ...]:
+    """The executor's hosting from a re-plan's expert hosting (``ReplanResult``'s ``experts``:
+    per stage and EP group an entry with ``stage``, ``ep_group``, the group's global ranks, and
+    ``owners``, per expert id the global ranks holding it), ``rank_of`` giving the run's rank of
+    each global rank it keeps (the others are left out, with the groups they empty).
+
+    >>> from types import SimpleNamespace as E
+    >>> x = [E(stage=0, ep_group=(8, 9), owners=((8,), (9,))), E(stage=0, ep_group=(10,), owners=((10,), (10,)))]
+    >>> from_replan(x, 1, {8: 0, 9: 1, 10: 2})
+    (StageExperts(groups=((0, 1), (2,)), owners=((0, 2), (1, 2))),)
+    """
+    out = []
+    for s in range(pp):
+        mine = [x for x in entries if x.stage == s]
+        groups = [tuple(rank_of[r] for r in x.ep_group if r in rank_of) for x in mine]
+        experts = len(mine[0].owners) if mine else 0
+        owners = tuple(
+            tuple(sorted(rank_of[r] for x in mine for r in x.owners[e] if r in rank_of and r in x.ep_group))
+            for e in range(experts)
+        )
+        out.append(StageExperts(tuple(g for g in groups if g), owners))
+    return tuple(out)

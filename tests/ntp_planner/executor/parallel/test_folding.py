@@ -100,3 +100,33 @@ def test_etp2_inside_tp4_with_sequence_parallel_exact_against_one_process():
     assert [expert_seat(spec, r, 4).ep_ranks for r in range(4)] == [(0, 2), (1, 3), (0, 2), (1, 3)]
     assert [expert_seat(spec, r, 4).etp_rank for r in range(4)] == [0, 1, 0, 1]
     check(launch(spec, timeout_s=150))
+
+
+@pytest.mark.timeout(180)
+def test_a_folded_plan_shrinks_to_a_folded_run_exact_against_one_process():
+    # Mixtral TP2 x DP4 at ep 4, etp 1 (EP over the attention TP ranks) on 8 H100s, shrunk to 4
+    # processes: two TP2 pipelines, one EP group of all 4 ranks, each holding 2 whole experts
+    from dataclasses import replace
+
+    from cost_models.catalogue import MODELS
+    from cost_models.layout import ParallelLayout
+    from cost_models.training import TrainingSpec
+    from ntp_planner.executor.shrink.run import shrink
+    from ntp_planner.solver.planner import plan_from_layout
+    from topologies.cluster import Cluster
+    from topologies.cluster_catalogue import CLUSTERS
+
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    lay = ParallelLayout(tp=2, dp=4, ep=4, etp=1, global_batch=16)
+    plan = plan_from_layout(MODELS["mixtral-8x7b"], TrainingSpec(seq_len=2048, global_batch=16), cluster, lay)
+    spec = shrink(plan, 4).spec
+    assert (spec.ep, spec.etp, spec.cfg.experts, spec.world_size) == (4, 1, 8, 4)
+    assert [expert_seat(spec, r, 2).mine for r in range(4)] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert any(n.startswith("etp 1 kept (parallel folding)") for n in spec.notes)
+    check(launch(replace(spec, dtype="float64"), timeout_s=150))
+    # ZeRO keeps the layout before folding (etp = tp), and the notes say so
+    zero = ParallelLayout(tp=2, dp=4, ep=4, etp=1, global_batch=16, zero=1)
+    plan = plan_from_layout(MODELS["mixtral-8x7b"], TrainingSpec(seq_len=2048, global_batch=16), cluster, zero)
+    unfolded = shrink(plan, 6).spec
+    assert unfolded.etp is None
+    assert "etp 1 -> the layout before folding (etp = tp 2): ZeRO 1 beside folding is not run" in unfolded.notes
