@@ -26,7 +26,8 @@ from ntp_planner.executor.spec import Block, ReplicaSpec, RunSpec, StageSpec
 
 def by_rows(spec: RunSpec) -> bool:
     """Whether ``spec``'s ranks hold whole rows with their AdamW state (``state``'s unit)."""
-    return spec.zero == 0 and not (spec.ep > 1 and spec.cfg.moe_layers)
+    experts_split = spec.cfg.moe_layers and (spec.ep > 1 or spec.hosting or spec.etp is not None)
+    return spec.zero == 0 and not experts_split
 
 
 def plan(old: RunSpec, old_procs, new: RunSpec, new_procs) -> state.MovePlan | sharded.ShardPlan:
