@@ -172,7 +172,8 @@ def expert_seat(spec: RunSpec, rank: int, degree: int) -> ExpertSeat:
         etp_rank = expert_group(spec, rank, "etp").index(rank)
     else:
         group = ep_group(spec, rank) if spec.ep > 1 else (rank,)
-        edp, etp_rank = expert_dp_group(spec, rank, degree), spec.replicas[pipeline].stages[s].position(rank, degree)[1]
+        edp = expert_dp_group(spec, rank, degree) if spec.ep > 1 else (rank,)  # ep 1: the dense sync sums them
+        etp_rank = spec.replicas[pipeline].stages[s].position(rank, degree)[1]
     per = cfg.experts // len(group)
     owned = tuple(tuple(range(i * per, (i + 1) * per)) for i in range(len(group)))
     return ExpertSeat(group, group.index(rank), owned, spec.etp, etp_rank, (edp,) * per)

@@ -130,3 +130,14 @@ def test_a_folded_plan_shrinks_to_a_folded_run_exact_against_one_process():
     unfolded = shrink(plan, 6).spec
     assert unfolded.etp is None
     assert "etp 1 -> the layout before folding (etp = tp 2): ZeRO 1 beside folding is not run" in unfolded.notes
+
+
+def test_every_rank_has_a_seat_beside_ntp_at_ep1():
+    # TP2 beside TP1 without EP: each rank holds every expert at its own TP slice (no grid to cut)
+    spec = make_spec(MOE, [[2, 2, 2, 2]], [([2], 2), ([1], 2)], 2, 8)
+    seats = [expert_seat(spec, r, w) for r, w in ((0, 2), (1, 2), (2, 1))]
+    assert [(s.ep_ranks, s.mine, s.etp, s.etp_rank) for s in seats] == [
+        ((0,), (0, 1, 2, 3), None, 0),
+        ((1,), (0, 1, 2, 3), None, 1),
+        ((2,), (0, 1, 2, 3), None, 0),
+    ]
