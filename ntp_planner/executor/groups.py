@@ -4,6 +4,11 @@ pipelines, ``RunSpec.pipeline_grid``, a ``RankGrid(cp, dp)`` of the pipelines (c
 data-parallel groups); across replicas, the data-parallel groups of each block (``dp_groups``).
 Every rank creates them in one order (``process_groups``), members or not. Pure; no torch.
 
+The routed experts have groups of their own (``expert_seat``): before parallel folding the EP
+groups of the pipelines and each expert cut over the layer's TP ranks; under folding
+(``RunSpec.etp``) the experts' grid etp x ep x edp over each stage's ranks (``expert_group``);
+under explicit hosting (``RunSpec.hosting``, after a failure) the EP groups and owners it names.
+
 The NTP grid is uneven: a degraded replica's stage has fewer ranks than a healthy one, so the
 ranks of one block are no longer one rectangular grid. Worked example: a layer at degree 4 on a
 healthy stage of ranks (0, 1, 2, 3) and at degree 3 on a degraded stage of ranks (4, 5, 6) (one
@@ -28,6 +33,9 @@ degree 2 is 2 copies, and group j holds TP rank j of every copy of every replica
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from cost_models.rank_grid import RankGrid
 from ntp_planner.executor.spec import RunSpec
 
 
@@ -49,12 +57,13 @@ def process_groups(spec: RunSpec) -> list[tuple[int, ...]]:
         for i in range(0, len(spec.replicas), spec.cp):
             for s, st in enumerate(spec.replicas[i].stages):
                 out.update(dict.fromkeys(spec.cp_group(i, s, local) for local in range(st.width)))
-    if spec.ep > 1:
+    if spec.ep > 1 or spec.hosting:
         for rep in spec.replicas:
             for st in rep.stages:
                 for rank in st.ranks:
-                    out[ep_group(spec, rank)] = None
-                    out.update(dict.fromkeys(expert_dp_group(spec, rank, b.degree) for b in st.blocks))
+                    for b in st.blocks:
+                        seat = expert_seat(spec, rank, b.degree)
+                        out.update(dict.fromkeys((seat.ep_ranks, *seat.edp)))
     return list(out)
 
 
@@ -102,3 +111,69 @@ def dp_groups(spec: RunSpec, stage: int, block: int) -> tuple[tuple[int, ...], .
         return tuple(tuple(r for st in holders for r in st.copy_dp_groups(t)[j]) for j in range(t))
     n = min(degrees)
     return tuple(tuple(st.ranks[j] for st in holders) for j in range(n))
+
+
+# ---- the experts' grid (parallel folding) and explicit hosting -------------------------------
+@dataclass(frozen=True)
+class ExpertSeat:
+    """Where a rank sits for its stage's routed experts.
+
+    ``owned[i]``: the experts (ascending) that member i of ``ep_ranks`` holds; the rank's tokens
+    go to them. ``etp``: the width slices of each expert (None: the layer's TP degree, the rank's
+    TP slice, the layout before parallel folding); ``etp_rank``: which slice it holds. ``edp``:
+    per expert it holds, the ranks holding the same slice of it (its gradient's sum)."""
+
+    ep_ranks: tuple[int, ...]
+    ep_rank: int
+    owned: tuple[tuple[int, ...], ...]
+    etp: int | None
+    etp_rank: int
+    edp: tuple[tuple[int, ...], ...]
+
+    @property
+    def mine(self) -> tuple[int, ...]:
+        return self.owned[self.ep_rank]
+
+
+def stage_ranks(spec: RunSpec, stage: int) -> tuple[int, ...]:
+    """Every pipeline's ranks of ``stage`` in rank order (the expert grid's numbering)."""
+    return tuple(sorted(r for rep in spec.replicas for r in rep.stages[stage].ranks))
+
+
+def expert_group(spec: RunSpec, rank: int, axis: str) -> tuple[int, ...]:
+    """Under parallel folding (``spec.etp`` set): ``rank``'s group of the experts' grid, etp
+    fastest, then ep, then edp over its stage's ranks in rank order (``RankGrid.expert_group``).
+
+    >>> from ntp_planner.executor.spec import Block, ReplicaSpec, RunSpec, StageSpec, TinyConfig
+    >>> st = lambda ranks: StageSpec(ranks, (Block("embed", -1, 2), Block("layer", 0, 2), Block("head", -1, 2)))
+    >>> cfg = TinyConfig(layers=1, experts=4, top_k=2, expert_ffn=8, moe_layers=(0,))
+    >>> spec = RunSpec(cfg, (ReplicaSpec((st((0, 1)),), 1), ReplicaSpec((st((2, 3)),), 1)), 2, 4, ep=2, etp=1)
+    >>> expert_group(spec, 2, "ep"), expert_group(spec, 2, "edp"), expert_group(spec, 2, "etp")
+    ((2, 3), (0, 2), (2,))
+    """
+    ranks = stage_ranks(spec, spec.locate(rank)[1])
+    grid = RankGrid(dp=len(ranks))
+    return tuple(ranks[i] for i in grid.expert_group(axis, ranks.index(rank), spec.ep, spec.etp))
+
+
+def expert_seat(spec: RunSpec, rank: int, degree: int) -> ExpertSeat:
+    """``rank``'s seat for an MoE layer at TP ``degree``: from the stage's hosting when the spec
+    has one, else the experts' grid (``etp`` set), else the layout before folding (EP over the
+    pipelines, experts cut over the layer's TP ranks)."""
+    cfg, (pipeline, s) = spec.cfg, spec.locate(rank)
+    if spec.hosting:
+        host = spec.hosting[s]
+        group = next(g for g in host.groups if rank in g)
+        owned = tuple(tuple(e for e, o in enumerate(host.owners) if r in o) for r in group)
+        edp = tuple(host.owners[e] for e in owned[group.index(rank)])
+        return ExpertSeat(group, group.index(rank), owned, 1, 0, edp)
+    if spec.etp is not None:
+        group, edp = expert_group(spec, rank, "ep"), expert_group(spec, rank, "edp")
+        etp_rank = expert_group(spec, rank, "etp").index(rank)
+    else:
+        group = ep_group(spec, rank) if spec.ep > 1 else (rank,)
+        edp = expert_dp_group(spec, rank, degree) if spec.ep > 1 else (rank,)  # ep 1: the dense sync sums them
+        etp_rank = spec.replicas[pipeline].stages[s].position(rank, degree)[1]
+    per = cfg.experts // len(group)
+    owned = tuple(tuple(range(i * per, (i + 1) * per)) for i in range(len(group)))
+    return ExpertSeat(group, group.index(rank), owned, spec.etp, etp_rank, (edp,) * per)

@@ -137,6 +137,16 @@ class ReplicaSpec:
 
 
 @dataclass(frozen=True)
+class StageExperts:
+    """Who holds which routed experts on one pipeline stage, whole (expert tensor parallelism 1):
+    the re-planner's re-hosting after a failure (``ReplanResult``'s expert hosting), or any
+    placement. Each EP group holds every expert once; a rank's tokens go to its group's owners."""
+
+    groups: tuple[tuple[int, ...], ...]  # EP groups: the stage's ranks (every pipeline's) split into disjoint sets
+    owners: tuple[tuple[int, ...], ...]  # per expert id, the ranks holding it, one per group (its edp group)
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """A whole run: the model, the replicas and the training loop."""
 
@@ -159,6 +169,9 @@ class RunSpec:
     zero: int = 0  # ZeRO level over each parameter's data-parallel group (``zero``): 0 replicated, 1 optimizer
     # state sharded (Megatron's distributed optimizer), 2 also gradients, 3 also parameters (FSDP)
     reshard_after_forward: bool = True  # ZeRO-3: free gathered parameters after forward, gather again for backward
+    etp: int | None = None  # expert tensor parallelism (parallel folding): None = each MoE layer's TP degree, the
+    # experts split over pipelines; else the experts' grid etp x ep x edp over each stage's ranks (``groups``)
+    hosting: tuple[StageExperts, ...] = ()  # per stage, explicit owners of whole experts (overrides ep / etp)
 
     def __post_init__(self):
         check(self)  # spec_checks: the run is one the executor can run exactly

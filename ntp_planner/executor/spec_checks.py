@@ -29,6 +29,8 @@ class RunSpec(Protocol):
     vpp: int
     cp: int
     ep: int
+    etp: int | None
+    hosting: Sequence[Any]  # StageExperts
 
     @property
     def pp(self) -> int: ...
@@ -143,6 +145,10 @@ def _check_moe(spec: RunSpec) -> None:
         )
     if any(not 0 <= i < cfg.layers for i in cfg.moe_layers):
         raise ValueError(f"moe_layers {cfg.moe_layers} must be layer indices 0..{cfg.layers - 1}")
+    if spec.hosting:
+        return check_hosting(spec)
+    if spec.etp is not None:
+        return _check_folding(spec)
     if spec.ep == 1:
         return
     pipelines = len(spec.replicas)
@@ -151,12 +157,66 @@ def _check_moe(spec: RunSpec) -> None:
             f"ep({spec.ep}) needs MoE layers, experts({cfg.experts}) % ep = 0 and pipelines({pipelines}) "
             f"= replicas x cp % ep = 0"
         )
+    _same_shapes(spec, "needs the experts' hosting (``hosting``): the all-to-all peers would hold different TP slices")
+
+
+def _same_shapes(spec: RunSpec, why: str) -> None:
     shape = lambda r: ([(st.width, [b.degree for b in st.blocks]) for st in r.stages], r.micro_batches)  # noqa: E731
     if any(shape(r) != shape(spec.replicas[0]) for r in spec.replicas):
+        raise ValueError(f"expert parallelism beside replicas of different TP widths or batches (NTP) {why}")
+
+
+def _check_folding(spec: RunSpec) -> None:
+    """Parallel folding: the experts' grid etp x ep x edp over each stage's ranks; every
+    expert-TP group inside one attention TP copy (etp divides each MoE layer's degree)."""
+    cfg, ep, etp = spec.cfg, spec.ep, spec.etp
+    if not cfg.moe_layers or etp < 1 or cfg.experts % ep:
+        raise ValueError(f"etp({etp}) needs MoE layers, etp >= 1 and experts({cfg.experts}) % ep({ep}) = 0")
+    _same_shapes(spec, "needs explicit expert hosting (``hosting``) under parallel folding")
+    for s, st in enumerate(spec.replicas[0].stages):
+        width = st.width * len(spec.replicas)
+        if width % (etp * ep):
+            raise ValueError(
+                f"stage {s}: etp({etp}) * ep({ep}) = {etp * ep} does not divide its {width} ranks "
+                f"({len(spec.replicas)} pipelines x width {st.width})"
+            )
+        for b in st.blocks:
+            if b.kind == "layer" and cfg.is_moe(b.layer) and b.degree % etp:
+                raise ValueError(f"etp({etp}) must divide the TP degree of {b.name} ({b.degree})")
+    if spec.zero:
+        raise ValueError(f"ZeRO {spec.zero} beside parallel folding is not supported; use zero 0")
+
+
+def check_hosting(spec: RunSpec) -> None:
+    """Explicit expert hosting: per stage, EP groups that split its ranks, each holding every
+    expert whole once; the ranks of a group in lockstep (equal micro-batches) so the
+    all-to-alls pair up."""
+    cfg = spec.cfg
+    if len(spec.hosting) != spec.pp or spec.etp not in (None, 1) or spec.zero or not cfg.moe_layers:
         raise ValueError(
-            "expert parallelism beside replicas of different TP widths or batches (NTP) is not supported: "
-            "the all-to-all peers would hold different TP slices of their experts"
+            f"expert hosting needs MoE layers, one entry per stage ({len(spec.hosting)} for pp {spec.pp}), "
+            f"whole experts (etp {spec.etp}) and zero 0 (zero {spec.zero})"
         )
+    micro = {r: rep.micro_batches for rep in spec.replicas for st in rep.stages for r in st.ranks}
+    for s, host in enumerate(spec.hosting):
+        ranks = sorted(r for rep in spec.replicas for r in rep.stages[s].ranks)
+        if sorted(r for g in host.groups for r in g) != ranks:
+            raise ValueError(f"stage {s}: the EP groups {host.groups} must split its ranks {ranks}, each once")
+        for g in host.groups:
+            if len({micro[r] for r in g}) > 1:
+                raise ValueError(
+                    f"stage {s}: EP group {g} spans pipelines of {sorted({micro[r] for r in g})} micro-batches; its "
+                    "ranks meet in every all-to-all, so they need equal micro-batches"
+                )
+        if len(host.owners) != cfg.experts:
+            raise ValueError(f"stage {s}: {len(host.owners)} expert owner sets for {cfg.experts} experts")
+        for e, owners in enumerate(host.owners):
+            per_group = [sum(r in g for r in owners) for g in host.groups]
+            if per_group != [1] * len(host.groups) or len(owners) != len(host.groups):
+                raise ValueError(
+                    f"stage {s}: expert {e} is held by {owners}: one rank of each EP group needs it, "
+                    f"got {per_group} per group"
+                )
 
 
 def _check_chunks(spec: RunSpec) -> None:

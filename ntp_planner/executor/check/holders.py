@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from ntp_planner.executor.model.moe import EXPERT_KEYS, local_experts
+from ntp_planner.executor.model.moe import EXPERT_KEYS
 from ntp_planner.executor.parallel.tensor import param_index
 from ntp_planner.executor.spec import RunSpec
 
@@ -62,12 +62,11 @@ def where(h: dict) -> str:
 def _index(model, spec: RunSpec, key: str, bs) -> list[tuple[int, list[int]]]:
     """The (dimension, indices) cuts of the full tensor a holding is: its TP slice, and under
     expert parallelism the experts its EP rank owns (``moe.local_experts``)."""
-    idx = param_index(spec.cfg, key, bs.block.degree, bs.tp_rank)
-    out = [] if idx is None else [idx]
-    if key in EXPERT_KEYS and spec.ep > 1:
-        owned = local_experts(spec.cfg, spec.ep, model.experts.ep_rank)
-        out.insert(0, (0, list(range(owned.start, owned.stop))))
-    return out
+    if key not in EXPERT_KEYS:
+        idx = param_index(spec.cfg, key, bs.block.degree, bs.tp_rank)
+        return [] if idx is None else [idx]
+    idx = param_index(spec.cfg, key, *model.expert_cut(bs.block.degree, bs.tp_rank))
+    return [(0, list(model.seat.mine)), *([] if idx is None else [idx])]
 
 
 def _slice(full: torch.Tensor, index: list[tuple[int, list[int]]]) -> torch.Tensor:

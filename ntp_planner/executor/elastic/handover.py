@@ -20,12 +20,14 @@ import torch
 from ntp_planner.executor.elastic import sharded, state
 from ntp_planner.executor.groups import ep_group
 from ntp_planner.executor.model.moe import EXPERT_KEYS
+from ntp_planner.executor.parallel.tensor import param_index
 from ntp_planner.executor.spec import Block, ReplicaSpec, RunSpec, StageSpec
 
 
 def by_rows(spec: RunSpec) -> bool:
     """Whether ``spec``'s ranks hold whole rows with their AdamW state (``state``'s unit)."""
-    return spec.zero == 0 and not (spec.ep > 1 and spec.cfg.moe_layers)
+    experts_split = spec.cfg.moe_layers and (spec.ep > 1 or spec.hosting or spec.etp is not None)
+    return spec.zero == 0 and not experts_split
 
 
 def plan(old: RunSpec, old_procs, new: RunSpec, new_procs) -> state.MovePlan | sharded.ShardPlan:
@@ -66,7 +68,7 @@ def carry(old: RunSpec, old_procs, new_procs, tr, kept: dict, start_step: int, t
 def checkpoint_spec(spec: RunSpec) -> RunSpec:
     """The layout a rank's checkpoint file is written in: ``spec``, every pipeline holding every
     expert (rows of one dimension per parameter, what the files name)."""
-    return dataclasses.replace(spec, ep=1) if spec.ep > 1 else spec
+    return dataclasses.replace(spec, ep=1, etp=None, hosting=()) if spec.ep > 1 or spec.hosting else spec
 
 
 def checkpoint_state(tr, steps_done: int) -> dict:
@@ -74,13 +76,41 @@ def checkpoint_state(tr, steps_done: int) -> dict:
     (``steps_done``: AdamW's step). Sharded runs gather each shard's state into the rank's slices
     and the experts of its EP group (collectives every rank makes in the same order)."""
     rows = state.snapshot(tr.model, tr.opt) if tr.engine is None else _gathered(tr.engine, steps_done)
-    if tr.spec.ep > 1 and tr.spec.cfg.moe_layers:
+    if tr.spec.hosting:
+        _gather_hosted(tr, rows)
+    elif tr.spec.etp is not None and tr.spec.ep > 1:
+        raise ValueError(f"checkpoints of a folded run (etp {tr.spec.etp}) are not written; run without etp")
+    elif tr.spec.ep > 1 and tr.spec.cfg.moe_layers:
         group = ep_group(tr.spec, tr.rank)
         for name, row in rows.items():
             if name.rsplit(".", 1)[-1] in EXPERT_KEYS:  # experts in EP-rank order: all of them
                 for k in ("param", "exp_avg", "exp_avg_sq"):
                     row[k] = torch.cat(tr.comm.all_gather(row[k].contiguous(), group), dim=0)
     return rows
+
+
+def _gathered_experts(tr, t: torch.Tensor, key: str, bs) -> torch.Tensor:
+    """Every expert of ``t`` (the rank's whole experts, ``seat.mine``) gathered over its EP group
+    (padded to the largest holding: the groups are uneven after a re-hosting), then the rank's
+    TP slice of them at its block's degree (the checkpoint layout's)."""
+    cfg, seat = tr.spec.cfg, tr.model.seat
+    most = max(len(es) for es in seat.owned)
+    padded = torch.cat([t, t.new_zeros((most - t.shape[0], *t.shape[1:]))])
+    full = t.new_empty((cfg.experts, *t.shape[1:]))
+    for part, es in zip(tr.comm.all_gather(padded.contiguous(), seat.ep_ranks), seat.owned, strict=True):
+        if es:
+            full[list(es)] = part[: len(es)]
+    idx = param_index(cfg, key, bs.block.degree, bs.tp_rank)
+    return full if idx is None else full.index_select(idx[0], torch.tensor(idx[1]))
+
+
+def _gather_hosted(tr, rows: dict) -> None:
+    """Under explicit hosting: each expert parameter's rows and AdamW moments in the checkpoint
+    layout (``_gathered_experts``; the collectives in ``named_parameters`` order on every rank)."""
+    for name, key, bs, _ in tr.model.named_parameters():
+        if key in EXPERT_KEYS:
+            for k in ("param", "exp_avg", "exp_avg_sq"):
+                rows[name][k] = _gathered_experts(tr, rows[name][k], key, bs)
 
 
 def _gathered(engine, steps_done: int) -> dict:

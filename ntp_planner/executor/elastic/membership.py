@@ -209,9 +209,18 @@ def error_of(store, proc: int) -> str | None:
     return store.get(f"error/{proc}").decode() if store.check([f"error/{proc}"]) else None
 
 
+PIECE_BYTES = 4 << 20  # a TCPStore drops a connection that sets one value of ~8 MiB or more (torch 2.x)
+
+
 def finish(store, n: int, holders: list) -> None:
-    """The final gather's holdings; ``done`` last, so that whoever sees it finds them."""
-    store.set("result", pickle.dumps({"holders": holders, "generation": n}))
+    """The final gather's holdings, pickled in pieces of at most ``PIECE_BYTES`` (a run of many
+    whole-weight ranks holds more than one store value takes); ``done`` last, so that whoever
+    sees it finds them."""
+    blob = pickle.dumps({"holders": holders, "generation": n})
+    pieces = [blob[i : i + PIECE_BYTES] for i in range(0, len(blob), PIECE_BYTES)] or [b""]
+    for i, piece in enumerate(pieces):
+        store.set(f"result/{i}", piece)
+    store.set("result", str(len(pieces)))
     store.set("done", str(n))
 
 
@@ -220,4 +229,5 @@ def is_done(store) -> bool:
 
 
 def result(store) -> dict:
-    return pickle.loads(store.get("result"))
+    pieces = int(store.get("result"))
+    return pickle.loads(b"".join(store.get(f"result/{i}") for i in range(pieces)))

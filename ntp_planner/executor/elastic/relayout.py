@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ntp_planner.executor.parallel.hosting import as_hosting, lockstep, rehost
 from ntp_planner.executor.shrink.run import Shrunk, scaled_micro_batches
 from ntp_planner.executor.spec import Block, ReplicaSpec, RunSpec, StageSpec
 from ntp_planner.failures.replan import Replanner
@@ -128,7 +129,7 @@ class RunReplanner:
         used = sorted(b for rep in pipelines for st in rep.stages for b in st.ranks)
         procs = tuple(filled[b] for b in used)
         idle = tuple(sorted(alive - set(procs)))
-        spec = self._spec([self._renumber(rep, used) for rep in pipelines]) if pipelines else None
+        spec = self._spec([self._renumber(rep, used) for rep in pipelines], used) if pipelines else None
         return Layout(spec, procs, idle, tuple(filled), tuple(changes), policy)
 
     def _filled(self, slots, alive: frozenset[int], policy: str) -> list[int | None]:
@@ -222,11 +223,14 @@ class RunReplanner:
         stages = tuple(dataclasses.replace(st, ranks=tuple(rank[b] for b in st.ranks)) for st in rep.stages)
         return dataclasses.replace(rep, stages=stages)
 
-    def _spec(self, pipelines: list[ReplicaSpec]) -> RunSpec:
+    def _spec(self, pipelines: list[ReplicaSpec], used: list[int]) -> RunSpec:
         """The base run with these pipelines. ZeRO-3 and expert parallelism need replicas alike
         (``spec.check``): beside replicas of different widths or batches the run drops to ZeRO-2
-        (as ``shrink`` does) and ep 1; replicas alike keep the largest divisor of the base's ep
-        whose groups the pipelines left fill (``shrink._ep``'s rule)."""
+        (as ``shrink`` does); replicas alike keep the largest divisor of the base's ep whose
+        groups the pipelines left fill (``shrink._ep``'s rule). Where that loses the base's ep,
+        an MoE run at ZeRO-0 whose pipelines run equal micro-batches keeps its EP groups instead:
+        the experts of every process that left go to the survivors of its EP group
+        (``hosting.rehost``; whole experts, their state rebuilt from peers), else it runs ep 1."""
         base = self.shrunk.spec
         shape = {(tuple((st.width, tuple(b.degree for b in st.blocks)) for st in r.stages), r.micro_batches)
                  for r in pipelines}  # fmt: skip
@@ -234,7 +238,29 @@ class RunReplanner:
         zero = base.zero if alike or base.zero < 3 else 2
         ep = max(d for d in range(1, base.ep + 1) if base.ep % d == 0 and len(pipelines) % d == 0) if alike else 1
         reshard = base.reshard_after_forward if zero == 3 else True
-        return dataclasses.replace(base, replicas=tuple(pipelines), zero=zero, ep=ep, reshard_after_forward=reshard)
+        spec = dataclasses.replace(base, replicas=tuple(pipelines), zero=zero, ep=ep, reshard_after_forward=reshard)
+        hosting = self._hosting(pipelines, used) if ep < base.ep else None
+        if hosting is None:
+            return spec
+        return dataclasses.replace(spec, ep=base.ep, etp=1, hosting=hosting)
+
+    def _hosting(self, pipelines: list[ReplicaSpec], used: list[int]):
+        """The base's experts held whole (``hosting.as_hosting``) with every base rank outside
+        the new run re-hosted on its EP group's survivors; None where that cannot run: ZeRO,
+        an EP group with nobody left; and
+        None where every group is down to one rank (each holds every expert: plain ep 1)."""
+        base = self.shrunk.spec
+        if base.zero or not base.cfg.moe_layers:
+            return None
+        hosting = as_hosting(base)
+        try:
+            for b in sorted(set(range(base.world_size)) - set(used), reverse=True):  # highest first: numbers hold
+                hosting = rehost(hosting, b)
+        except ValueError:
+            return None
+        kind = {r: rep.micro_batches for rep in pipelines for st in rep.stages for r in st.ranks}
+        hosting = lockstep(hosting, kind)  # a degraded replica's fewer micro-batches: EP over its own ranks
+        return hosting if max(len(g) for h in hosting for g in h.groups) > 1 else None  # else plain ep 1
 
 
 def _positions(slices) -> list[int]:

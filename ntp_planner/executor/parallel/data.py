@@ -11,16 +11,17 @@ whole batch (samples weight themselves), so every sync is a sum.
   rank sends only the rows another rank holds in the new layout, ``reshard``), core rank j < n
   all-reduces its slice 1:1 with core rank j of every other replica, the replica reshards the
   sum back to its own layout and copy 0 broadcasts it to the other copies.
-- Routed experts under expert parallelism (``moe``): TP rank j sums over its expert-data-parallel
-  group, TP rank j of every copy in every pipeline holding the same experts
-  (``groups.expert_dp_group``); the other EP ranks hold other experts.
+- Routed experts under expert parallelism (``moe``): each held expert sums over the ranks
+  holding the same slice of it (``groups.expert_seat``'s edp: before folding TP rank j of every
+  copy in every pipeline at its place in an EP group; under folding the grid's edp group; under
+  explicit hosting the expert's owners), whatever the replicas' TP degrees.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ntp_planner.executor.groups import dp_groups, expert_dp_group
+from ntp_planner.executor.groups import dp_groups, expert_seat
 from ntp_planner.executor.model.moe import EXPERT_KEYS
 from ntp_planner.executor.parallel.comm import Comm
 from ntp_planner.executor.parallel.reshard import reshard_plan
@@ -61,12 +62,27 @@ def sync_gradients(model: StageModel, spec: RunSpec, stage: int, comm: Comm, sha
         groups = dp_groups(spec, stage, b)
         if model.sp and param_index(cfg, key, t, j) is None:  # norms saw only this rank's tokens
             comm.all_reduce(p.grad, bs.tp_ranks)
+        if key in EXPERT_KEYS and (spec.ep > 1 or spec.hosting):  # over the ranks holding the same experts
+            p.grad = sum_experts(p.grad, expert_seat(spec, comm.rank, t).edp, comm)
+            continue
         if len(set(degrees)) == 1:
             grad = _with_cut_kv_summed(cfg, key, bs, p.grad, comm, shapes[name])
-            group = expert_dp_group(spec, comm.rank, t) if spec.ep > 1 and key in EXPERT_KEYS else groups[j]
-            p.grad = comm.all_reduce(grad.contiguous(), group)
+            p.grad = comm.all_reduce(grad.contiguous(), groups[j])
             continue
         p.grad = _ntp_sync(model, spec, key, bs, p.grad, degrees, groups, comm, shapes[name])
+
+
+def sum_experts(grad: torch.Tensor, edp: tuple[tuple[int, ...], ...], comm: Comm) -> torch.Tensor:
+    """Each held expert's gradient (row i of ``grad``) summed over the ranks holding the same
+    slice of it (``edp[i]``): one all-reduce per distinct set, rows of one set together."""
+    out = grad.contiguous()
+    for group in dict.fromkeys(edp):
+        rows = [i for i, g in enumerate(edp) if g == group]
+        if len(rows) == len(edp):
+            return comm.all_reduce(out, group)
+        idx = torch.tensor(rows, device=out.device)
+        out = out.index_copy(0, idx, comm.all_reduce(out.index_select(0, idx).contiguous(), group))
+    return out
 
 
 def _ntp_sync(model, spec, key, bs, grad, degrees, groups, comm, shape) -> torch.Tensor:

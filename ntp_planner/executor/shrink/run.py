@@ -61,12 +61,16 @@ def block_style(model: ModelSpec) -> dict:
     return {"norm": norm, "mlp": mlp, "bias": model.bias, "positions": model.position}
 
 
-def wanted_replicas(lay) -> int:
+def wanted_replicas(lay, failures: int = 0) -> int:
     """Replicas the shrink of a plan (no re-plan) starts from: two for the data-parallel sync,
     three under ZeRO (a group of 3 divides none of the run's tensor sizes, which are even, so the
     shards' padding runs: ``optimizer.shard_bounds``), or as many as an expert-parallel group
-    spans (ep pipelines, cp of them per replica: ``_ep``); never more than the plan's dp."""
-    return min(max(3 if lay.zero else 2, -(-lay.ep // lay.cp)), lay.dp)
+    spans (ep pipelines, cp of them per replica: ``_ep``; under parallel folding ep x etp ranks,
+    tp per pipeline), two groups when a live run will lose
+    processes (``failures``: every expert then has a peer holding it, its expert-data-parallel
+    replica, from which its state is rebuilt); never more than the plan's dp."""
+    group = -(-lay.ep * lay.expert_tp // (lay.tp * lay.cp))  # pipelines an EP group spans (folded: fewer)
+    return min(max(3 if lay.zero else 2, group * (2 if failures and lay.ep > 1 else 1)), lay.dp)
 
 
 def scaled_micro_batches(ratio: float, m: int, unit: int) -> int:
@@ -107,13 +111,14 @@ def shrink(
     w = lay.tp
     if replan is not None:
         replan.check_against(plan)
-    pp, picks, cp = _fit(_picks(plan, replan), lay.pp, w, nproc, replan is not None, lay.cp)
+    pp, picks, cp = _fit(_picks(plan, replan, failures), lay.pp, w, nproc, replan is not None, lay.cp)
     groups = [tuple(g) for g in _split(lay.pp, pp)]
     vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
     ep, picks = _ep(lay, picks, cp, replan)
     chunk_degrees, cut, moe_flags = _chunk_degrees(plan, groups, vpp)
     moe_layers = tuple(i for i, is_moe in enumerate(moe_flags) if is_moe)
     ep = ep if moe_layers else 1  # the layers kept may all be dense
+    etp, ep, fold_note = _folding(lay, len(picks) * cp * w, w, ep, bool(moe_layers) and replan is None)
     widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
     # sequences per micro-batch: every copy of every block needs one
     mb = math.lcm(*(w // t for d in chunk_degrees for t in d))
@@ -128,7 +133,7 @@ def shrink(
     uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
     zero = 2 if lay.zero == 3 and not uniform else lay.zero
     run = RunShape(pp, cp, seq_len, groups, mb, run_micro, vpp, ep, zero)
-    notes = shrink_notes(plan, cfg, run, picks, replan, nproc, wanted_replicas(lay)) + cut
+    notes = shrink_notes(plan, cfg, run, picks, replan, nproc, wanted_replicas(lay, failures)) + cut + fold_note
     spec = make_spec(
         cfg,
         chunk_degrees,
@@ -144,6 +149,7 @@ def shrink(
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
         ep=ep,
+        etp=etp,
         zero=zero,
         reshard_after_forward=lay.reshard_after_forward if zero == 3 else True,
     )
@@ -151,13 +157,13 @@ def shrink(
     return Shrunk(spec, ranks, tuple(p[0] for p in picks), tuple(groups))
 
 
-def _picks(plan: Plan, replan: ReplanResult | None) -> list[tuple[int, list[int], int]]:
+def _picks(plan: Plan, replan: ReplanResult | None, failures: int = 0) -> list[tuple[int, list[int], int]]:
     """(plan replica, stage widths, micro-batches) of the replicas worth running: the healthy
     plan's first ``wanted_replicas``, or one replica of each kind a re-plan made (healthy first),
     and a second replica when the re-plan made only one kind."""
     lay, w, micro = plan.layout, plan.layout.tp, plan.layout.num_micro_batches
     if replan is None:
-        return [(r, [w] * lay.pp, micro) for r in range(lay.dp)][: wanted_replicas(lay)]
+        return [(r, [w] * lay.pp, micro) for r in range(lay.dp)][: wanted_replicas(lay, failures)]
     active = [
         (x.replica, list(x.stage_tp), x.local_batch // lay.micro_batch)
         for x in replan.replicas
@@ -319,6 +325,27 @@ def _ep(lay, picks: list, cp: int, replan) -> tuple[int, list]:
         if keep:
             return d, picks[:keep]
     return 1, picks
+
+
+def _folding(lay, ranks: int, w: int, ep: int, moe: bool) -> tuple[int | None, int, list[str]]:
+    """(etp, ep, notes) of the run of a folded plan (``lay.folded``: experts on an etp x ep x edp
+    grid of their own): the plan's etp where it divides the run's TP width, with the largest
+    divisor of the plan's ep whose grid the run's ``ranks`` per stage hold (EP then spans TP
+    ranks, as the plan's); ZeRO and re-plans keep the layout before folding (etp = tp).
+
+    >>> from cost_models.layout import ParallelLayout
+    >>> etp, ep, (note,) = _folding(ParallelLayout(tp=2, dp=4, ep=4, etp=1, global_batch=8), 4, 2, 2, True)
+    >>> etp, ep, note
+    (1, 4, "etp 1 kept (parallel folding): experts on an etp 1 x ep 4 grid of each stage's 4 ranks")
+    """
+    if not (moe and lay.folded):
+        return None, ep, []
+    if lay.zero or w % lay.etp:
+        why = f"ZeRO {lay.zero} beside folding is not run" if lay.zero else f"it does not divide the run's TP {w}"
+        return None, ep, [f"etp {lay.etp} -> the layout before folding (etp = tp {w}): {why}"]
+    d = max(d for d in range(1, lay.ep + 1) if lay.ep % d == 0 and ranks % (lay.etp * d) == 0)
+    grid = f"etp {lay.etp} x ep {d} grid of each stage's {ranks} ranks"
+    return lay.etp, d, [f"etp {lay.etp} kept (parallel folding): experts on an {grid}"]
 
 
 def _experts(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ...]) -> dict:

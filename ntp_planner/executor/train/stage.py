@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ntp_planner.executor.groups import ep_group
-from ntp_planner.executor.model.moe import EXPERT_KEYS, local_experts
+from ntp_planner.executor.groups import expert_seat
+from ntp_planner.executor.model.moe import EXPERT_KEYS
 from ntp_planner.executor.model.reference import Reference, add_bias, block_params, normed
 from ntp_planner.executor.parallel.comm import (
     AllGatherSeq,
@@ -50,6 +50,7 @@ class BlockState:
 class StageModel:
     """This rank's blocks of its stage, sliced from the reference model."""
 
+    seat = None  # MoE layers: where the rank sits for the experts (``groups.expert_seat``)
     around = None  # ZeRO-2/3 (``fsdp.BlockShards``): gathers a block's parameters, reduce-scatters gradients
 
     def __init__(self, spec: RunSpec, stage: StageSpec, rank: int, ref: Reference, comm: Comm, device):
@@ -74,9 +75,11 @@ class StageModel:
             self.context = (start, lambda t: AllGatherSeq.apply(t, *args, "cp"))
         self.experts, self.aux_values, self._aux_scale = None, [], 0.0  # MoE layers (``moe``)
         if self.cfg.moe_layers:
-            group = ep_group(spec, rank) if spec.ep > 1 else (rank,)
+            seat = self.seat = expert_seat(spec, rank, stage.blocks[0].degree)  # its EP group and experts
             cp_ranks = spec.cp_group(replica, s, local) if spec.cp > 1 else (rank,)
-            self.experts = ExpertPlace(self.cfg, comm, group, group.index(rank), cp_ranks, spec.seq_len)
+            self.experts = ExpertPlace(
+                self.cfg, comm, seat.ep_ranks, seat.ep_rank, cp_ranks, spec.seq_len, seat.owned, seat.etp
+            )
         full = dict(ref.named_parameters())
         self.blocks: list[BlockState] = []
         for b in stage.blocks:
@@ -85,9 +88,11 @@ class StageModel:
             params = {}
             for key in block_params(self.cfg, b.kind, b.layer):
                 name = f"{b.name}.{key}" if b.kind == "layer" else key
-                t = rank_slice(full[name], self.cfg, key, b.degree, j).detach()
-                if key in EXPERT_KEYS:  # this EP rank's experts
-                    t = t[local_experts(self.cfg, spec.ep, self.experts.ep_rank)].clone()
+                if key in EXPERT_KEYS:  # this EP rank's experts, its expert-TP slice of them
+                    t = rank_slice(full[name], self.cfg, key, *self.expert_cut(b.degree, j)).detach()
+                    t = t[list(self.seat.mine)].clone()
+                else:
+                    t = rank_slice(full[name], self.cfg, key, b.degree, j).detach()
                 params[key] = t.to(device).requires_grad_(True)
             shards = layer_shards(self.cfg.heads, self.cfg.kv_heads, self.cfg.ffn, b.degree)
             self.blocks.append(
@@ -101,6 +106,11 @@ class StageModel:
                     params,
                 )
             )
+
+    def expert_cut(self, degree: int, tp_rank: int) -> tuple[int, int]:
+        """(slices, slice) of each expert's width this rank holds in a layer at ``degree``: the
+        expert grid's etp, or before folding the layer's own TP slice."""
+        return (degree, tp_rank) if self.seat.etp is None else (self.seat.etp, self.seat.etp_rank)
 
     def named_parameters(self):
         """(reference name, key, block state, tensor) of every parameter this rank holds."""

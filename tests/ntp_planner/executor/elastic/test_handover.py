@@ -15,15 +15,16 @@ CFG = TinyConfig()  # hidden 32, vocabulary 64, 2 layers: the embedding is 64 x 
 MOE = TinyConfig(experts=4, top_k=2, expert_ffn=8, moe_layers=(1,), shared_ffn=6)
 
 
-def spec(*widths, zero=0, cfg=CFG, ep=1):
-    return make_spec(cfg, [[4, 4, 4, 4]], [([w], 1) for w in widths], 1, 4, width=4, zero=zero, ep=ep)
+def spec(*widths, zero=0, cfg=CFG, ep=1, etp=None):
+    return make_spec(cfg, [[4, 4, 4, 4]], [([w], 1) for w in widths], 1, 4, width=4, zero=zero, ep=ep, etp=etp)
 
 
 @pytest.mark.parametrize(
     "s, rows",
     [(spec(2, 2), True), (spec(1, 1, 1, 1, cfg=MOE), True), (spec(2, 2, zero=1), False),
-     (spec(2, 2, zero=3), False), (spec(1, 1, 1, 1, cfg=MOE, ep=2), False)],
-    ids=["zero0", "moe-ep1", "zero1", "zero3", "moe-ep2"],
+     (spec(2, 2, zero=3), False), (spec(1, 1, 1, 1, cfg=MOE, ep=2), False),
+     (spec(2, 2, cfg=MOE, etp=1), False)],
+    ids=["zero0", "moe-ep1", "zero1", "zero3", "moe-ep2", "moe-folded-ep1"],
 )  # fmt: skip
 def test_by_rows(s, rows):
     assert handover.by_rows(s) is rows
