@@ -100,6 +100,39 @@ class Reshard(BaseModel):
         return self
 
 
+class ExpertHosting(BaseModel):
+    """One EP group of an MoE plan that lost members in the re-plan (groups not listed keep the
+    plan's experts; ``ntp_planner.failures.experts`` describes the choice).
+
+    ``ep_group`` holds the group's surviving ranks of the plan, ``lost`` the ones that no longer run
+    (failed, past a reduced TP degree, or in a dropped replica); ``owners`` gives, per expert id,
+    the rank of the group holding its shard (one each; empty when the group is dropped)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    stage: Count = Field(description="Pipeline stage of the group.")
+    ep_group: list[Count] = Field(description="The group's ranks that still run, ascending.")
+    lost: list[Count] = Field(min_length=1, description="The group's ranks that no longer run.")
+    owners: list[list[Count]] = Field(description="Per expert id, the ranks holding it (empty when dropped).")
+    mode: Literal["rehosted", "dropped"]
+    load_factor: float = Field(ge=1, le=1e6, description="Busiest survivor's experts / the plan's per rank.")
+    moved_bytes: float = Field(ge=0, description="Expert state (weights, gradient, master, AdamW moments) moved.")
+    reason: str = Field(max_length=10_000)
+
+    @model_validator(mode="after")
+    def _hosted_by_survivors(self) -> ExpertHosting:
+        if self.mode == "dropped" and self.owners:
+            raise InputError(f"a dropped EP group of stage {self.stage} hosts experts; a dropped group hosts none")
+        if self.mode == "rehosted":
+            held = {r for o in self.owners for r in o}
+            if not self.owners or any(len(o) != 1 for o in self.owners) or not held <= set(self.ep_group):
+                raise InputError(
+                    f"the re-hosted EP group {self.ep_group} of stage {self.stage} must hold every expert once, on "
+                    f"its surviving ranks; {FIX}"
+                )
+        return self
+
+
 class ReplanResult(BaseModel):
     """What every replica does after failures and the GPU of every rank, for one plan (the one
     whose inputs_hash it carries as ``plan_hash``)."""
@@ -135,6 +168,9 @@ class ReplanResult(BaseModel):
         default=0, ge=0, description="Whole replicas formed from spare domains, beyond the plan's dp (not in replicas)."
     )
     spares_note: str | None = Field(default=None, description="How the spare domains were used, or why not.")
+    experts: list[ExpertHosting] = Field(
+        default_factory=list, description="MoE plans with ep > 1: the EP groups that lost members, and their experts."
+    )
 
     @model_validator(mode="after")
     def _replicas_in_order(self) -> ReplanResult:
@@ -243,10 +279,33 @@ class ReplanResult(BaseModel):
                 f"rank_to_gpu must name distinct GPUs of the plan's cluster, ids 0..{gpus - 1} (its idle in-domain "
                 f"spares included), or null; {fix}"
             )
+        self._check_experts(plan)
         if set(placed) & set(self.idle_gpus):
             raise InputError(
                 f"idle_gpus lists GPU(s) {sorted(set(placed) & set(self.idle_gpus))[:5]} that run ranks; {fix}"
             )
+
+    def _check_experts(self, plan: Plan) -> None:
+        """Every listed EP group is one of the plan's, its survivors run and its lost ranks do not,
+        and a re-hosted group holds every expert of the model."""
+        lay = plan.layout
+        if self.experts and not (plan.model.is_moe and lay.ep > 1):
+            raise InputError(f"the re-plan re-hosts experts but the plan has no expert parallelism; {FIX}")
+        for x in self.experts:
+            ranks = sorted(x.ep_group + x.lost)
+            if x.stage >= lay.pp or tuple(ranks) not in set(lay.rank_grid.expert_groups("ep", lay.ep, lay.expert_tp)):
+                raise InputError(f"ranks {ranks} are not an EP group of the plan's stage {x.stage}; {FIX}")
+            running = [r for r in x.ep_group if self.rank_to_gpu[r] is None]
+            if running or any(self.rank_to_gpu[r] is not None for r in x.lost):
+                raise InputError(
+                    f"EP group {ranks} of stage {x.stage} lists a rank that does not run among its survivors, or one "
+                    f"that runs among its lost; {FIX}"
+                )
+            if x.mode == "rehosted" and len(x.owners) != plan.model.num_experts:
+                raise InputError(
+                    f"EP group {ranks} re-hosts {len(x.owners)} experts but the model has "
+                    f"{plan.model.num_experts}; {FIX}"
+                )
 
     def _check_replica(self, x: ReplicaState, plan: Plan, local: int, ranks: np.ndarray) -> None:
         """One replica against the plan: its stages, its batch, and its ranks in the rank map

@@ -56,10 +56,12 @@ from cost_models.degraded import (
     work_ratio,
 )
 from ntp_planner.failures import degrade, spare_pool
+from ntp_planner.failures.experts import ExpertModel, settle
 from ntp_planner.failures.packing import Outcome, Packing, degraded_slots, pack, pool_curve
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import (
     BatchMode,
+    ExpertHosting,
     ReplanResult,
     ReplanThroughput,
     ReplicaState,
@@ -97,6 +99,8 @@ class Replanner:
         fits = [k for k in range(1, self.n + 1) if self.memory_at(k) <= self.usable_bytes]
         self.min_degree = min(fits) if fits else self.n
         self.local = self.m * lay.micro_batch
+        # MoE with ep > 1: the experts' grid after failures (ntp_planner.failures.experts)
+        self.experts = ExpertModel(plan, self.usable_bytes) if plan.model.is_moe and lay.ep > 1 else None
         self._sequences: dict[tuple[int, float], int] = {}  # memo of sequences_at (ints, never handed out mutable)
         self._decided: dict[tuple[str, tuple[int, ...]], Outcome] = {}  # memo of decide (frozen outcomes)
 
@@ -192,8 +196,8 @@ class Replanner:
     ) -> ReplanResult:
         """Re-plan for ``failed`` GPUs: what every replica does and the GPU of every rank.
         ``domains_down``: domains lost whole, whose idle GPUs cannot stand in."""
-        packing = pack(self, failed, policy, spares, fallback, batch, domains_down)
-        return self._result(policy, batch, failed, packing)
+        packing, fates = self._pack(failed, policy, spares, fallback, batch, domains_down)
+        return self._result(policy, batch, failed, packing, fates)
 
     def throughput(
         self,
@@ -206,10 +210,18 @@ class Replanner:
     ) -> ReplanThroughput:
         """The throughput and idle GPUs of ``replan`` without building the rank map (for sweeps
         and the simulator, which re-plan thousands of times)."""
-        packing = pack(self, failed, policy, spares, fallback, batch, domains_down)
+        packing, _ = self._pack(failed, policy, spares, fallback, batch, domains_down)
         degree = np.array([o.stage_tp for o in packing.kinds])[packing.kind_of][:, :, None]  # [replica, stage, 1]
         idle = int(np.clip(packing.slot_survivors - degree, 0, None).sum())
         return ReplanThroughput(throughput_relative=packing.throughput, idle_gpus=idle, spares_used=packing.used_spares)
+
+    def _pack(self, failed, policy, spares, fallback, batch, domains_down):
+        """The packing, and for an MoE plan with ep > 1 its replicas re-decided by what their EP
+        groups lost (``ntp_planner.failures.experts.settle``), with those groups' fates."""
+        packing = pack(self, failed, policy, spares, fallback, batch, domains_down)
+        if self.experts is None:
+            return packing, ()
+        return settle(self, packing, packing.fallback or policy, batch == "fixed")
 
     def fewest_spares(
         self,
@@ -224,7 +236,9 @@ class Replanner:
         shape, reached = pool_curve(self, fails, degraded, decider)
         return spare_pool.fewest_domains(shape, reached)
 
-    def _result(self, policy: str, batch: BatchMode, failed: frozenset[int], packing: Packing) -> ReplanResult:
+    def _result(
+        self, policy: str, batch: BatchMode, failed: frozenset[int], packing: Packing, fates=()
+    ) -> ReplanResult:
         """The detailed result: every replica's state and the GPU of every rank."""
         lay, n, R = self.lay, self.n, self.slots_per_replica
         groups = self.slot_gpus.reshape(lay.dp * R, n)  # GPUs of each physical TP slot
@@ -280,6 +294,20 @@ class Replanner:
             idle_gpus=sorted(healthy - used),
             extra_replicas=packing.extra,
             spares_note=packing.note,
+            experts=[self._hosting(f) for f in fates],
+        )
+
+    def _hosting(self, fate) -> ExpertHosting:
+        em = self.experts
+        return ExpertHosting.model_construct(
+            stage=fate.stage,
+            ep_group=[r for r in fate.ranks if r not in fate.lost],
+            lost=list(fate.lost),
+            owners=em.owners(fate),
+            mode=fate.mode,
+            load_factor=fate.load_factor,
+            moved_bytes=fate.moved_bytes,
+            reason=fate.reason,
         )
 
     def _reshard(self, outs) -> Reshard | None:

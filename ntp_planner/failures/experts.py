@@ -1,0 +1,236 @@
+"""NTP for mixture-of-experts plans: what a failure does to the experts' grid.
+
+An MoE plan with ep > 1 spreads each stage's routed experts over EP groups
+(``RankGrid.expert_groups("ep", ep, etp)``: etp fastest, then ep, then edp over the stage's
+tp x cp x dp ranks). Member i of a group holds experts ``i*q .. (i+1)*q - 1`` (``q = experts / ep``,
+Megatron's contiguous split), each as its etp shard. A group spans several data-parallel replicas
+whenever ep > tp x cp / etp, so a failure reaches past its own replica: once the re-planner has
+decided each replica (NTP runs a degraded replica on its first ``stage_tp`` TP ranks, dp-drop drops
+it), every rank that no longer runs (a failed GPU's, a TP rank past the reduced degree, any rank of
+a dropped replica) has left its EP group, and its experts must go somewhere:
+
+- **re-hosted**: each lost expert moves to the survivor of the group holding the fewest, lowest rank
+  on a tie. The busiest survivor then holds ``q + ceil(q * lost / survivors)`` experts and receives
+  that many experts' share of the tokens (dropless routing); the group's all-to-alls wait for it,
+  so every replica the group touches runs its expert work ``load_factor = busiest / q`` times
+  longer. The share of a healthy step that scales with it (``ExpertModel.share``) is the routed
+  experts' part of the compute FLOPs (``cost_models.degraded.replica_flops``) of compute and
+  recompute, plus the expert all-to-all; so those replicas run ``1 / (1 + share (load_factor - 1))``
+  as fast, cut their sequences to stay within the healthy step (``Replanner.sequences_at``), and run
+  in lockstep: the replicas of one group all run the fewest sequences any of them can.
+- **dropped** as a unit: every replica the group touches stops, when no member survives, when the
+  busiest survivor's extra expert state (weights, gradient, fp32 master and both AdamW moments,
+  ``shard_bytes`` per expert) does not fit in its HBM, when even one sequence overruns the healthy
+  step, or when dp-drop decides (it degrades no replica).
+
+Re-hosting keeps more throughput whenever it can run (the dropped alternative keeps none of the
+group's replicas), so the re-planner takes it exactly when it is feasible. Dropping a replica loses
+its ranks from its other groups too, so the two steps repeat until nothing changes. The state that
+moves (``moved_bytes``) comes from the experts' data-parallel peers (edp > 1) or the last
+checkpoint; its one-off time is the recovery cost, not a step cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cost_models.degraded import replica_flops
+from cost_models.memory import stage_params
+
+if TYPE_CHECKING:
+    from ntp_planner.failures.packing import Outcome, Packing
+    from ntp_planner.plan import Plan
+
+
+@dataclass(frozen=True)
+class GroupFate:
+    """What one EP group does after a re-plan (``ReplanResult.experts`` is made from it)."""
+
+    stage: int
+    ranks: tuple[int, ...]  # the group's ranks in the plan, in order
+    lost: tuple[int, ...]  # those that no longer run
+    mode: str  # "rehosted" or "dropped"
+    load_factor: float  # the busiest survivor's experts / q (1 when nothing was re-hosted)
+    moved_bytes: float  # expert state moved to survivors
+    reason: str
+
+
+class ExpertModel:
+    """The parts of an MoE plan's experts that do not depend on which GPUs failed."""
+
+    def __init__(self, plan: Plan, usable_bytes: float):
+        lay, model = plan.layout, plan.model
+        self.ep, self.experts = lay.ep, model.num_experts
+        self.q = self.experts // self.ep
+        grid = lay.rank_grid
+        self.groups = np.asarray(grid.expert_groups("ep", lay.ep, lay.expert_tp), dtype=np.int64)  # [G, ep]
+        self.ranks = grid.array("dp", "pp", "cp", "tp")  # [dp, pp, cp, tp] rank ids
+        self.replica_of = np.empty(lay.world_size, dtype=np.int64)
+        self.replica_of[self.ranks] = np.arange(lay.dp)[:, None, None, None]
+        self.stage_of = np.empty(lay.world_size, dtype=np.int64)
+        self.stage_of[self.ranks] = np.arange(lay.pp)[None, :, None, None]
+        cost = plan.predicted
+        flops = replica_flops(model, plan.training, with_vocab=True)
+        routed = flops.get("experts", (0.0, 1))[0] / sum(f for f, _ in flops.values())
+        parts = cost.time_breakdown_s
+        scaled = routed * (parts["compute"] + parts.get("recompute", 0.0)) + parts.get("ep_comm", 0.0)
+        self.share = min(1.0, scaled / cost.step_time_s)
+        # one expert's shard on one rank: its share of the rank's training state (weights, gradients,
+        # optimizer, at the plan's ZeRO level), on the stage with the most MoE layers
+        state = sum(v for k, v in cost.memory_breakdown_bytes.items() if k not in ("activations", "runtime_reserved"))
+        stage = max(range(lay.pp), key=lambda s: self._moe_layers(plan, s))
+        held = sum(
+            stage_params(model, range(c.layers[0], c.layers[-1] + 1), lay.tp, lay.ep, c.embedding, c.loss, lay.pp,
+                         lay.expert_tp)
+            for c in plan.pipeline if c.stage == stage and c.layers
+        )  # fmt: skip
+        one = self._moe_layers(plan, stage) * model.mlp_params(model.moe_ffn_hidden_size) / lay.expert_tp
+        self.shard_bytes = state * one / held if held else 0.0
+        self.spare_bytes = usable_bytes - cost.memory_per_gpu_bytes
+
+    @staticmethod
+    def _moe_layers(plan: Plan, stage: int) -> int:
+        return sum(plan.model.is_moe_layer(i) for c in plan.pipeline if c.stage == stage for i in c.layers)
+
+    def speed(self, load_factor: float) -> float:
+        """How fast a replica paced by a group at ``load_factor`` runs, relative to healthy."""
+        return 1.0 / (1.0 + self.share * (load_factor - 1.0))
+
+    def fate(self, g: int, lost: np.ndarray, decider: str) -> GroupFate | None:
+        """Group ``g`` given which ranks no longer run; None when it lost none."""
+        ranks = self.groups[g]
+        gone = ranks[lost[ranks]]
+        if not gone.size:
+            return None
+        stage, survivors = int(self.stage_of[ranks[0]]), len(ranks) - len(gone)
+        base = dict(stage=stage, ranks=tuple(ranks.tolist()), lost=tuple(gone.tolist()))
+        if decider == "dp-drop":
+            return GroupFate(**base, mode="dropped", load_factor=1.0, moved_bytes=0.0, reason="dp-drop drops the group")
+        if survivors == 0:
+            return GroupFate(**base, mode="dropped", load_factor=1.0, moved_bytes=0.0, reason="no member survives")
+        extra = math.ceil(self.q * len(gone) / survivors)
+        if extra * self.shard_bytes > self.spare_bytes:
+            why = (
+                f"the busiest survivor would take {extra} more experts ({extra * self.shard_bytes / 2**30:.1f} GiB of "
+                f"state) with {max(0.0, self.spare_bytes) / 2**30:.1f} GiB free"
+            )
+            return GroupFate(**base, mode="dropped", load_factor=1.0, moved_bytes=0.0, reason=why)
+        moved = self.q * len(gone) * self.shard_bytes
+        factor = (self.q + extra) / self.q
+        why = f"{len(gone)} of {len(ranks)} members lost, experts re-hosted: the busiest survivor holds {factor:.3g}x"
+        return GroupFate(**base, mode="rehosted", load_factor=factor, moved_bytes=moved, reason=why)
+
+    def owners(self, fate: GroupFate) -> list[list[int]]:
+        """Per expert id, the group's rank holding it after the re-plan (empty when dropped): each
+        lost expert to the survivor holding the fewest, lowest rank on a tie."""
+        if fate.mode == "dropped":
+            return []
+        own = [fate.ranks[e // self.q] for e in range(self.experts)]
+        survivors = [r for r in fate.ranks if r not in fate.lost]
+        held = {r: self.q for r in survivors}
+        for e, r in enumerate(own):
+            if r in fate.lost:
+                to = min(survivors, key=lambda s: (held[s], s))
+                own[e], held[to] = to, held[to] + 1
+        return [[r] for r in own]
+
+
+def lost_ranks(em: ExpertModel, outcomes: list[Outcome]) -> np.ndarray:
+    """[world] True where a rank no longer runs: past its replica's stage degree, or dropped."""
+    degree = np.array([o.stage_tp for o in outcomes], dtype=np.int64)  # [dp, pp]
+    tp = em.ranks.shape[3]
+    gone = np.arange(tp)[None, None, None, :] >= degree[:, :, None, None]  # [dp, pp, 1, tp]
+    lost = np.zeros(em.replica_of.size, dtype=bool)
+    lost[em.ranks] = np.broadcast_to(gone, em.ranks.shape)
+    return lost
+
+
+def settle(rp, packing: Packing, decider: str, fixed: bool) -> tuple[Packing, tuple[GroupFate, ...]]:
+    """``packing`` with the replicas the experts' grid changes re-decided (module docstring), and
+    the fate of every EP group that lost a member. Unchanged when no group lost one."""
+    from ntp_planner.failures.packing import Outcome
+
+    em: ExpertModel = rp.experts
+    outcomes = [packing.kinds[k] for k in packing.kind_of.tolist()]
+    fates: tuple[GroupFate, ...] = ()
+    for _ in range(len(outcomes) + 1):  # each round drops at least one more replica, or settles
+        lost = lost_ranks(em, outcomes)
+        hit = np.flatnonzero(lost[em.groups].any(axis=1))
+        fates = tuple(f for g in hit.tolist() if (f := em.fate(g, lost, decider)) is not None)
+        new = _apply(rp, em, fates, [packing.kinds[k] for k in packing.kind_of.tolist()], Outcome)
+        if [o.status == "dropped" for o in new] == [o.status == "dropped" for o in outcomes]:
+            outcomes = new
+            break
+        outcomes = new
+    if not fates:
+        return packing, ()
+    kinds = tuple(dict.fromkeys(outcomes))
+    index = {o: i for i, o in enumerate(kinds)}
+    reached = min(sum(o.sequences for o in outcomes) + packing.extra * rp.local, rp.lay.global_batch)
+    paused = fixed and reached < rp.lay.global_batch
+    return replace(
+        packing,
+        kinds=kinds,
+        kind_of=np.array([index[o] for o in outcomes], dtype=np.int64),
+        reached=reached,
+        paused=paused,
+        throughput=0.0 if paused else reached / rp.lay.global_batch,
+    ), fates
+
+
+def _apply(rp, em: ExpertModel, fates, outcomes: list, Outcome) -> list:
+    """Each replica's outcome under the groups' fates: dropped with a dropped group, else paced by
+    the slowest re-hosted group it is in, and in lockstep with that group's other replicas."""
+    pp = rp.lay.pp
+    dropped = {int(r) for f in fates if f.mode == "dropped" for r in em.replica_of[list(f.ranks)]}
+    out = list(outcomes)
+    for r in dropped:
+        if out[r].status != "dropped":
+            out[r] = Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, "its EP group is dropped: " + _why(fates, em, r))
+    speed = [1.0] * len(out)
+    for f in fates:
+        if f.mode == "rehosted":
+            for r in {int(x) for x in em.replica_of[list(f.ranks)]}:
+                speed[r] = min(speed[r], em.speed(f.load_factor))
+    runs = [_paced(rp, o, v) if o.status != "dropped" and v < 1.0 else o for o, v in zip(out, speed, strict=True)]
+    for f in fates:  # lockstep: a group's replicas meet in every all-to-all
+        if f.mode != "rehosted":
+            continue
+        members = sorted({int(x) for x in em.replica_of[list(f.ranks)]})
+        fewest = min(runs[r].sequences for r in members)
+        for r in members:
+            if runs[r].status != "dropped" and runs[r].sequences > fewest:
+                runs[r] = replace(runs[r], sequences=fewest)
+    return [
+        Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, o.reason) if o.status != "dropped" and o.sequences == 0 else o
+        for o in runs
+    ]
+
+
+def _paced(rp, o, speed: float):
+    """A running replica slowed to ``speed`` by a re-hosted group: the sequences it fits in the
+    healthy step at its degree (degraded replicas keep their own reason first)."""
+    from ntp_planner.failures.packing import Outcome
+
+    degree = min(o.stage_tp)
+    b = min(o.sequences, rp.sequences_at(degree, speed * _power_speed(o)))
+    why = f"paced by re-hosted experts of its EP group ({speed:.3g}x speed): {b} of {rp.local} sequences"
+    if b == 0:
+        return Outcome("dropped", (0,) * rp.lay.pp, 0, (0.0,) * rp.lay.pp, why)
+    reason = f"{o.reason}; {why}" if o.status == "degraded" and o.reason else why
+    return Outcome("degraded", o.stage_tp, b, o.power, reason)
+
+
+def _power_speed(o) -> float:
+    from cost_models.degraded import speed_at_power
+
+    return speed_at_power(min(o.power)) if o.power and min(o.power) > 0 else 1.0
+
+
+def _why(fates, em: ExpertModel, replica: int) -> str:
+    hit = (f for f in fates if f.mode == "dropped" and replica in set(em.replica_of[list(f.ranks)].tolist()))
+    return next(hit).reason

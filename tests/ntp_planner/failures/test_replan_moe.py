@@ -1,0 +1,122 @@
+"""NTP for MoE: a failure's experts re-hosted on the survivors of its EP group, or the group
+dropped (ntp_planner.failures.experts), checked by hand on DeepSeek-MoE-16B at tp 2, ep 8, etp 1."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cost_models import MODELS, ParallelLayout, TrainingSpec
+from ntp_planner.failures.replan import Replanner
+from ntp_planner.replan_result import ReplanResult
+from ntp_planner.solver.planner import plan_from_layout
+from topologies import CLUSTERS, Cluster, InputError
+
+MODEL = MODELS["deepseek-moe-16b"]  # 64 routed experts, 28 layers, the first dense
+
+
+def _plan(gpus=16, zero=1, ep=8):
+    lay = ParallelLayout(tp=2, dp=gpus // 2, ep=ep, etp=1, micro_batch=1, global_batch=64, sequence_parallel=True,
+                         zero=zero)  # fmt: skip
+    return plan_from_layout(MODEL, TrainingSpec(seq_len=4096, global_batch=64), Cluster(spec=CLUSTERS["dgx-h100"],
+                            num_gpus=gpus), lay)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rp():
+    return Replanner(_plan())
+
+
+def test_the_grid_and_one_experts_state_by_hand():
+    em = Replanner(_plan(zero=0)).experts
+    # etp 1, ep 8 over the 16 ranks of the stage: two groups of 8 consecutive ranks, 8 experts each
+    assert em.groups.tolist() == [list(range(8)), list(range(8, 16))] and em.q == 8
+    # ZeRO-0 bf16: 2 (weight) + 4 (fp32 gradient) + 12 (master, two moments) bytes per parameter;
+    # one expert: 27 MoE layers x 3 matrices x 2048 x 1408
+    assert em.shard_bytes == pytest.approx(27 * 3 * 2048 * 1408 * 18, rel=1e-9)
+
+
+def test_imbalance_factor_by_hand(rp):
+    em = rp.experts
+    lost = np.zeros(16, dtype=bool)
+    lost[[9, 12]] = True  # two of group 1's 8 members: 16 experts over 6 survivors, the busiest takes 3 more
+    fate = em.fate(1, lost, "ntp")
+    assert fate.mode == "rehosted" and fate.lost == (9, 12)
+    assert fate.load_factor == (8 + math.ceil(16 / 6)) / 8
+    assert fate.moved_bytes == pytest.approx(16 * em.shard_bytes)
+    assert em.fate(0, lost, "ntp") is None
+    owners = em.owners(fate)
+    held = sorted(sum(o == [r] for o in owners) for r in fate.ranks if r not in fate.lost)
+    assert held == [10, 10, 11, 11, 11, 11]  # 8 each, and the 16 lost ones spread 2, 2, 3, 3, 3, 3
+    assert em.speed(fate.load_factor) == pytest.approx(1 / (1 + em.share * (fate.load_factor - 1)))
+
+
+def test_one_failure_rehosts_and_beats_dropping_the_group(rp):
+    ntp, drop = rp.replan(frozenset({3}), "ntp"), rp.replan(frozenset({3}), "dp-drop")
+    (hosted,) = ntp.experts
+    assert hosted.mode == "rehosted" and hosted.load_factor == (8 + math.ceil(8 / 7)) / 8
+    # the group's four replicas run in lockstep, at the degraded replica's pace; the others in full
+    members = sorted({r // 2 for r in hosted.ep_group + hosted.lost})
+    batches = {x.replica: x.local_batch for x in ntp.replicas}
+    b = batches[members[0]]
+    assert all(batches[r] == b for r in members) and 0 < b < 8
+    assert all(batches[r] == 8 for r in range(8) if r not in members)
+    assert ntp.throughput_relative == pytest.approx((4 * 8 + 4 * b) / 64)
+    # dp-drop loses the failed replica's whole EP group: 4 of 8 replicas
+    assert drop.throughput_relative == 0.5 and [x.mode for x in drop.experts] == ["dropped"]
+    assert ntp.throughput_relative > drop.throughput_relative
+    assert rp.throughput(frozenset({3}), "ntp").throughput_relative == ntp.throughput_relative
+
+
+def test_rehost_or_drop_either_side_of_the_memory_crossover():
+    rp = Replanner(_plan())
+    need = math.ceil(8 / 7) * rp.experts.shard_bytes  # the busiest survivor's extra state
+    modes = {}
+    for spare in (need * 0.999, need * 1.001):
+        rp.experts.spare_bytes = spare
+        rp._decided.clear()
+        r = rp.replan(frozenset({3}), "ntp")
+        modes[spare > need] = ([x.mode for x in r.experts], r.throughput_relative)
+    assert modes[False] == (["dropped"], 0.5)
+    assert modes[True][0] == ["rehosted"] and modes[True][1] > 0.5
+
+
+def test_an_edited_rehosting_is_refused(rp):
+    plan, r = rp.plan, rp.replan(frozenset({3}), "ntp")
+    data = r.model_dump()
+    data["experts"][0]["owners"][0] = [data["experts"][0]["lost"][0]]  # an expert on a rank that no longer runs
+    with pytest.raises(ValueError, match="must hold every expert once, on its surviving ranks"):
+        ReplanResult.model_validate(data)
+    data = r.model_dump()
+    data["experts"][0]["stage"] = 1  # the plan has one stage
+    with pytest.raises(InputError, match="not an EP group"):
+        ReplanResult.model_validate(data).check_against(plan)
+
+
+def test_plans_without_expert_parallelism_list_no_groups():
+    r = Replanner(_plan(ep=1)).replan(frozenset({3}), "ntp")
+    assert r.experts == [] and Replanner(_plan(ep=1)).experts is None
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.sets(st.integers(0, 31), min_size=1, max_size=6), st.sampled_from(["ntp", "ntp-pw", "dp-drop"]))
+def test_no_expert_is_lost_or_held_by_a_rank_that_does_not_run(failed, policy):
+    rp = _RP32
+    r = rp.replan(frozenset(failed), policy)
+    ReplanResult.model_validate(r.model_dump()).check_against(rp.plan)
+    for x in r.experts:
+        assert not set(x.ep_group) & set(x.lost)
+        assert all(r.rank_to_gpu[g] is None for g in x.lost)
+        if x.mode == "rehosted":
+            assert len(x.owners) == MODEL.num_experts and all(len(o) == 1 and o[0] in x.ep_group for o in x.owners)
+            assert all(r.rank_to_gpu[o[0]] is not None for o in x.owners)
+    dropped = {x.replica for x in r.replicas if x.status == "dropped"}
+    for x in r.experts:  # a dropped group's replicas all stop
+        if x.mode == "dropped":
+            assert {g // 2 for g in x.ep_group + x.lost} <= dropped
+    assert r.throughput_relative == pytest.approx(rp.throughput(frozenset(failed), policy).throughput_relative)
+
+
+_RP32 = Replanner(_plan(gpus=32))
