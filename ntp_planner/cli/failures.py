@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -103,11 +102,13 @@ def replan(
     if output:
         write_atomic(output, result.model_dump_json(indent=1))
     if json_out:
-        sys.stdout.write(result.model_dump_json(indent=1) + "\n")
+        from ntp_planner.views.model import params_json
+
+        show_json(params_json(p.model) | result.model_dump(mode="json"))
     else:
         from ntp_planner.views.replan import replan_view
 
-        show(replan_view(result))
+        show(replan_view(result, p.model))
 
 
 def _replan_settings(policy: str, fallback: str | None, max_power: float | None) -> tuple[str, float]:

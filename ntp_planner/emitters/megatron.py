@@ -247,14 +247,34 @@ def launch_script(plan: Plan, args: list[str]) -> str:
     return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
 
 
+def _expert_warnings(replan: ReplanResult) -> list[str]:
+    """What Megatron's nonuniform TP cannot express of an MoE re-plan: it keeps every EP group whole."""
+    hosted = [x for x in replan.experts if x.mode == "rehosted"]
+    dropped = [x for x in replan.experts if x.mode == "dropped"]
+    out = []
+    if hosted:
+        moved = sum(x.moved_bytes for x in hosted) / 2**30
+        most = max(x.load_factor for x in hosted)
+        out.append(
+            f"{len(hosted)} EP groups re-host the experts of ranks that no longer run (the busiest survivor at up to "
+            f"{most:.3g}x its experts, {moved:.1f} GiB of expert state moved); Megatron's nonuniform TP keeps EP "
+            "groups whole and has no setting for it, so these settings cover the attention's TP only: relaunch "
+            "Megatron with the replicas of those groups dropped, or run the re-plan's hosting (ReplanResult.experts)"
+        )
+    if dropped:
+        out.append(f"{len(dropped)} EP groups are dropped with every replica they span")
+    return out
+
+
 def nonuniform_tp_settings(plan: Plan, replan: ReplanResult) -> tuple[dict, list[str]]:
     """Settings of Megatron's nonuniform-TP config for a re-planned state: reduced replicas come
     first in Megatron's rank order, so replicas are renumbered degraded-first."""
     lay = plan.layout
-    degraded = [r for r in replan.replicas if r.status == "degraded"]
-    warnings = []
+    degraded = [r for r in replan.replicas if r.status == "degraded" and min(r.stage_tp) < lay.tp]
+    warnings = _expert_warnings(replan)
     if not degraded:
-        return {"tp_base": lay.tp, "tp_spares": 0, "num_reduced_tp_dp_ranks": 0, "non_active_ranks_per_dp": {}}, []
+        none = {"tp_base": lay.tp, "tp_spares": 0, "num_reduced_tp_dp_ranks": 0, "non_active_ranks_per_dp": {}}
+        return none, warnings
     reduced = min(min(r.stage_tp) for r in degraded)
     if len({t for r in degraded for t in r.stage_tp}) > 1:
         warnings.append(

@@ -157,10 +157,16 @@ def settle(rp, packing: Packing, decider: str, fixed: bool) -> tuple[Packing, tu
     em: ExpertModel = rp.experts
     outcomes = [packing.kinds[k] for k in packing.kind_of.tolist()]
     fates: tuple[GroupFate, ...] = ()
+    first: dict[int, GroupFate] = {}
     for _ in range(len(outcomes) + 1):  # each round drops at least one more replica, or settles
         lost = lost_ranks(em, outcomes)
         hit = np.flatnonzero(lost[em.groups].any(axis=1))
-        fates = tuple(f for g in hit.tolist() if (f := em.fate(g, lost, decider)) is not None)
+        now = {g: f for g in hit.tolist() if (f := em.fate(g, lost, decider)) is not None}
+        for g, f in now.items():  # a group dropped in an earlier round keeps the reason it was dropped for
+            if f.mode == "dropped" and g in first and first[g].mode == "dropped":
+                now[g] = replace(f, reason=first[g].reason)
+        first = {**now, **first}
+        fates = tuple(now.values())
         new = _apply(rp, em, fates, [packing.kinds[k] for k in packing.kind_of.tolist()], Outcome)
         if [o.status == "dropped" for o in new] == [o.status == "dropped" for o in outcomes]:
             outcomes = new

@@ -301,8 +301,8 @@ class Replanner:
         em = self.experts
         return ExpertHosting.model_construct(
             stage=fate.stage,
-            ep_group=[r for r in fate.ranks if r not in fate.lost],
-            lost=list(fate.lost),
+            ep_group=[] if fate.mode == "dropped" else [r for r in fate.ranks if r not in fate.lost],
+            lost=list(fate.ranks) if fate.mode == "dropped" else list(fate.lost),
             owners=em.owners(fate),
             mode=fate.mode,
             load_factor=fate.load_factor,

@@ -8,12 +8,16 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ntp_planner.views.model import params_text
 from ntp_planner.views.plan import gb
 
 
-def replan_view(r) -> Group:
-    """Summary, the replicas that are not healthy, the reshard traffic."""
+def replan_view(r, model=None) -> Group:
+    """The model's size, the summary, the replicas that are not healthy, the EP groups that lost
+    members (MoE), the reshard traffic."""
     head = Table(show_header=False, box=None)
+    if model is not None:
+        head.add_row("model", params_text(model))
     head.add_row("policy", r.policy + (f" (then {r.fallback})" if r.fallback else ""))
     covered = r.in_domain_spares_used
     failed = (
@@ -47,7 +51,7 @@ def replan_view(r) -> Group:
             str(x.gpus_used),
             str(x.gpus_idle),
         )
-    parts = [head, t, *_replica_reasons(r.replicas)]
+    parts = [head, t, *_replica_reasons(r.replicas), *_expert_lines(getattr(r, "experts", []))]
     if r.reshard is not None:
         rs = r.reshard
         parts.append(
@@ -58,6 +62,21 @@ def replan_view(r) -> Group:
             )
         )
     return Group(*parts)
+
+
+def _expert_lines(experts) -> list[Text]:
+    """One line per EP group that lost members: re-hosted (its load factor, the state moved) or dropped."""
+    lines = []
+    for x in experts[:8]:
+        what = f"re-hosted, {gb(x.moved_bytes)} of expert state moved" if x.mode == "rehosted" else "dropped"
+        lines.append(
+            Text(f"EP group of stage {x.stage} (ranks {_compact(sorted(x.ep_group + x.lost))}): {what}; {x.reason}")
+        )
+    if len(experts) > 8:
+        lines.append(
+            Text(f"and {len(experts) - 8} more EP groups ({sum(x.mode == 'dropped' for x in experts)} dropped)")
+        )
+    return lines
 
 
 def _replica_reasons(replicas) -> list[Text]:

@@ -1,6 +1,7 @@
 """NTP for MoE: a failure's experts re-hosted on the survivors of its EP group, or the group
 dropped (ntp_planner.failures.experts), checked by hand on DeepSeek-MoE-16B at tp 2, ep 8, etp 1."""
 
+import json
 import math
 
 import numpy as np
@@ -120,3 +121,31 @@ def test_no_expert_is_lost_or_held_by_a_rank_that_does_not_run(failed, policy):
 
 
 _RP32 = Replanner(_plan(gpus=32))
+
+
+def test_replan_json_and_table_show_the_experts_and_the_counts(rp, tmp_path):
+    from typer.testing import CliRunner
+
+    from ntp_planner.cli import app
+
+    rp.plan.save(tmp_path / "p.json")
+    out = CliRunner().invoke(app, ["replan", str(tmp_path / "p.json"), "--failed", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert (data["params_total"], data["params_active"]) == (MODEL.params_total, MODEL.params_active)
+    assert [x["mode"] for x in data["experts"]] == ["rehosted"]
+    (tmp_path / "r.json").write_text(out.stdout)  # the --json output loads back as the re-plan it shows
+    assert ReplanResult.load(tmp_path / "r.json", rp.plan).experts == rp.replan(frozenset({3}), "ntp").experts
+    table = CliRunner().invoke(app, ["replan", str(tmp_path / "p.json"), "--failed", "3"])
+    assert "re-hosted" in table.stdout and "16.4B parameters" in table.stdout
+
+
+def test_the_nonuniform_tp_export_says_what_it_cannot_express(rp):
+    from ntp_planner.emitters.megatron import nonuniform_tp_settings
+
+    r = rp.replan(frozenset({3}), "ntp")
+    settings, warnings = nonuniform_tp_settings(rp.plan, r)
+    # only the replica at reduced TP counts as reduced; those paced by the re-hosted experts run full TP
+    assert settings["num_reduced_tp_dp_ranks"] == sum(min(x.stage_tp) < 2 for x in r.replicas if x.stage_tp[0])
+    assert settings["num_reduced_tp_dp_ranks"] == 1
+    assert any("1 EP groups re-host the experts" in w and "1.25x" in w for w in warnings)
