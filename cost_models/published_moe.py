@@ -329,6 +329,8 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         fp8_recipe="current",
         fp8_params=dtype != "bf16",
         grad_reduce_in_fp32=False,
+        moe_capacity_factor=moe.capacity_factor,
+        moe_pad_to_capacity=moe.capacity_factor is not None,
     )
     lay = run_layout(
         *(gpus, batch, mb, tp, pp, cp, vp),
@@ -338,6 +340,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         moe_overlap="1f1b" if overlap else "none",
         chunk_layers=_chunks(model, pp, vp, layout),
         zero=1,
+        recompute_modules=moe.recompute_modules,
         tp_comm_overlap=tp > 1 and release == "25.09" and name.startswith("qwen3"),
     )
     per_domain = 64 if system.startswith("GB") and gpus % 64 == 0 else None
