@@ -435,7 +435,7 @@ class CostEnv:
         """The MoE layer's host stall per micro-batch (``Efficiency.moe_host_sync_s``): the
         dispatcher's, ``flex_scaleout`` for flex when its group spans NVLink domains."""
         dispatcher = self.layout.moe_dispatcher
-        if self.training.moe_pad_to_capacity:  # every count is the capacity: known on the host
+        if self.training.moe_pad_to_capacity or self.training.cuda_graphs:  # counts known ahead / no host in a graph
             return 0.0
         if dispatcher == "flex" and d.experts.tp_ep.domains > 1:
             dispatcher = "flex_scaleout"

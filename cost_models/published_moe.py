@@ -307,6 +307,11 @@ def _chunks(model: ModelSpec, pp: int, vp: int, layout: str | None) -> tuple[int
     return None
 
 
+def _graphed(name: str, release: str, system: str) -> bool:
+    """Full-iteration CUDA graphs: 26.06 onwards on GB200 / GB300, and Qwen3-30B on B300."""
+    return release >= "26.06" and (system.startswith("GB") or (name == "qwen3-30b-a3b" and system == "B300"))
+
+
 def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> MoeRow:
     gpus, batch, mb, seq, tp, pp, cp, vp, ep, tokens, dispatcher, overlap, recompute, layout = cols
     base = MODELS[name]
@@ -331,6 +336,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         grad_reduce_in_fp32=False,
         moe_capacity_factor=moe.capacity_factor,
         moe_pad_to_capacity=moe.capacity_factor is not None,
+        cuda_graphs=_graphed(name, release, system),
     )
     lay = run_layout(
         *(gpus, batch, mb, tp, pp, cp, vp),

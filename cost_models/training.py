@@ -88,6 +88,12 @@ class TrainingSpec(BaseModel):
         description="Pad every expert's input to its capacity (--moe-pad-expert-input-to-capacity): each runs "
         "exactly capacity rows, so no host sync on the row counts; needs moe_capacity_factor.",
     )
+    cuda_graphs: bool = Field(
+        default=False,
+        description="Full-iteration CUDA graphs (Megatron's cuda_graph_impl with scope full_iteration): a captured "
+        "graph cannot stop for the host, so MoE layers run without host syncs (Megatron-Bridge pairs them with "
+        "static expert buffers, moe_expert_rank_capacity_factor).",
+    )
 
     _bounds = bounds_validator(_BOUNDS)
 

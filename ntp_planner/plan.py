@@ -412,7 +412,7 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),
-    "TrainingSpec": frozenset({"moe_capacity_factor", "moe_pad_to_capacity"}),
+    "TrainingSpec": frozenset({"moe_capacity_factor", "moe_pad_to_capacity", "cuda_graphs"}),
 }
 """Fields added to the inputs after plans were first saved (issue 24's MoE fields): the hash leaves
 each out while it holds its default, so older plans and the hashes their exports carry stand.

@@ -137,3 +137,12 @@ def test_recompute_modules_round_trip_and_stay_out_of_dumps_when_empty():
     assert ParallelLayout.model_validate(lay.model_dump(mode="json")) == lay
     assert "rc-moe_act" in lay.describe()
     assert moe.routed_load(1.3, 1.0, True) == 1.0
+
+
+def test_cuda_graphs_run_moe_layers_without_host_syncs():
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.004, "allgather": 0.004, "flex": 0.0}})
+    graphed = CostEnv(MIXTRAL, TRAIN.model_copy(update={"cuda_graphs": True}), _layout(), H64, sync)
+    eager = CostEnv(MIXTRAL, TRAIN, _layout(), H64, sync)
+    kind = MIXTRAL.layer_kind(0)
+    assert eager.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.004, rel=1e-9)
+    assert graphed.block_pass(kind, 1).bwd == eager.block_pass(kind, 1).bwd
