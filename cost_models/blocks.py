@@ -130,7 +130,7 @@ class CostEnv:
             )
             for flag, fmt in ((True, training.dtype), (False, high))
         }
-        self._attention = eff.attention_fraction(self.arch, training.attention_kernel)
+        self._attention = eff.attention_fraction(self.arch, training.attention_kernel, gpu.name)
         self.lp_copy_bytes = low_precision_copy_bytes(training.dtype, self.arch, training.fp8_params)
         self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
         self.executor = eff.runtime == "executor"

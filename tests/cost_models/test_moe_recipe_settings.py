@@ -146,3 +146,16 @@ def test_cuda_graphs_run_moe_layers_without_host_syncs():
     kind = MIXTRAL.layer_kind(0)
     assert eager.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.004, rel=1e-9)
     assert graphed.block_pass(kind, 1).bwd == eager.block_pass(kind, 1).bwd
+
+
+def test_blackwell_ultra_runs_fused_attention_twice_as_fast():
+    from cost_models.flops import Op
+
+    core = Op("attention-core", "flash", flops=1e12)
+    envs = {}
+    for gpu, cluster in (("B200", "dgx-b200"), ("B300", "dgx-b300")):
+        envs[gpu] = CostEnv(MIXTRAL, TRAIN, _layout(dp=8), Cluster(spec=CLUSTERS[cluster], num_gpus=8))
+    # same bf16 peak (2.25 PFLOP/s) and architecture: the SFU's doubled exponentials alone
+    assert envs["B200"].bf16_peak == envs["B300"].bf16_peak
+    assert envs["B200"].op_time(core) / envs["B300"].op_time(core) == pytest.approx(2.0, rel=1e-12)
+    assert envs["B200"].op_time(core) == pytest.approx(1e12 / (2.25e15 * 0.46), rel=1e-12)
