@@ -199,7 +199,8 @@ def activation_bytes_per_layer(
     the output projection's low-precision input.
 
     ``modules`` (Megatron's recompute_modules, recomputed in backward) drop what they would save:
-    ``layernorm`` the norms' outputs (the linear inputs of the replicated terms), ``mla_up_proj``
+    ``layernorm`` the norms' 16-bit outputs (the linear inputs of the replicated terms; in
+    low precision Transformer Engine keeps its own cast for the weight gradient, so nothing), ``mla_up_proj``
     MLA's up-projected Q, K and V (the latents stay), ``mlp`` a dense MLP's activation input(s)
     and down-projection input (its input stays), ``moe_act`` the experts' down-projection input.
     """
@@ -213,7 +214,7 @@ def activation_bytes_per_layer(
     extra_out = lin if lin < ACT_BYTES else 0.0  # the out-projection's own low-precision input
     drop = 1 if model.dropout else 0
     sublayers = kind.attention + (kind.moe or kind.ffn > 0)
-    norm_out = 0.0 if "layernorm" in modules else lin
+    norm_out = 0.0 if "layernorm" in modules and lin >= ACT_BYTES else lin  # a low-precision cast stays
     replicated = sublayers * (ACT_BYTES + norm_out + drop) * tokens * h
     heads, kv = model.num_heads // tp, kv_heads_per_rank(model, tp)
     dv = model.v_head_dim if model.is_mla else d

@@ -83,7 +83,7 @@ def test_moe_act_drops_the_experts_down_projection_input():
 def test_layernorm_drops_both_norm_outputs():
     saved = _act(MIXTRAL, 0, ()) - _act(MIXTRAL, 0, ("layernorm",))
     assert saved == 2 * 2 * 4096 * 4096  # two sublayers x 2 bytes x tokens x hidden
-    assert _act(MIXTRAL, 0, (), 1.0) - _act(MIXTRAL, 0, ("layernorm",), 1.0) == 2 * 1 * 4096 * 4096  # fp8 casts
+    assert _act(MIXTRAL, 0, (), 1.0) == _act(MIXTRAL, 0, ("layernorm",), 1.0)  # fp8: the linears keep their casts
 
 
 def test_mla_up_proj_drops_q_k_v_and_mlp_the_dense_mlp():
