@@ -47,6 +47,12 @@ ANALYTIC = {
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}  # a profile's torch dtype
 # parameter tensors the executor all-reduces one at a time (Llama-style blocks): the embedding;
 # two norms, q, k, v, o, gate, up, down; the final norm and the LM head
+RECOMPUTED_OPS = {  # ParallelLayout.recompute_modules -> the ops each runs forward again in backward
+    "mla_up_proj": ("q-up", "kv-up", "rotary"),  # MLASelfAttention's qkv_up_checkpoint
+    "mlp": ("mlp-up", "mlp-act", "mlp-down"),  # dense layers only (TransformerLayer.recompute_mlp)
+    "moe_act": ("experts-act",),  # TEGroupedMLP's activation checkpoint
+    "layernorm": ("norms",),  # the input and pre-MLP norms
+}
 EXECUTOR_TENSORS = {EMBED: 1, HEAD: 2, "layer": 9}
 
 
@@ -124,7 +130,7 @@ class CostEnv:
             )
             for flag, fmt in ((True, training.dtype), (False, high))
         }
-        self._attention = eff.attention_fraction(self.arch, training.attention_kernel)
+        self._attention = eff.attention_fraction(self.arch, training.attention_kernel, gpu.name)
         self.lp_copy_bytes = low_precision_copy_bytes(training.dtype, self.arch, training.fp8_params)
         self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
         self.executor = eff.runtime == "executor"
@@ -394,6 +400,11 @@ class CostEnv:
         elif lay.recompute == "selective":
             p.recompute = sum(op.fwd * (self.op_time(op) + self.eff.kernel_overhead_s) for op in core)
             p.hw_flops += sum(op.flops for op in core)
+        if lay.recompute_modules and lay.recompute != "full":
+            again = {name for module in lay.recompute_modules for name in RECOMPUTED_OPS[module]}
+            redo = [op for op in ops if op.name in again]
+            p.recompute += sum(op.fwd * (self.op_time(op) + self.eff.kernel_overhead_s) for op in redo)
+            p.hw_flops += sum(op.fwd * op.flops for op in redo)
         return p
 
     def moe_shape(self, d: Degree) -> moe.MoeShape:
@@ -403,8 +414,9 @@ class CostEnv:
             d.tokens // d.t, m.hidden_size, m.num_experts, m.moe_top_k, m.moe_ffn_hidden_size, self.layout.ep, d.etp
         )
         imbalance = moe.imbalance_factor(mean.ep, mean.experts_per_rank, mean.rows_per_expert, self.eff.moe_load_cv)
-        # dropless routing (a capacity factor, ``moe.routed_load``, needs a TrainingSpec field)
-        return moe.MoeShape(**{**mean.__dict__, "load": moe.routed_load(imbalance, None)})
+        tr = self.training
+        load = moe.routed_load(imbalance, tr.moe_capacity_factor, tr.moe_pad_to_capacity)
+        return moe.MoeShape(**{**mean.__dict__, "load": load})
 
     def _moe_layer_ops(self, ops: list[Op], d: Degree) -> list[Op]:
         """``layer_ops``' MoE sublayer at the expert grid and the busiest rank's load: its router,
@@ -423,6 +435,8 @@ class CostEnv:
         """The MoE layer's host stall per micro-batch (``Efficiency.moe_host_sync_s``): the
         dispatcher's, ``flex_scaleout`` for flex when its group spans NVLink domains."""
         dispatcher = self.layout.moe_dispatcher
+        if self.training.moe_pad_to_capacity or self.training.cuda_graphs:  # counts known ahead / no host in a graph
+            return 0.0
         if dispatcher == "flex" and d.experts.tp_ep.domains > 1:
             dispatcher = "flex_scaleout"
         return self.eff.moe_host_sync_s.get(dispatcher, 0.0)
@@ -622,6 +636,7 @@ class CostEnv:
             d.cp,
             linear_input_bytes=saved_input_bytes(self.training.dtype),
             etp=d.etp,
+            modules=() if (recompute or lay.recompute) == "full" else lay.recompute_modules,
         )
 
 
@@ -669,6 +684,7 @@ def pass_cache_key(layout: ParallelLayout) -> tuple:
         layout.ep,
         layout.micro_batch,
         layout.recompute,
+        layout.recompute_modules,
         layout.sequence_parallel,
         layout.tp_comm_overlap,
         layout.expert_tp,

@@ -88,7 +88,7 @@ class Efficiency(BaseModel):
         "noise is left, so this is a sourced figure, not a fitted one.",
     )
     moe_host_sync_s: dict[str, float] = Field(
-        default={"alltoall": 0.004, "allgather": 0.004, "flex": 0.0, "flex_scaleout": 0.004},
+        default={"alltoall": 0.006, "allgather": 0.006, "flex": 0.0, "flex_scaleout": 0.004},
         description="Seconds an MoE layer stalls per micro-batch on its device-to-host syncs, per dispatcher "
         "(``flex_scaleout``: flex when its group spans NVLink domains). The dropless all-to-all and all-gather "
         "dispatchers take each peer's and each expert's row count on the host (the all-to-all's split sizes, "
@@ -96,11 +96,21 @@ class Efficiency(BaseModel):
         "CPU's launch queue, so the GPU then waits for the launches of the rest of the layer; DeepEP's internode "
         "kernels wait on the host for the received counts alike; inside one domain DeepEP and HybridEP hand "
         "the counts over on the GPU. Fitted to table G (cost_models.published_moe) with the grouped-GEMM "
-        "constants: alltoall 4.9 ms (4 kept: the mean error is flat from 4 to 5 ms and 4 keeps the worst run "
-        "lower), flex 0, flex_scaleout 4 ms (flat from 3 to 4 ms). For scale: Qwen3-30B at one 4,096-token "
-        "micro-batch on B200 runs about 4 ms a layer slower dropless than with padded token dropping, which "
-        "needs no sync. allgather has no run in table G and takes alltoall's figure. Padded token dropping "
-        "and full-iteration CUDA graphs remove the stall; the inputs cannot state them yet.",
+        "constants, the padded token-drop runs and the CUDA-graphed runs without a stall (their inputs say so): "
+        "alltoall 6 ms (mean error 15.0% against 15.2% at 5 ms and 15.9% at 7 ms), flex 0, flex_scaleout 4 ms "
+        "(flat from 3 to 4 ms). allgather has no run in table G and takes alltoall's figure. Padded token "
+        "dropping (TrainingSpec.moe_pad_to_capacity: Megatron's drop_and_pad fixes every count) and "
+        "full-iteration CUDA graphs (TrainingSpec.cuda_graphs) remove the stall.",
+    )
+    attention_speedup: dict[str, float] = Field(
+        default={"B300": 2.0, "GB300": 2.0},
+        description="Speed-up of fused attention on these GPUs over their architecture's flash_efficiency. "
+        "Blackwell Ultra (B300, GB300) doubles the SFU's exponential throughput, 10.7 against Blackwell's 5 "
+        "TeraExponentials/s, for '2X attention-layer acceleration' (NVIDIA technical blog 'Inside NVIDIA "
+        "Blackwell Ultra', 2025); on Blackwell the softmax's exponentials, one per score, bound the attention "
+        "kernel as much as its tensor cores at head dims up to 128 (16 exponentials and 8,192 bf16 FLOPs per "
+        "SM and clock against 4 d FLOPs per score forward: FlashAttention-4's premise). Sourced, not fitted: "
+        "table G's B300 / GB300 runs agree (mean |error| 15.0% -> 14.2%); tables A-F have none.",
     )
     flash_efficiency: dict[str, dict[str, float]] = Field(
         default={
@@ -185,9 +195,11 @@ class Efficiency(BaseModel):
             update["runtime"] = runtime
         return self.model_copy(update=update)
 
-    def attention_fraction(self, architecture: str, kernel: str) -> float:
-        """The fused-attention fraction of ``architecture``; no fallback for one not listed."""
-        return _lookup(self.flash_efficiency, "flash_efficiency", architecture, kernel)
+    def attention_fraction(self, architecture: str, kernel: str, gpu: str = "") -> float:
+        """The fused-attention fraction of ``architecture`` (times ``gpu``'s ``attention_speedup``);
+        no fallback for an architecture not listed."""
+        fraction = _lookup(self.flash_efficiency, "flash_efficiency", architecture, kernel)
+        return fraction * self.attention_speedup.get(gpu, 1.0)
 
     def gemm_peak_fraction(self, architecture: str, dtype: str) -> float:
         """The sustained GEMM fraction of ``architecture`` in ``dtype``'s format class. There is

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from cost_models.model import MAX_LAYERS, ModelSpec
 from cost_models.pipeline_layout import (
@@ -31,6 +31,7 @@ from topologies.errors import InputError
 Recompute = Literal["none", "selective", "full"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
 MoeOverlap = Literal["none", "1f1b", "dualpipe"]
+RecomputeModule = Literal["mla_up_proj", "mlp", "moe_act", "layernorm"]
 Zero = Literal[0, 1, 2, 3]
 MAX_CHUNKS = MAX_LAYERS + 2  # one layer per chunk, the embedding and the loss alone in the first and last
 _DEGREE = Bound(1, MAX_GPUS, "GPUs", "a degree cannot exceed the GPUs a cluster may hold (MAX_GPUS)")
@@ -82,6 +83,14 @@ class ParallelLayout(BaseModel):
     vpp: int = Field(default=1, ge=1, description="Virtual (interleaved) stages per pipeline rank.")
     sequence_parallel: bool = Field(default=False, description="Shard norms/dropout over TP (needs tp > 1).")
     recompute: Recompute = Field(default="none", description="Activation recomputation granularity.")
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
+        default=(),
+        max_length=4,
+        description="Megatron's selective recompute_modules besides core attention (which recompute "
+        "'selective' means): 'mla_up_proj' (MLA's up-projections: Q, K, V not saved), 'mlp' (dense MLPs: only "
+        "their input kept), 'moe_act' (the experts' activation: the down-projection input not saved), "
+        "'layernorm' (the two norms: their outputs not saved). Each is charged its forward again in backward.",
+    )
     zero: Zero = Field(
         default=0,
         description="How model state is sharded over the data-parallel group dp x cp: 0 replicated, 1 optimizer "
@@ -139,6 +148,15 @@ class ParallelLayout(BaseModel):
                 data["chunk_layers"] = chunks_from_stages(tuple(stages), vpp)
         return data
 
+    @model_serializer(mode="wrap")
+    def _omit_unset_modules(self, handler):
+        """Dumps leave ``recompute_modules`` out while it is empty: it came after plans and their
+        exports were first written (``ntp_planner.plan.LATER_FIELDS``), which stay as they were."""
+        data = handler(self)
+        if not self.recompute_modules and isinstance(data, dict):
+            data.pop("recompute_modules", None)
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> ParallelLayout:
         if self.world_size > MAX_GPUS:
@@ -160,6 +178,13 @@ class ParallelLayout(BaseModel):
             )
         if self.vpp > 1 and self.pp == 1:
             raise InputError(f"interleaving (vpp={self.vpp}) needs pp > 1")
+        if self.recompute_modules and self.recompute == "full":
+            raise InputError(
+                f"recompute_modules {list(self.recompute_modules)} select parts of a layer to recompute, but "
+                "recompute 'full' already recomputes it all; drop the modules or set recompute 'none' or 'selective'"
+            )
+        if len(set(self.recompute_modules)) != len(self.recompute_modules):
+            raise InputError(f"recompute_modules {list(self.recompute_modules)} names a module twice")
         if not self.reshard_after_forward and self.zero < 3:
             raise InputError(
                 f"keeping weights after forward only applies to ZeRO-3 (this layout is ZeRO-{self.zero}); "
@@ -287,6 +312,7 @@ class ParallelLayout(BaseModel):
         parts += [f"mb{self.micro_batch}"] + ([f"vpp{self.vpp}"] if self.vpp > 1 else [])
         parts += ["sp"] if self.sequence_parallel else []
         parts += [f"rc-{self.recompute}"] if self.recompute != "none" else []
+        parts += [f"rc-{'+'.join(self.recompute_modules)}"] if self.recompute_modules else []
         parts += [ZERO_TAGS[self.zero]] if self.zero else []
         return " ".join(parts)
 
@@ -398,6 +424,10 @@ def check_layout(
             raise InputError(f"etp({lay.expert_tp}) does not divide the {width} GPUs of a pipeline stage")
     if (lay.moe_dispatcher != "alltoall" or lay.moe_overlap != "none") and not m.is_moe:
         raise InputError(f"moe_dispatcher and moe_overlap apply to MoE models; {m.name} is dense")
+    if "mla_up_proj" in lay.recompute_modules and not m.is_mla:
+        raise InputError(f"recompute module 'mla_up_proj' needs multi-latent attention; {m.name} has none")
+    if "moe_act" in lay.recompute_modules and not m.is_moe:
+        raise InputError(f"recompute module 'moe_act' recomputes the experts' activation; {m.name} is dense")
     if lay.layer_tp is not None:
         _check_layer_tp(lay, m, training, domain_size)
     if training.seq_len > m.max_position_embeddings and m.position == "learned":

@@ -181,6 +181,7 @@ def activation_bytes_per_layer(
     cp: int = 1,
     linear_input_bytes: float = ACT_BYTES,
     etp: int | None = None,
+    modules: tuple[str, ...] = (),
 ) -> float:
     """Bytes one layer stores for backward, for one micro-batch on one GPU.
 
@@ -196,6 +197,12 @@ def activation_bytes_per_layer(
     cast, for the weight gradient: the QKV, MLP and down-projection inputs take that many bytes;
     the attention output is kept in 16 bits for the fused attention's backward and, besides, as
     the output projection's low-precision input.
+
+    ``modules`` (Megatron's recompute_modules, recomputed in backward) drop what they would save:
+    ``layernorm`` the norms' 16-bit outputs (the linear inputs of the replicated terms; in
+    low precision Transformer Engine keeps its own cast for the weight gradient, so nothing), ``mla_up_proj``
+    MLA's up-projected Q, K and V (the latents stay), ``mlp`` a dense MLP's activation input(s)
+    and down-projection input (its input stays), ``moe_act`` the experts' down-projection input.
     """
     kind = layer if isinstance(layer, LayerKind) else model.layer_kind(layer)
     tokens = micro_batch * seq_len / cp
@@ -207,21 +214,24 @@ def activation_bytes_per_layer(
     extra_out = lin if lin < ACT_BYTES else 0.0  # the out-projection's own low-precision input
     drop = 1 if model.dropout else 0
     sublayers = kind.attention + (kind.moe or kind.ffn > 0)
-    replicated = sublayers * (ACT_BYTES + lin + drop) * tokens * h
+    norm_out = 0.0 if "layernorm" in modules and lin >= ACT_BYTES else lin  # a low-precision cast stays
+    replicated = sublayers * (ACT_BYTES + norm_out + drop) * tokens * h
     heads, kv = model.num_heads // tp, kv_heads_per_rank(model, tp)
     dv = model.v_head_dim if model.is_mla else d
     split = 0.0
     if kind.attention:
-        split += ACT_BYTES * tokens * (heads + kv) * d + ACT_BYTES * tokens * kv * dv
+        if not (model.is_mla and "mla_up_proj" in modules):
+            split += ACT_BYTES * tokens * (heads + kv) * d + ACT_BYTES * tokens * kv * dv
         split += (ACT_BYTES + extra_out) * tokens * heads * dv
         split += mla_latent_bytes(model, tokens, lin)
     up = 2 if model.gated_mlp else 1  # up-projection outputs saved for the activation's backward
     if kind.moe:
         routed, f = routed_rows_per_gpu(model, tokens, tp, etp), model.moe_ffn_hidden_size / (etp or tp)
-        split += lin * routed * h + (up * ACT_BYTES + lin) * routed * f
+        down_in = 0.0 if "moe_act" in modules else lin
+        split += lin * routed * h + (up * ACT_BYTES + down_in) * routed * f
         if model.moe_shared_ffn_hidden_size:
             split += (up * ACT_BYTES + lin) * tokens * model.moe_shared_ffn_hidden_size / tp
-    elif kind.ffn:
+    elif kind.ffn and "mlp" not in modules:
         split += (up * ACT_BYTES + lin) * tokens * kind.ffn / tp
     if not kind.attention:
         core = 0.0

@@ -25,7 +25,8 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
 - Every run: expert tensor parallelism 1 (``expert_tensor_parallel_size=1``: EP folded over the
   attention's TP ranks), grouped GEMM, router fusion, forced load balancing and dropless routing
   (the summaries' note; 25.09 "tokendrop" rows instead drop tokens at capacity factor 1.0 with
-  padding, ``apply_moe_token_drop``, without forced balancing), Megatron's distributed optimizer,
+  padding, ``apply_moe_token_drop``, without forced balancing: ``TrainingSpec.moe_capacity_factor`` 1.0
+  with ``moe_pad_to_capacity``), Megatron's distributed optimizer,
   gradients reduced in bf16, cuDNN attention. Userbuffers TP overlap only in 25.09's Qwen3 runs
   (``CommOverlapConfig(tp_comm_overlap=True)``); DeepSeek-V3's recipe and the later Qwen3-235B
   H100 recipes (the other runs with tp > 1) turn it off. fp8 rows use current (tensorwise)
@@ -34,13 +35,14 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
   or HybridEP where ``moe_flex_dispatcher_backend`` is set), the overlap of dispatch with compute
   (``moe_a2a_overlap`` = Megatron's ``overlap_moe_expert_parallel_comm``, the 1F1B A2A overlap),
   and the modules recomputed (``recompute_modules``: ``mla_up_proj``, ``mlp``, ``moe_act``,
-  ``layernorm``; the layout says "none" since its "selective" means core attention).
+  ``layernorm``: ``ParallelLayout.recompute_modules``, with ``recompute`` "none" since the layout's
+  "selective" means core attention).
 - 25.09: DeepSeek-V3 on H100 runs DeepEP with the 1F1B overlap and the layout ``Et|(tt|)*30mL``;
   on B200/GB200 and every Qwen3 run, the all-to-all dispatcher with token dropping.
 - 25.11: DeepSeek-V3 without multi-token prediction on GB200/GB300 ("w/o MTP"), with it on B200.
 - 26.06 onwards on GB200/GB300 (and Qwen3-30B on B300): full-iteration CUDA graphs, HybridEP with
   the A2A overlap, expert buffers padded to 1.5x the balanced load
-  (``moe_expert_rank_capacity_factor``, paged stashing: still dropless).
+  (``moe_expert_rank_capacity_factor``, paged stashing: still dropless); ``TrainingSpec.cuda_graphs``.
 - DeepSeek-V3 pipeline layouts: the recipe's string where it sets one (``Et*4|(t*4|)*14tmL``), else
   ``set_deepseek_v3_pipeline_model_parallel_layout``'s split for pp * vp chunks (4: 16/16/16/13,
   8: 8 * 7 + 5, 16: 4 * 15 + 1, each with the embedding first and MTP and the loss last; 32, not
@@ -307,6 +309,11 @@ def _chunks(model: ModelSpec, pp: int, vp: int, layout: str | None) -> tuple[int
     return None
 
 
+def _graphed(name: str, release: str, system: str) -> bool:
+    """Full-iteration CUDA graphs: 26.06 onwards on GB200 / GB300, and Qwen3-30B on B300."""
+    return release >= "26.06" and (system.startswith("GB") or (name == "qwen3-30b-a3b" and system == "B300"))
+
+
 def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> MoeRow:
     gpus, batch, mb, seq, tp, pp, cp, vp, ep, tokens, dispatcher, overlap, recompute, layout = cols
     base = MODELS[name]
@@ -329,6 +336,9 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         fp8_recipe="current",
         fp8_params=dtype != "bf16",
         grad_reduce_in_fp32=False,
+        moe_capacity_factor=moe.capacity_factor,
+        moe_pad_to_capacity=moe.capacity_factor is not None,
+        cuda_graphs=_graphed(name, release, system),
     )
     lay = run_layout(
         *(gpus, batch, mb, tp, pp, cp, vp),
@@ -338,6 +348,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         moe_overlap="1f1b" if overlap else "none",
         chunk_layers=_chunks(model, pp, vp, layout),
         zero=1,
+        recompute_modules=moe.recompute_modules,
         tp_comm_overlap=tp > 1 and release == "25.09" and name.startswith("qwen3"),
     )
     per_domain = 64 if system.startswith("GB") and gpus % 64 == 0 else None

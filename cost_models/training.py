@@ -76,6 +76,24 @@ class TrainingSpec(BaseModel):
         description="Which fused attention runs: cuDNN's (Transformer Engine's default, FlashAttention-3 class on "
         "Hopper) or the FlashAttention-2 package (NeMo 1.x's NVTE_FUSED_ATTN=0), about half as fast on Hopper.",
     )
+    moe_capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        le=64,
+        description="MoE token dropping: each expert keeps at most this many times its balanced share of the "
+        "routed tokens (Megatron's --moe-expert-capacity-factor); None = dropless.",
+    )
+    moe_pad_to_capacity: bool = Field(
+        default=False,
+        description="Pad every expert's input to its capacity (--moe-pad-expert-input-to-capacity): each runs "
+        "exactly capacity rows, so no host sync on the row counts; needs moe_capacity_factor.",
+    )
+    cuda_graphs: bool = Field(
+        default=False,
+        description="Full-iteration CUDA graphs (Megatron's cuda_graph_impl with scope full_iteration): a captured "
+        "graph cannot stop for the host, so MoE layers run without host syncs (Megatron-Bridge pairs them with "
+        "static expert buffers, moe_expert_rank_capacity_factor).",
+    )
 
     _bounds = bounds_validator(_BOUNDS)
 
@@ -85,6 +103,11 @@ class TrainingSpec(BaseModel):
             raise InputError(
                 f"low-precision primary weights (fp8_params) need an fp8 or fp4 format, not {self.dtype}; "
                 "set fp8_params false or dtype to fp8, mxfp8 or nvfp4"
+            )
+        if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
+            raise InputError(
+                "moe_pad_to_capacity pads each expert to its capacity, which needs moe_capacity_factor; "
+                "set a capacity factor (1.0 is Megatron-Bridge's token-drop recipe) or pad false"
             )
         return self
 

@@ -411,8 +411,8 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
             "attention_sinks",
         }
     ),
-    "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap"}),
-    "TrainingSpec": frozenset(),
+    "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),
+    "TrainingSpec": frozenset({"moe_capacity_factor", "moe_pad_to_capacity", "cuda_graphs"}),
 }
 """Fields added to the inputs after plans were first saved (issue 24's MoE fields): the hash leaves
 each out while it holds its default, so older plans and the hashes their exports carry stand.

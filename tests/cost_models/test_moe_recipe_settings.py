@@ -1,0 +1,161 @@
+"""Megatron-Bridge recipe settings that table G's runs use (issue 24, deliverable 8): token
+dropping at a capacity factor, padding to capacity, and selective recompute of named modules,
+against hand-derived numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models import moe
+from cost_models.blocks import CostEnv
+from cost_models.catalogue import MODELS
+from cost_models.efficiency import DEFAULT_EFFICIENCY as EFF
+from cost_models.flops import ACT_BYTES, norm_residual_ops
+from cost_models.layout import ParallelLayout, check_layout
+from cost_models.memory import activation_bytes_per_layer
+from cost_models.training import TrainingSpec
+from topologies.cluster import Cluster
+from topologies.cluster_catalogue import CLUSTERS
+from topologies.errors import InputError
+
+MIXTRAL = MODELS["mixtral-8x7b"]  # 8 experts, top 2, hidden 4096, expert width 14336
+DSV3 = MODELS["deepseek-v3"]
+H64 = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+TRAIN = TrainingSpec(seq_len=4096, global_batch=256)
+
+
+def _layout(**kw) -> ParallelLayout:
+    return ParallelLayout(**{"tp": 1, "dp": 64, "ep": 8, "global_batch": 256, "zero": 1, **kw})
+
+
+# ---- capacity factor ----------------------------------------------------------------------------
+def test_capacity_factor_caps_the_busiest_rank_at_cf_times_the_mean():
+    dropless = CostEnv(MIXTRAL, TRAIN, _layout(), H64)
+    imbalance = dropless.moe_shape(dropless.degree(1)).load
+    assert imbalance > 1.01  # 8 ranks of one expert each: the sampling noise alone
+    cap = 1.0 + (imbalance - 1) / 2  # a cap below the dropless busiest rank
+    capped = CostEnv(MIXTRAL, TRAIN.model_copy(update={"moe_capacity_factor": cap}), _layout(), H64)
+    assert capped.moe_shape(capped.degree(1)).load == pytest.approx(cap)
+    loose = CostEnv(MIXTRAL, TRAIN.model_copy(update={"moe_capacity_factor": 4.0}), _layout(), H64)
+    assert loose.moe_shape(loose.degree(1)).load == pytest.approx(imbalance)  # nothing dropped
+    padded = TRAIN.model_copy(update={"moe_capacity_factor": 1.25, "moe_pad_to_capacity": True})
+    env = CostEnv(MIXTRAL, padded, _layout(), H64)
+    s = env.moe_shape(env.degree(1))
+    assert s.load == 1.25  # every expert runs exactly its capacity
+    # the experts' up-projection: 4096 tokens x top 2 x 8 ranks / 8 experts x 1.25 rows
+    (up,) = [op for op in env._moe_layer_ops([], env.degree(1)) if op.name == "experts-up"]
+    assert up.m == round(4096 * 2 * 1.25)
+
+
+def test_padding_to_capacity_removes_the_host_sync():
+    layout = _layout()
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.004, "allgather": 0.004, "flex": 0.0}})
+    dropless = CostEnv(MIXTRAL, TRAIN, layout, H64, sync)
+    assert dropless._host_sync_s(dropless.degree(1)) == 0.004
+    padded = TRAIN.model_copy(update={"moe_capacity_factor": 1.0, "moe_pad_to_capacity": True})
+    env = CostEnv(MIXTRAL, padded, layout, H64, sync)
+    assert env._host_sync_s(env.degree(1)) == 0.0
+    kind = MIXTRAL.layer_kind(0)
+    unsynced = CostEnv(MIXTRAL, padded, layout, H64, sync.model_copy(update={"moe_host_sync_s": {}}))
+    assert env.block_pass(kind, 1).fwd == pytest.approx(unsynced.block_pass(kind, 1).fwd, rel=1e-12)
+
+
+def test_capacity_settings_are_validated():
+    with pytest.raises(ValueError, match="needs moe_capacity_factor"):
+        TrainingSpec(moe_pad_to_capacity=True)
+    with pytest.raises(ValueError):
+        TrainingSpec(moe_capacity_factor=0.0)
+
+
+# ---- recompute modules: memory ------------------------------------------------------------------
+def _act(model, layer, modules, dtype_bytes=ACT_BYTES, tp=1):
+    return activation_bytes_per_layer(
+        model, layer, 4096, 1, tp, tp > 1, "none", True, linear_input_bytes=dtype_bytes, modules=modules
+    )
+
+
+def test_moe_act_drops_the_experts_down_projection_input():
+    # Mixtral, 4096 tokens at tp 1: top 2 copies of each through width 14336, 2 bytes each
+    saved = _act(MIXTRAL, 0, ()) - _act(MIXTRAL, 0, ("moe_act",))
+    assert saved == 2 * 4096 * 2 * 14336
+
+
+def test_layernorm_drops_both_norm_outputs():
+    saved = _act(MIXTRAL, 0, ()) - _act(MIXTRAL, 0, ("layernorm",))
+    assert saved == 2 * 2 * 4096 * 4096  # two sublayers x 2 bytes x tokens x hidden
+    assert _act(MIXTRAL, 0, (), 1.0) == _act(MIXTRAL, 0, ("layernorm",), 1.0)  # fp8: the linears keep their casts
+
+
+def test_mla_up_proj_drops_q_k_v_and_mlp_the_dense_mlp():
+    # DeepSeek-V3: 128 heads of 192 (q, k) and 128 (v) dims; Q + K + V per token 2 x (2 x 128 x 192 + 128 x 128)
+    saved = _act(DSV3, 5, ()) - _act(DSV3, 5, ("mla_up_proj",))
+    assert saved == 4096 * 2 * (2 * 128 * 192 + 128 * 128)
+    dense = DSV3.layer_kind(0)  # one of the three leading dense layers, width 18432
+    assert not dense.moe
+    saved = _act(DSV3, 0, ()) - _act(DSV3, 0, ("mlp",))
+    assert saved == 4096 * (2 * 2 + 2) * 18432  # gate and up outputs (16-bit) and the down input
+    assert _act(DSV3, 5, ("mlp",)) == _act(DSV3, 5, ())  # MoE layers keep theirs ('moe' is another module)
+
+
+# ---- recompute modules: time --------------------------------------------------------------------
+def test_recompute_modules_add_their_forward_ops_to_backward():
+    kind = MIXTRAL.layer_kind(0)
+    base = CostEnv(MIXTRAL, TRAIN, _layout(), H64)
+    env = CostEnv(MIXTRAL, TRAIN, _layout(recompute_modules=("moe_act", "layernorm")), H64)
+    ops = base._moe_layer_ops([], base.degree(1))
+    (act,) = [op for op in ops if op.name == "experts-act"]
+    (norms,) = [op for op in norm_residual_ops(MIXTRAL, 4096, 1, 2) if op.name == "norms"]
+    k = EFF.kernel_overhead_s
+    expected = (env.op_time(act) + k) + (env.op_time(norms) + k)
+    a, b = base.block_pass(kind, 1), env.block_pass(kind, 1)
+    assert b.recompute - a.recompute == pytest.approx(expected, rel=1e-12)
+    assert (b.fwd, b.bwd) == (a.fwd, a.bwd)
+    # a dense DeepSeek-V3 layer recomputing its MLP: the three MLP ops' forward FLOPs counted again
+    lay = _layout(ep=8, recompute_modules=("mlp",))
+    train = TrainingSpec(seq_len=4096, global_batch=256)
+    d0, d1 = CostEnv(DSV3, train, _layout(ep=8), H64), CostEnv(DSV3, train, lay, H64)
+    dense = DSV3.layer_kind(0)
+    h, f = DSV3.hidden_size, DSV3.ffn_hidden_size
+    extra = d1.block_pass(dense, 1).hw_flops - d0.block_pass(dense, 1).hw_flops
+    assert extra == pytest.approx(2 * 4096 * h * 2 * f + 2 * 4096 * f * h, rel=1e-12)
+
+
+def test_recompute_modules_are_validated():
+    with pytest.raises(ValueError, match="already recomputes it all"):
+        _layout(recompute="full", recompute_modules=("mlp",))
+    with pytest.raises(ValueError, match="names a module twice"):
+        _layout(recompute_modules=("mlp", "mlp"))
+    with pytest.raises(InputError, match="needs multi-latent attention"):
+        check_layout(_layout(recompute_modules=("mla_up_proj",)), MIXTRAL, TRAIN, 64, 8)
+    with pytest.raises(ValueError):
+        _layout(recompute_modules=("attention",))
+
+
+def test_recompute_modules_round_trip_and_stay_out_of_dumps_when_empty():
+    assert "recompute_modules" not in _layout().model_dump()
+    lay = _layout(recompute_modules=("moe_act",))
+    assert ParallelLayout.model_validate(lay.model_dump(mode="json")) == lay
+    assert "rc-moe_act" in lay.describe()
+    assert moe.routed_load(1.3, 1.0, True) == 1.0
+
+
+def test_cuda_graphs_run_moe_layers_without_host_syncs():
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.004, "allgather": 0.004, "flex": 0.0}})
+    graphed = CostEnv(MIXTRAL, TRAIN.model_copy(update={"cuda_graphs": True}), _layout(), H64, sync)
+    eager = CostEnv(MIXTRAL, TRAIN, _layout(), H64, sync)
+    kind = MIXTRAL.layer_kind(0)
+    assert eager.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.004, rel=1e-9)
+    assert graphed.block_pass(kind, 1).bwd == eager.block_pass(kind, 1).bwd
+
+
+def test_blackwell_ultra_runs_fused_attention_twice_as_fast():
+    from cost_models.flops import Op
+
+    core = Op("attention-core", "flash", flops=1e12)
+    envs = {}
+    for gpu, cluster in (("B200", "dgx-b200"), ("B300", "dgx-b300")):
+        envs[gpu] = CostEnv(MIXTRAL, TRAIN, _layout(dp=8), Cluster(spec=CLUSTERS[cluster], num_gpus=8))
+    # same bf16 peak (2.25 PFLOP/s) and architecture: the SFU's doubled exponentials alone
+    assert envs["B200"].bf16_peak == envs["B300"].bf16_peak
+    assert envs["B200"].op_time(core) / envs["B300"].op_time(core) == pytest.approx(2.0, rel=1e-12)
+    assert envs["B200"].op_time(core) == pytest.approx(1e12 / (2.25e15 * 0.46), rel=1e-12)
