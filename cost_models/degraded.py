@@ -60,6 +60,13 @@ _UNITS = {
     "shared-expert-down": "shared",
     "logits": "vocab",
     "router": None,
+    # MLA (DeepSeek-V3): the down-projections to the latents are whole on every TP rank, the
+    # up-projections per head
+    "q-down": None,
+    "kv-down": None,
+    "q-up": "heads",
+    "kv-up": "heads",
+    "mtp-proj": None,
 }
 
 

@@ -79,6 +79,21 @@ def _expert_lines(experts) -> list[Text]:
     return lines
 
 
+def _ranges(ranks: list[int]) -> str:
+    """Ascending ranks as runs: '0-7' for 0..7, '0,2,4,6' for a stride.
+
+    >>> _ranges([128, 129, 130, 131]), _ranges([0, 2, 4]), _ranges([5])
+    ('128-131', '0,2,4', '5')
+    """
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)) for run in runs)
+
+
 def _replica_reasons(replicas) -> list[Text]:
     """One line per distinct reason of the replicas that changed: 'dropped (replicas 3, 17): memory: ...'."""
     groups: dict[tuple[str, str], list[int]] = {}

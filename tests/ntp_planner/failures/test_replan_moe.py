@@ -149,3 +149,15 @@ def test_the_nonuniform_tp_export_says_what_it_cannot_express(rp):
     assert settings["num_reduced_tp_dp_ranks"] == sum(min(x.stage_tp) < 2 for x in r.replicas if x.stage_tp[0])
     assert settings["num_reduced_tp_dp_ranks"] == 1
     assert any("1 EP groups re-host the experts" in w and "1.25x" in w for w in warnings)
+
+
+def test_deepseek_v3_replans_with_its_mla_units():
+    from cost_models.degraded import replica_flops, work_ratio
+
+    model = MODELS["deepseek-v3"]
+    flops = replica_flops(model, TrainingSpec(seq_len=4096))
+    assert flops["heads"][1] == 128 and flops["experts"][1] == model.moe_ffn_hidden_size
+    # the latent down-projections stay whole on every rank: TP 8 -> 7 slows them not at all, the
+    # per-head parts by 19/16 (128 heads: 19 on the fullest of 7, 16 of 8)
+    ratio = work_ratio(model, TrainingSpec(seq_len=4096), 8, 7)
+    assert 1.0 < ratio < 19 / 16
