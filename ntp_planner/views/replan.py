@@ -70,7 +70,7 @@ def _expert_lines(experts) -> list[Text]:
     for x in experts[:8]:
         what = f"re-hosted, {gb(x.moved_bytes)} of expert state moved" if x.mode == "rehosted" else "dropped"
         lines.append(
-            Text(f"EP group of stage {x.stage} (ranks {_compact(sorted(x.ep_group + x.lost))}): {what}; {x.reason}")
+            Text(f"EP group of stage {x.stage} (ranks {_ranges(sorted(x.ep_group + x.lost))}): {what}; {x.reason}")
         )
     if len(experts) > 8:
         lines.append(
