@@ -6,8 +6,10 @@ tp x cp x dp ranks). Member i of a group holds experts ``i*q .. (i+1)*q - 1`` (`
 Megatron's contiguous split), each as its etp shard. A group spans several data-parallel replicas
 whenever ep > tp x cp / etp, so a failure reaches past its own replica: once the re-planner has
 decided each replica (NTP runs a degraded replica on its first ``stage_tp`` TP ranks, dp-drop drops
-it), every rank that no longer runs (a failed GPU's, a TP rank past the reduced degree, any rank of
-a dropped replica) has left its EP group, and its experts must go somewhere:
+it), every rank that has left its EP group (any rank of a dropped replica; on a folded grid,
+etp != tp, also a TP rank past a replica's reduced degree, which held experts of its own: unfolded,
+NTP re-shards the replica's experts over its surviving TP ranks like its MLP) leaves experts that
+must go somewhere:
 
 - **re-hosted**: each lost expert moves to the survivor of the group holding the fewest, lowest rank
   on a tie. The busiest survivor then holds ``q + ceil(q * lost / survivors)`` experts and receives
@@ -64,7 +66,7 @@ class ExpertModel:
 
     def __init__(self, plan: Plan, usable_bytes: float):
         lay, model = plan.layout, plan.model
-        self.ep, self.experts = lay.ep, model.num_experts
+        self.ep, self.experts, self.folded = lay.ep, model.num_experts, lay.folded
         self.q = self.experts // self.ep
         grid = lay.rank_grid
         self.groups = np.asarray(grid.expert_groups("ep", lay.ep, lay.expert_tp), dtype=np.int64)  # [G, ep]
@@ -140,8 +142,13 @@ class ExpertModel:
 
 
 def lost_ranks(em: ExpertModel, outcomes: list[Outcome]) -> np.ndarray:
-    """[world] True where a rank no longer runs: past its replica's stage degree, or dropped."""
+    """[world] True where a rank has left its EP group: every rank of a dropped replica, and on a
+    folded grid (etp != tp) the TP ranks past a degraded replica's degree. Unfolded (etp = tp),
+    NTP re-shards a degraded replica's experts over its surviving TP ranks like its MLP columns
+    (``cost_models.degraded.work_ratio`` counts them), so its EP groups keep their members."""
     degree = np.array([o.stage_tp for o in outcomes], dtype=np.int64)  # [dp, pp]
+    if not em.folded:
+        degree = np.where(degree > 0, em.ranks.shape[3], 0)
     tp = em.ranks.shape[3]
     gone = np.arange(tp)[None, None, None, :] >= degree[:, :, None, None]  # [dp, pp, 1, tp]
     lost = np.zeros(em.replica_of.size, dtype=bool)
@@ -207,7 +214,10 @@ def _apply(rp, em: ExpertModel, fates, outcomes: list, Outcome) -> list:
         if f.mode != "rehosted":
             continue
         members = sorted({int(x) for x in em.replica_of[list(f.ranks)]})
-        fewest = min(runs[r].sequences for r in members)
+        running = [runs[r].sequences for r in members if runs[r].status != "dropped"]
+        if not running:
+            continue
+        fewest = min(running)
         for r in members:
             if runs[r].status != "dropped" and runs[r].sequences > fewest:
                 runs[r] = replace(runs[r], sequences=fewest)

@@ -161,3 +161,16 @@ def test_deepseek_v3_replans_with_its_mla_units():
     # per-head parts by 19/16 (128 heads: 19 on the fullest of 7, 16 of 8)
     ratio = work_ratio(model, TrainingSpec(seq_len=4096), 8, 7)
     assert 1.0 < ratio < 19 / 16
+
+
+def test_unfolded_experts_reshard_with_ntp_and_keep_their_groups():
+    # etp = tp: a degraded replica re-shards its experts over its surviving TP ranks like its MLP, so
+    # its EP groups keep every member; only a dropped replica's ranks leave them
+    lay = ParallelLayout(tp=2, dp=8, ep=8, micro_batch=1, global_batch=64, sequence_parallel=True, zero=1)
+    plan = plan_from_layout(MODEL, TrainingSpec(seq_len=4096, global_batch=64), Cluster(spec=CLUSTERS["dgx-h100"],
+                            num_gpus=16), lay)  # fmt: skip
+    rp = Replanner(plan)
+    r = rp.replan(frozenset({3}), "ntp")
+    assert r.experts == [] and [x.status for x in r.replicas].count("degraded") == 1
+    both = rp.replan(frozenset({2, 3}), "ntp")  # a TP group lost whole: its replica drops, its groups lose it
+    assert {x.mode for x in both.experts} == {"rehosted"} and len(both.experts) == 2
