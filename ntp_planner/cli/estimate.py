@@ -66,6 +66,19 @@ EmbeddingOpt = Annotated[
 ]
 LossOpt = Annotated[bool, typer.Option("--account-for-loss", help="The loss (LM head) counts as a pipeline layer.")]
 RecomputeOpt = Annotated[Recompute, typer.Option("--recompute", help="Activation recomputation.")]
+RecomputeModulesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--recompute-modules",
+        help="Megatron's selective recompute modules, comma-separated: mla_up_proj, mlp, moe_act, layernorm.",
+    ),
+]
+CapacityOpt = Annotated[
+    float | None,
+    typer.Option("--moe-capacity-factor", min=0, max=64, help="MoE token dropping at this capacity factor."),
+]
+PadOpt = Annotated[bool, typer.Option("--moe-pad-to-capacity", help="Pad every expert to its capacity.")]
+GraphsOpt = Annotated[bool, typer.Option("--cuda-graphs", help="Full-iteration CUDA graphs (no MoE host syncs).")]
 SpOpt = Annotated[
     bool | None,
     typer.Option(
@@ -97,6 +110,17 @@ ScatterGatherOpt = Annotated[
 TpOverlapOpt = Annotated[bool, typer.Option("--tp-comm-overlap", help="Overlap TP collectives with GEMMs.")]
 
 
+def _modules(text: str | None) -> tuple[str, ...]:
+    from typing import get_args
+
+    from cost_models.layout import RecomputeModule
+    from ntp_planner.cli.options import parse_list
+
+    if text is None:
+        return ()
+    return tuple(parse_list(text, "--recompute-modules", str, "mla_up_proj,moe_act", get_args(RecomputeModule)))
+
+
 def estimate(
     model: ModelOpt,
     cluster: ClusterOpt,
@@ -117,6 +141,7 @@ def estimate(
     account_for_embedding: EmbeddingOpt = False,
     account_for_loss: LossOpt = False,
     recompute: RecomputeOpt = "none",
+    recompute_modules: RecomputeModulesOpt = None,
     sequence_parallel: SpOpt = None,
     distributed_optimizer: MaybeDistOptOpt = None,
     zero: ZeroOpt = None,
@@ -135,6 +160,9 @@ def estimate(
     fused_cross_entropy: FusedLossOpt = True,
     flash_attention: FlashOpt = True,
     attention_kernel: AttentionKernelOpt = "cudnn",
+    moe_capacity_factor: CapacityOpt = None,
+    moe_pad_to_capacity: PadOpt = False,
+    cuda_graphs: GraphsOpt = False,
     profile: ProfileOpt = None,
     output: OutOpt = None,
     json_out: JsonOpt = False,
@@ -168,6 +196,9 @@ def estimate(
         precision_aware_optimizer=precision_aware_optimizer,
         fused_cross_entropy=fused_cross_entropy,
         attention_kernel=attention_kernel,
+        moe_capacity_factor=moe_capacity_factor,
+        moe_pad_to_capacity=moe_pad_to_capacity,
+        cuda_graphs=cuda_graphs,
     )
     degrees = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro_batch, global_batch=global_batch)
     pipeline = dict(pp_layers=pp_layers, pp_layout=pp_layout, embedding=account_for_embedding, loss=account_for_loss)
@@ -188,6 +219,7 @@ def estimate(
         etp=etp,
         moe_dispatcher=moe_dispatcher,
         moe_overlap=moe_overlap,
+        recompute_modules=_modules(recompute_modules),
     )
     model_spec, training, cluster_obj = inputs
     efficiency = profile_efficiency(profile, cluster_obj.gpu.name)

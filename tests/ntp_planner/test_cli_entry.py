@@ -266,3 +266,20 @@ def test_a_bad_choice_reads_as_one_sentence_without_pydantic_prefixes(monkeypatc
         "error: --moe-dispatcher bogus: 'bogus' is not one of 'alltoall', 'allgather', 'flex'; "
         "run `ntp estimate --help` for the options.\n"
     )
+
+
+def test_estimate_takes_the_moe_recipe_settings():
+    def cost(*extra):
+        args = ["estimate", "-m", "qwen3-30b-a3b", "-c", "dgx-h100", "-n", "16", "--ep", "8", "--global-batch", "64",
+                "--seq-len", "4096", "--json", *extra]  # fmt: skip
+        out = run(*args)
+        assert out.exit_code == 0, out.stderr
+        return json.loads(out.stdout)
+
+    base, modules = cost(), cost("--recompute-modules", "mlp,moe_act")
+    # recomputing the MLP keeps fewer activations and pays its forward again
+    assert modules["memory_breakdown_bytes"]["activations"] < base["memory_breakdown_bytes"]["activations"]
+    assert modules["step_time_s"] > base["step_time_s"]
+    # a padded capacity factor of 1 runs the balanced rows exactly, with no host sync: faster than dropless
+    assert cost("--moe-capacity-factor", "1", "--moe-pad-to-capacity")["step_time_s"] < base["step_time_s"]
+    assert cost("--cuda-graphs")["step_time_s"] < base["step_time_s"]
