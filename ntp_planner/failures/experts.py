@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cost_models.degraded import replica_flops
+from cost_models.degraded import replica_flops, speed_at_power
 from cost_models.memory import stage_params
+from ntp_planner.failures.packing import Outcome
 
 if TYPE_CHECKING:
-    from ntp_planner.failures.packing import Outcome, Packing
+    from ntp_planner.failures.packing import Packing
     from ntp_planner.plan import Plan
 
 
@@ -159,8 +160,6 @@ def lost_ranks(em: ExpertModel, outcomes: list[Outcome]) -> np.ndarray:
 def settle(rp, packing: Packing, decider: str, fixed: bool) -> tuple[Packing, tuple[GroupFate, ...]]:
     """``packing`` with the replicas the experts' grid changes re-decided (module docstring), and
     the fate of every EP group that lost a member. Unchanged when no group lost one."""
-    from ntp_planner.failures.packing import Outcome
-
     em: ExpertModel = rp.experts
     outcomes = [packing.kinds[k] for k in packing.kind_of.tolist()]
     fates: tuple[GroupFate, ...] = ()
@@ -174,7 +173,7 @@ def settle(rp, packing: Packing, decider: str, fixed: bool) -> tuple[Packing, tu
                 now[g] = replace(f, reason=first[g].reason)
         first = {**now, **first}
         fates = tuple(now.values())
-        new = _apply(rp, em, fates, [packing.kinds[k] for k in packing.kind_of.tolist()], Outcome)
+        new = _apply(rp, em, fates, [packing.kinds[k] for k in packing.kind_of.tolist()])
         if [o.status == "dropped" for o in new] == [o.status == "dropped" for o in outcomes]:
             outcomes = new
             break
@@ -195,7 +194,7 @@ def settle(rp, packing: Packing, decider: str, fixed: bool) -> tuple[Packing, tu
     ), fates
 
 
-def _apply(rp, em: ExpertModel, fates, outcomes: list, Outcome) -> list:
+def _apply(rp, em: ExpertModel, fates, outcomes: list) -> list:
     """Each replica's outcome under the groups' fates: dropped with a dropped group, else paced by
     the slowest re-hosted group it is in, and in lockstep with that group's other replicas."""
     pp = rp.lay.pp
@@ -230,8 +229,6 @@ def _apply(rp, em: ExpertModel, fates, outcomes: list, Outcome) -> list:
 def _paced(rp, o, speed: float):
     """A running replica slowed to ``speed`` by a re-hosted group: the sequences it fits in the
     healthy step at its degree (degraded replicas keep their own reason first)."""
-    from ntp_planner.failures.packing import Outcome
-
     degree = min(o.stage_tp)
     b = min(o.sequences, rp.sequences_at(degree, speed * _power_speed(o)))
     why = f"paced by re-hosted experts of its EP group ({speed:.3g}x speed): {b} of {rp.local} sequences"
@@ -242,8 +239,6 @@ def _paced(rp, o, speed: float):
 
 
 def _power_speed(o) -> float:
-    from cost_models.degraded import speed_at_power
-
     return speed_at_power(min(o.power)) if o.power and min(o.power) > 0 else 1.0
 
 
