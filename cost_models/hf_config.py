@@ -182,6 +182,11 @@ def _moe_layers(cfg: dict[str, Any], layers: int, where: str, keys: dict[str, st
     elif cfg.get("decoder_sparse_step") is not None or cfg.get("mlp_only_layers"):  # Qwen-MoE
         step, keys["moe_layer_freq"] = _first(cfg, ("decoder_sparse_step",), where, default=1)
         dense = {_whole(i, "mlp_only_layers", where) for i in cfg.get("mlp_only_layers") or []}
+        if any(not 0 <= i < layers for i in dense):
+            raise InputError(
+                f"{where}: mlp_only_layers {sorted(dense)[:8]} names layers outside 0..{layers - 1} "
+                f"(num_hidden_layers {layers}); list only the model's layers."
+            )
         listed = [i for i in range(layers) if (i + 1) % max(step, 1) == 0 and i not in dense]
         first, freq, key = max(step, 1) - 1, max(step, 1), "mlp_only_layers"
         if step < 1:

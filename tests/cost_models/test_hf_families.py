@@ -86,6 +86,13 @@ def test_qwen_moe_layers(keys, moe):
     assert [i for i in range(8) if m.is_moe_layer(i)] == moe
 
 
+@pytest.mark.parametrize("listed", [[8], [-1], [0, 99]])
+def test_qwen_dense_layers_outside_the_model_are_refused(listed):
+    cfg = {**_cfg("qwen3-30b-a3b"), "num_hidden_layers": 8, "mlp_only_layers": listed}
+    with pytest.raises(ValueError, match=r"mlp_only_layers .* names layers outside 0\.\.7 \(num_hidden_layers 8\)"):
+        model_from_hf_config(cfg, "q")
+
+
 def test_llama4_interleaving_and_moe_layers_list():
     text = _cfg("llama4-maverick")["text_config"]
     m = model_from_hf_config({"text_config": text}, "mav")
