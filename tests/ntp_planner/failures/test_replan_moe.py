@@ -174,3 +174,16 @@ def test_unfolded_experts_reshard_with_ntp_and_keep_their_groups():
     assert r.experts == [] and [x.status for x in r.replicas].count("degraded") == 1
     both = rp.replan(frozenset({2, 3}), "ntp")  # a TP group lost whole: its replica drops, its groups lose it
     assert {x.mode for x in both.experts} == {"rehosted"} and len(both.experts) == 2
+
+
+def test_a_group_listed_under_another_stage_is_refused():
+    lay = ParallelLayout(tp=2, pp=2, dp=4, ep=4, etp=1, micro_batch=1, global_batch=64, sequence_parallel=True,
+                         zero=1)  # fmt: skip
+    plan = plan_from_layout(MODEL, TrainingSpec(seq_len=4096, global_batch=64), Cluster(spec=CLUSTERS["dgx-h100"],
+                            num_gpus=16), lay)  # fmt: skip
+    r = Replanner(plan).replan(frozenset({3}), "ntp")
+    assert r.experts and all(x.stage == min(x.ep_group + x.lost) // 8 for x in r.experts)
+    data = r.model_dump()
+    data["experts"][0]["stage"] = 1 - data["experts"][0]["stage"]
+    with pytest.raises(InputError, match="not an EP group of the plan's stage"):
+        ReplanResult.model_validate(data).check_against(plan)
