@@ -162,6 +162,19 @@ def chunk_placements(layout: ParallelLayout, num_layers: int) -> list[ChunkPlace
 SHOWN_COUNTS = ("params_total", "params_active")  # shown beside a plan in --json, derived from its model
 
 
+def take_shown_counts(data: dict) -> dict:
+    """Pop the parameter counts ``--json`` prints beside a plan or re-plan (``views.model.params_json``),
+    so that output loads back as the file it shows; ``check_shown_counts`` checks them after."""
+    return {key: data.pop(key) for key in SHOWN_COUNTS if key in data}
+
+
+def check_shown_counts(shown: dict, model: ModelSpec, path: Path, fix: str) -> None:
+    """Refuse counts that disagree with the model they were shown beside: an edited file."""
+    for key, value in shown.items():
+        if value != getattr(model, key):
+            raise InputError(f"{path} gives {key} {value!r} but its model has {getattr(model, key)}: {fix}.")
+
+
 class Plan(BaseModel):
     """A layout for one model on one cluster, with its predicted cost."""
 
@@ -372,7 +385,7 @@ class Plan(BaseModel):
         version = data["schema_version"]
         if type(version) is not int or version != SCHEMA_VERSION:
             raise InputError(f"plan {path}: {_version_message(version)}.")
-        shown = {key: data.pop(key) for key in SHOWN_COUNTS if key in data}  # what `ntp plan --json` adds
+        shown = take_shown_counts(data)
         try:
             plan = cls.model_validate(data)
         except ValidationError as exc:
@@ -380,10 +393,7 @@ class Plan(BaseModel):
             if isinstance(cause, EditedPlan):
                 raise InputError(f"{path} {cause}.") from None
             raise InputError(f"plan {path} is malformed: {first_error(exc)}.") from None
-        for key, value in shown.items():
-            if value != getattr(plan.model, key):
-                actual = getattr(plan.model, key)
-                raise InputError(f"{path} gives {key} {value!r} but its model has {actual}: {RE_PREDICT}.")
+        check_shown_counts(shown, plan.model, path, RE_PREDICT)
         return plan
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cost_models.degraded import MAX_POWER
-from ntp_planner.plan import MAX_PLAN_BYTES, SHOWN_COUNTS, Plan
+from ntp_planner.plan import MAX_PLAN_BYTES, Plan, check_shown_counts, take_shown_counts
 from topologies.bounds import show
 from topologies.cluster_catalogue import first_error
 from topologies.errors import InputError
@@ -227,9 +227,7 @@ class ReplanResult(BaseModel):
         """A re-plan from `ntp replan -o`, checked against the plan it must come from (InputError
         if it is not one, or was made for another plan: ``verb`` the plan it was made from)."""
         data = read_mapping(path, "re-plan", max_bytes=MAX_PLAN_BYTES, kind="JSON")
-        shown = {key: data.pop(key) for key in SHOWN_COUNTS if key in data}  # what `ntp replan --json` adds
-        if any(value != getattr(plan.model, key) for key, value in shown.items()):
-            raise InputError(f"{path} gives parameter counts {shown} that are not its plan's model's; {FIX}")
+        check_shown_counts(take_shown_counts(data), plan.model, path, FIX)
         try:
             result = cls.model_validate(data)
         except ValidationError as exc:
