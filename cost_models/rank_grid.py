@@ -186,3 +186,23 @@ class RankGrid(BaseModel):
         for r in range(self.world_size):
             seen.setdefault(self.expert_group(axis, r, ep, etp))
         return tuple(sorted(seen))
+
+
+def rehost_experts(owner: list[int], members: list[int], lost: set[int]) -> list[int]:
+    """Each expert's holder in one EP group after the ``lost`` members leave it: their experts,
+    in expert order, each to the surviving member holding the fewest, the lowest rank on a tie
+    (the re-planner's and the executor's one rule). ``owner``: per expert id, its holder.
+
+    >>> rehost_experts([0, 0, 1, 1, 2, 2], [0, 1, 2], {1})
+    [0, 0, 0, 2, 2, 2]
+    """
+    survivors = [r for r in members if r not in lost]
+    if not survivors:
+        raise ValueError(f"every member of the EP group {members} is lost: nobody can take its experts")
+    held = {r: sum(o == r for o in owner) for r in survivors}
+    out = list(owner)
+    for e, r in enumerate(owner):
+        if r in lost:
+            to = min(survivors, key=lambda s: (held[s], s))
+            out[e], held[to] = to, held[to] + 1
+    return out

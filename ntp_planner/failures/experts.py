@@ -42,6 +42,7 @@ import numpy as np
 
 from cost_models.degraded import replica_flops, speed_at_power
 from cost_models.memory import stage_params
+from cost_models.rank_grid import rehost_experts
 from ntp_planner.failures.packing import Outcome
 
 if TYPE_CHECKING:
@@ -132,13 +133,7 @@ class ExpertModel:
         lost expert to the survivor holding the fewest, lowest rank on a tie."""
         if fate.mode == "dropped":
             return []
-        own = [fate.ranks[e // self.q] for e in range(self.experts)]
-        survivors = [r for r in fate.ranks if r not in fate.lost]
-        held = {r: self.q for r in survivors}
-        for e, r in enumerate(own):
-            if r in fate.lost:
-                to = min(survivors, key=lambda s: (held[s], s))
-                own[e], held[to] = to, held[to] + 1
+        own = rehost_experts([fate.ranks[e // self.q] for e in range(self.experts)], list(fate.ranks), set(fate.lost))
         return [[r] for r in own]
 
 

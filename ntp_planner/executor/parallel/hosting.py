@@ -16,6 +16,7 @@ StageExperts(groups=((0, 1), (2,)), owners=((0, 2), (0, 2), (1, 2), (1, 2)))
 
 from __future__ import annotations
 
+from cost_models.rank_grid import rehost_experts
 from ntp_planner.executor.groups import expert_seat, stage_ranks
 from ntp_planner.executor.spec import RunSpec, StageExperts
 
@@ -46,13 +47,9 @@ def _rehosted(host: StageExperts, failed: int) -> dict[int, int]:
     survivors = [r for r in group if r != failed]
     if not survivors:
         raise ValueError(f"rank {failed} was the last of its EP group {group}: nobody can take its experts")
-    held = {r: sum(r in o for o in host.owners) for r in survivors}
-    taken = {}
-    for e, owners in enumerate(host.owners):
-        if failed in owners:
-            to = min(survivors, key=lambda r: (held[r], r))
-            taken[e], held[to] = to, held[to] + 1
-    return taken
+    mine = [next(r for r in owners if r in group) for owners in host.owners]  # each expert's holder in the group
+    moved = rehost_experts(mine, list(group), {failed})
+    return {e: to for e, (was, to) in enumerate(zip(mine, moved, strict=True)) if was != to}
 
 
 def rehost(hosting: tuple[StageExperts, ...], failed: int) -> tuple[StageExperts, ...]:
