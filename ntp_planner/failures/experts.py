@@ -57,6 +57,7 @@ class GroupFate:
     stage: int
     ranks: tuple[int, ...]  # the group's ranks in the plan, in order
     lost: tuple[int, ...]  # those that no longer run
+    replicas: tuple[int, ...]  # the data-parallel replicas its ranks belong to, ascending
     mode: str  # "rehosted" or "dropped"
     load_factor: float  # the busiest survivor's experts / q (1 when nothing was re-hosted)
     moved_bytes: float  # expert state moved to survivors
@@ -111,7 +112,8 @@ class ExpertModel:
         if not gone.size:
             return None
         stage, survivors = int(self.stage_of[ranks[0]]), len(ranks) - len(gone)
-        base = dict(stage=stage, ranks=tuple(ranks.tolist()), lost=tuple(gone.tolist()))
+        replicas = tuple(sorted(set(self.replica_of[ranks].tolist())))
+        base = dict(stage=stage, ranks=tuple(ranks.tolist()), lost=tuple(gone.tolist()), replicas=replicas)
         if decider == "dp-drop":
             return GroupFate(**base, mode="dropped", load_factor=1.0, moved_bytes=0.0, reason="dp-drop drops the group")
         if survivors == 0:
@@ -193,21 +195,21 @@ def _apply(rp, em: ExpertModel, fates, outcomes: list) -> list:
     """Each replica's outcome under the groups' fates: dropped with a dropped group, else paced by
     the slowest re-hosted group it is in, and in lockstep with that group's other replicas."""
     pp = rp.lay.pp
-    dropped = {int(r) for f in fates if f.mode == "dropped" for r in em.replica_of[list(f.ranks)]}
+    dropped = {r for f in fates if f.mode == "dropped" for r in f.replicas}
     out = list(outcomes)
     for r in dropped:
         if out[r].status != "dropped":
-            out[r] = Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, "its EP group is dropped: " + _why(fates, em, r))
+            out[r] = Outcome("dropped", (0,) * pp, 0, (0.0,) * pp, "its EP group is dropped: " + _why(fates, r))
     speed = [1.0] * len(out)
     for f in fates:
         if f.mode == "rehosted":
-            for r in {int(x) for x in em.replica_of[list(f.ranks)]}:
+            for r in f.replicas:
                 speed[r] = min(speed[r], em.speed(f.load_factor))
     runs = [_paced(rp, o, v) if o.status != "dropped" and v < 1.0 else o for o, v in zip(out, speed, strict=True)]
     for f in fates:  # lockstep: a group's replicas meet in every all-to-all
         if f.mode != "rehosted":
             continue
-        members = sorted({int(x) for x in em.replica_of[list(f.ranks)]})
+        members = f.replicas
         running = [runs[r].sequences for r in members if runs[r].status != "dropped"]
         if not running:
             continue
@@ -237,6 +239,6 @@ def _power_speed(o) -> float:
     return speed_at_power(min(o.power)) if o.power and min(o.power) > 0 else 1.0
 
 
-def _why(fates, em: ExpertModel, replica: int) -> str:
-    hit = (f for f in fates if f.mode == "dropped" and replica in set(em.replica_of[list(f.ranks)].tolist()))
+def _why(fates, replica: int) -> str:
+    hit = (f for f in fates if f.mode == "dropped" and replica in f.replicas)
     return next(hit).reason
