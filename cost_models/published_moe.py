@@ -298,12 +298,12 @@ def _pipeline(name: str, pp: int, vp: int, layout: str | None, mtp: int) -> str 
 
 
 def _chunks(model: ModelSpec, pp: int, vp: int, layout: str | None) -> tuple[int, ...] | None:
-    """Layers per chunk: the layout's (its 'm' left out), Qwen3-235B's split with the embedding and
+    """Layers per chunk: the layout's (parse_layout leaves its 'm' out), Qwen3-235B's split with the embedding and
     the loss counted as layers, else None (an even split)."""
     if pp == 1:
         return None
     if layout is not None:
-        return parse_layout(layout.replace("m", ""), pp)
+        return parse_layout(layout, pp)
     if model.name == "qwen3-235b-a22b":
         return megatron_split(model.num_layers, pp, vp, embedding=True, loss=True)
     return None
