@@ -293,11 +293,15 @@ class ReplanResult(BaseModel):
         if self.experts and not (plan.model.is_moe and lay.ep > 1):
             raise InputError(f"the re-plan re-hosts experts but the plan has no expert parallelism; {FIX}")
         groups = set(lay.rank_grid.expert_groups("ep", lay.ep, lay.expert_tp)) if self.experts else set()
+        listed: set[tuple[int, ...]] = set()
         for x in self.experts:
             ranks = sorted(x.ep_group + x.lost)
             width = lay.tp * lay.cp * lay.dp  # a stage's ranks, pipeline stage outermost (RankGrid)
             if tuple(ranks) not in groups or ranks[0] // width != x.stage:
                 raise InputError(f"ranks {ranks} are not an EP group of the plan's stage {x.stage}; {FIX}")
+            if tuple(ranks) in listed:
+                raise InputError(f"EP group {ranks} is listed twice; {FIX}")
+            listed.add(tuple(ranks))
             running = [r for r in x.ep_group if self.rank_to_gpu[r] is None]
             if running or any(self.rank_to_gpu[r] is not None for r in x.lost):
                 raise InputError(

@@ -187,3 +187,11 @@ def test_a_group_listed_under_another_stage_is_refused():
     data["experts"][0]["stage"] = 1 - data["experts"][0]["stage"]
     with pytest.raises(InputError, match="not an EP group of the plan's stage"):
         ReplanResult.model_validate(data).check_against(plan)
+
+
+def test_a_group_listed_twice_is_refused(rp):
+    r = rp.replan(frozenset({3}), "ntp")
+    data = r.model_dump()
+    data["experts"].append(data["experts"][0])
+    with pytest.raises(InputError, match="is listed twice"):
+        ReplanResult.model_validate(data).check_against(rp.plan)
