@@ -4,12 +4,18 @@ Forked, not spawned: the children inherit the imported torch, so a 2-4 rank case
 under a second. Each child joins a gloo group through a FileStore in ``tmp``, runs ``fn(rank)``,
 destroys the group and exits without running the parent's exit handlers; the parent waits at
 most ``timeout_s`` and kills (by pid) any child still alive.
+
+A result travels as plain pickled bytes, flushed before the child exits. Put on the queue as it
+is, a tensor would go by torch's shared-memory reduction: a file descriptor the parent fetches
+from the child's resource sharer after the child may already have exited, which failed as
+``ConnectionResetError`` on a loaded machine.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -26,13 +32,16 @@ def _child(rank: int, world: int, store: str, fn, queue, timeout_s: float) -> No
             "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
         )
         try:
-            queue.put((rank, True, fn(rank)))
+            value = fn(rank)
         finally:
             dist.destroy_process_group()
+        queue.put((rank, True, pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         queue.put((rank, False, traceback.format_exc()))
         code = 1
     finally:
+        queue.close()
+        queue.join_thread()  # the feeder thread has written everything before the process ends
         os._exit(code)
 
 
@@ -53,7 +62,7 @@ def run_ranks(world: int, fn, tmp: Path, timeout_s: float = 30.0) -> list:
             if not ok:
                 errors.append(f"rank {rank}:\n{value}")
                 break
-            results[rank] = value
+            results[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=5 if not errors else 0.5)
