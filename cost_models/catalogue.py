@@ -136,22 +136,36 @@ def _moe(
 #   of intermediate_size_mlp. Chunked attention (attention_chunk_size 8192) equals full causal attention at the
 #   pre-training sequence lengths (<= 8192), so it is not modelled.
 # Mixtral 8x22B (mistralai/Mixtral-8x22B-v0.1): 8 experts top-2.
+# Model settings the exports carry (rope_theta, rms_norm_eps, rope_scaling, router_aux_loss_coef / aux_loss_alpha,
+# scoring_func, topk_method in the same config.json files; Llama 3 from meta-llama/Meta-Llama-3-8B, -70B and
+# Llama-3.1-405B, Mixtral 8x7B from mistralai/Mixtral-8x7B-v0.1). DeepSeek-V3 routes with sigmoid scores and a
+# per-expert bias (topk_method "noaux_tc", arXiv 2412.19437 section 2.1.2); its sequence-wise balance loss (alpha
+# 0.0001 in the paper) has no key in the config.json the catalogue follows, so it is left unset.
+_LLAMA3 = dict(rope_theta=500000.0, norm_eps=1e-5)
+_QWEN3 = dict(rope_theta=1e6, norm_eps=1e-6, moe_aux_loss_coeff=0.001)
+_GPT_OSS = dict(rope_theta=150000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.9)
+_LLAMA4 = dict(rope_theta=500000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.001, moe_router_score_function="sigmoid")
+_DSV3_ROUTER = dict(
+    rope_theta=10000.0, norm_eps=1e-6, moe_router_score_function="sigmoid",
+    moe_router_expert_bias=True,
+)
 # fmt: off
 _MOE_TABLE = [
     ("deepseek-v3", 7168, 18432, 61, 128, 128, 192, 129280, 163840, 256, 8, 2048,
      dict(moe_first_dense_layers=3, moe_shared_ffn_hidden_size=2048, q_lora_rank=1536, kv_lora_rank=512,
-          qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, mtp_layers=1)),
-    ("qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 128, 151936, 40960, 128, 8, 768, {}),
-    ("qwen3-235b-a22b", 4096, 12288, 94, 64, 4, 128, 151936, 40960, 128, 8, 1536, {}),
+          qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, mtp_layers=1, **_DSV3_ROUTER)),
+    ("qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 128, 151936, 40960, 128, 8, 768, _QWEN3),
+    ("qwen3-235b-a22b", 4096, 12288, 94, 64, 4, 128, 151936, 40960, 128, 8, 1536, _QWEN3),
     ("gpt-oss-20b", 2880, 2880, 24, 64, 8, 64, 201088, 131072, 32, 4, 2880,
-     dict(bias=True, sliding_window=128, full_attention_every=2, attention_sinks=True)),
+     dict(bias=True, sliding_window=128, full_attention_every=2, attention_sinks=True, **_GPT_OSS)),
     ("gpt-oss-120b", 2880, 2880, 36, 64, 8, 64, 201088, 131072, 128, 4, 2880,
-     dict(bias=True, sliding_window=128, full_attention_every=2, attention_sinks=True)),
+     dict(bias=True, sliding_window=128, full_attention_every=2, attention_sinks=True, **_GPT_OSS)),
     ("llama4-scout", 5120, 16384, 48, 40, 8, 128, 202048, 10485760, 16, 1, 8192,
-     dict(moe_shared_ffn_hidden_size=8192)),
+     dict(moe_shared_ffn_hidden_size=8192, **_LLAMA4)),
     ("llama4-maverick", 5120, 16384, 48, 40, 8, 128, 202048, 1048576, 128, 1, 8192,
-     dict(moe_shared_ffn_hidden_size=8192, moe_layer_freq=2, moe_first_dense_layers=1)),
-    ("mixtral-8x22b", 6144, 16384, 56, 48, 8, 128, 32768, 65536, 8, 2, 16384, {}),
+     dict(moe_shared_ffn_hidden_size=8192, moe_layer_freq=2, moe_first_dense_layers=1, **_LLAMA4)),
+    ("mixtral-8x22b", 6144, 16384, 56, 48, 8, 128, 32768, 65536, 8, 2, 16384,
+     dict(rope_theta=1e6, norm_eps=1e-5, moe_aux_loss_coeff=0.001)),
 ]
 # fmt: on
 
@@ -182,11 +196,24 @@ MODELS: dict[str, ModelSpec] = {
         _nemotron("nemotron-22b", 6144, 24576, 40, 48, 48),
         _nemotron("nemotron4-15b", 6144, 24576, 32, 48, 8),
         _nemotron("nemotron-340b", 18432, 73728, 96, 96, 8),
-        _llama("llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192),
-        _llama("llama3-70b", 8192, 28672, 80, 64, 8, 128256, 8192),
-        _llama("llama3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072),
+        _llama("llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, **_LLAMA3),
+        _llama("llama3-70b", 8192, 28672, 80, 64, 8, 128256, 8192, **_LLAMA3),
+        _llama("llama3.1-405b", 16384, 53248, 126, 128, 8, 128256, 131072, **_LLAMA3, rope_scaling_factor=8.0),
         _llama(
-            "mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=14336
+            "mixtral-8x7b",
+            4096,
+            14336,
+            32,
+            32,
+            8,
+            32000,
+            32768,
+            num_experts=8,
+            moe_top_k=2,
+            moe_ffn_hidden_size=14336,
+            rope_theta=1e6,
+            norm_eps=1e-5,
+            moe_aux_loss_coeff=0.02,
         ),
         # DeepSeekMoE 16B (arXiv 2401.06066, config.json): a dense first layer, then MoE layers of 64
         # fine-grained experts (top-6) plus 2 shared experts: layers of two kinds in one model.

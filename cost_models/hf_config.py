@@ -245,6 +245,41 @@ def _attention_fields(cfg: dict[str, Any], layers: int, where: str) -> dict:
     return fields | (dict(attention_sinks=True) if cfg.get("model_type") == "gpt_oss" else {})
 
 
+_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+_QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl"}  # Qwen2's attention: q, k, v with bias, o without
+
+
+def _exported_fields(cfg: dict[str, Any], where: str, keys: dict[str, str]) -> dict:
+    """What the exports carry so the framework builds this model: rotary base and Llama 3.1
+    scaling, norm epsilon, Qwen2's QKV bias, the router's aux-loss weight, score function and
+    expert bias. Absent keys stay unset (the framework's default)."""
+    out: dict[str, Any] = {}
+    if cfg.get("rope_theta") is not None:
+        out["rope_theta"] = _number(cfg["rope_theta"], "rope_theta", where)
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == "llama3":
+        out["rope_scaling_factor"] = _number(scaling.get("factor", 8.0), "rope_scaling.factor", where)
+        keys["rope_scaling_factor"] = "rope_scaling.factor"
+    for key in _EPS_KEYS:
+        if cfg.get(key) is not None:
+            out["norm_eps"], keys["norm_eps"] = _number(cfg[key], key, where), key
+            break
+    if cfg.get("model_type") in _QKV_BIAS_TYPES:
+        out["qkv_bias"] = True
+    for key in ("router_aux_loss_coef", "aux_loss_alpha"):
+        if cfg.get(key) is not None:
+            out["moe_aux_loss_coeff"], keys["moe_aux_loss_coeff"] = _number(cfg[key], key, where), key
+            break
+    score = cfg.get("scoring_func")
+    if score is not None:
+        out["moe_router_score_function"], keys["moe_router_score_function"] = score, "scoring_func"
+    elif _is_llama4(cfg):  # Llama4TextMoe: sigmoid of the top-k router logits
+        out["moe_router_score_function"] = "sigmoid"
+    if cfg.get("topk_method") == "noaux_tc":  # DeepSeek-V3's aux-loss-free balancing bias
+        out["moe_router_expert_bias"] = True
+    return out
+
+
 def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") -> ModelSpec:
     """Translate HuggingFace config keys into a ModelSpec; any bad key ends in one sentence."""
     text = cfg.get("text_config")
@@ -277,6 +312,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
     moe = _moe_fields(cfg, experts, layers, where, keys) if experts else {}
     arch = _attention_fields(cfg, layers, where)
     head_dim = arch.pop("head_dim", head_dim)
+    exported = _exported_fields(cfg, where, keys)
     bias = _flag(cfg, "attention_bias", where, _flag(cfg, "bias", where, not gated))
     dropout = cfg.get("attention_dropout")
     try:
@@ -299,6 +335,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
             dropout=0.0 if dropout is None else _number(dropout, "attention_dropout", where),
             **moe,
             **arch,
+            **exported,
         )
     except ValidationError as exc:
         err = exc.errors()[0]

@@ -121,6 +121,29 @@ class ModelSpec(BaseModel):
         "through the window (GPT-OSS: 2; 0 = every layer windowed).",
     )
     attention_sinks: bool = Field(default=False, description="A learned sink logit per head (GPT-OSS).")
+    # What the model computes but the cost model does not need: the exports carry them, so the
+    # framework builds the model its authors wrote (None: the framework's default, unstated).
+    rope_theta: float | None = Field(
+        default=None, ge=1, le=1e12, allow_inf_nan=False, description="Rotary base (Llama 3: 500,000)."
+    )
+    rope_scaling_factor: float | None = Field(
+        default=None,
+        gt=1,
+        le=1024,
+        allow_inf_nan=False,
+        description="Llama 3.1-style rotary frequency scaling by this factor (HF rope_type 'llama3').",
+    )
+    norm_eps: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False, description="Norm epsilon.")
+    qkv_bias: bool = Field(default=False, description="Biases on the query/key/value projections only (Qwen2).")
+    moe_aux_loss_coeff: float | None = Field(
+        default=None, ge=0, le=10, allow_inf_nan=False, description="Load-balancing loss weight (Mixtral: 0.02)."
+    )
+    moe_router_score_function: Literal["softmax", "sigmoid"] = Field(
+        default="softmax", description="Router scores: softmax, or sigmoid (DeepSeek-V3)."
+    )
+    moe_router_expert_bias: bool = Field(
+        default=False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
+    )
     layer_overrides: tuple[LayerOverride, ...] = Field(
         default=(), description="Layers that differ from the defaults (later entries win)."
     )

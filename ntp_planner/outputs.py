@@ -40,9 +40,22 @@ NOT_A_FILE = (
 Content = str | bytes | Callable[[Path], None]  # text, bytes, or a function writing the file at a path
 
 
+STDOUT = "-"  # the output path that means standard output (``ntp plan ... -o -``)
+stdout_claimed = False
+"""Set when a command's output file goes to standard output: its table (or --json) then goes to
+stderr (``ntp_planner.cli.output.show``), so the file on stdout stays whole."""
+
+
 def check_output(path, option: str, inputs: Iterable = (), example: str = "plan.json") -> Path:
     """``path`` as a Path if ntp may write a file there, else InputError naming ``option`` and the
-    path as given. ``inputs`` are the command's input paths (or names that may be paths)."""
+    path as given. ``inputs`` are the command's input paths (or names that may be paths). ``-``
+    is standard output (one file per command: a second one is refused)."""
+    global stdout_claimed
+    if str(path) == STDOUT:
+        if stdout_claimed:
+            raise InputError(f"{option} -: standard output already takes another of the command's files; give a path")
+        stdout_claimed = True
+        return Path(STDOUT)
     path = Path(path)
     label = f"{option} {path}" if option else str(path)
     _check_target(path, label, example)
@@ -54,6 +67,8 @@ def check_output(path, option: str, inputs: Iterable = (), example: str = "plan.
 def check_output_folder(folder, option: str, names: Iterable[str], inputs: Iterable = ()) -> Path:
     """``folder`` as a Path if ntp may write the files ``names`` into it (creating it and its
     missing parents), else InputError naming ``option``."""
+    if str(folder) == STDOUT:
+        raise InputError(f"{option} -: this command writes a folder of files, which standard output cannot hold; give a folder")
     folder = Path(folder)
     label = f"{option} {folder}"
     _check_name(folder, label)
@@ -79,6 +94,8 @@ def write_files(files: dict[Path, Content], executable: Iterable[str] = ()) -> N
     failure or a kill before the renames leaves every old file as it was (and temp files that the
     next write removes); the renames themselves follow one another with nothing in between."""
     staged: list[tuple[str, Path]] = []
+    to_stdout = [c for p, c in files.items() if str(p) == STDOUT]
+    files = {p: c for p, c in files.items() if str(p) != STDOUT}
     try:
         for path, content in files.items():
             path = Path(path)
@@ -91,10 +108,26 @@ def write_files(files: dict[Path, Content], executable: Iterable[str] = ()) -> N
             _write(Path(tmp), content, path.name in set(executable))
         for tmp, path in staged:
             os.replace(tmp, path)
+        for content in to_stdout:
+            _write_stdout(content)
     except BaseException:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_stdout(content: Content) -> None:
+    import sys
+
+    if callable(content):  # a file written by a function (a plot): through a temp file
+        with tempfile.TemporaryDirectory(prefix=_tmp_prefix()) as tmp:
+            content(Path(tmp) / "out")
+            content = (Path(tmp) / "out").read_bytes()
+    if isinstance(content, bytes):
+        sys.stdout.buffer.write(content)
+    else:
+        sys.stdout.write(content if content.endswith("\n") else content + "\n")
+    sys.stdout.flush()
 
 
 def write_folder(

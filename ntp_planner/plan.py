@@ -211,6 +211,11 @@ class Plan(BaseModel):
     goodput_ranking: list[GoodputEntry] = Field(
         default_factory=list, description="Candidates by effective tokens/s under failures (objective goodput)."
     )
+    search_notes: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Candidates the inputs ruled out or changed, and why (an odd sequence length, say).",
+    )
 
     @field_validator("schema_version", mode="before")
     @classmethod
@@ -419,12 +424,20 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
             "sliding_window",
             "full_attention_every",
             "attention_sinks",
+            "rope_theta",
+            "rope_scaling_factor",
+            "norm_eps",
+            "qkv_bias",
+            "moe_aux_loss_coeff",
+            "moe_router_score_function",
+            "moe_router_expert_bias",
         }
     ),
     "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),
     "TrainingSpec": frozenset({"moe_capacity_factor", "moe_pad_to_capacity", "cuda_graphs"}),
 }
-"""Fields added to the inputs after plans were first saved (issue 24's MoE fields): the hash leaves
+"""Fields added to the inputs after plans were first saved (issue 24's MoE fields, issue 25's model
+fields the exports carry): the hash leaves
 each out while it holds its default, so older plans and the hashes their exports carry stand.
 A field added to ModelSpec, TrainingSpec or ParallelLayout later belongs here."""
 

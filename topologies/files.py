@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,15 @@ MAX_FILE_BYTES = 16 * 2**20  # a cluster or model file is a few kilobytes; plans
 MAX_DEPTH = 32  # a cluster file nests 2 levels, a HuggingFace config 3, a plan 6
 
 
+STDIN = "-"  # the path that means standard input (``ntp estimate -``, ``--replan -``)
+
+
 def read_text(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The text of a regular file of at most ``max_bytes``, decoded as UTF-8 (a BOM is dropped)."""
+    """The text of a regular file of at most ``max_bytes``, decoded as UTF-8 (a BOM is dropped);
+    ``-`` reads standard input, to its end, under the same limit."""
     path = Path(path)
+    if str(path) == STDIN:
+        return _decode(_read_stdin(what, max_bytes), what, path)
     try:
         info = path.stat()
     except OSError as exc:
@@ -65,6 +72,29 @@ def read_text(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
         raise InputError(f"cannot read {what} {path}: {exc.strerror}.") from None
     if len(data) > max_bytes:
         raise InputError(f"{what} {path} holds more than the {show(max_bytes)} bytes a {what} can need.")
+    return _decode(data, what, path)
+
+
+def _read_stdin(what: str, max_bytes: int) -> bytes:
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InputError(
+            f"cannot read {what} from - (standard input): it is a terminal; pipe the file in or give its path."
+        )
+    stream = getattr(sys.stdin, "buffer", None)
+    try:
+        data = stream.read(max_bytes + 1) if stream is not None else sys.stdin.read(max_bytes + 1).encode()
+    except OSError as exc:
+        raise InputError(f"cannot read {what} from standard input: {exc.strerror or exc}.") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{what} on standard input holds more than the {show(max_bytes)} bytes a {what} can need.")
+    if not data:
+        raise InputError(
+            f"{what} on standard input is empty; pipe the file in, e.g. `ntp plan ... -o - | ntp explain -`."
+        )
+    return data
+
+
+def _decode(data: bytes, what: str, path: Path) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -16,13 +16,16 @@ from typing import Annotated
 import typer
 
 from ntp_planner.cli import calibrate, estimate, export, failures, plan, profile, simulate, validate
-from ntp_planner.cli.errors import GuardedGroup
+from ntp_planner.cli.errors import EXIT_CODES, GuardedGroup, error_json
+
+EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
 
 app = typer.Typer(
     cls=GuardedGroup,
     help="Plan how to parallelise LLM training over thousands of GPUs, and what failures cost.",
+    epilog=EPILOG,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's plain help: nothing cut at 80 columns, no <bool> on flags
 )
@@ -108,8 +111,11 @@ def main() -> None:
     except TyperException as exc:
         where = exc.ctx.command_path if getattr(exc, "ctx", None) else "ntp"
         message = _range_message(exc) or " ".join(exc.format_message().replace("Value error, ", "").split())
-        typer.echo(f"error: {message.rstrip('.')}; run `{where} --help` for the options.", err=True)
+        message = f"{message.rstrip('.')}; run `{where} --help` for the options."
+        typer.echo(f"error: {message}", err=True)
         code = getattr(exc, "exit_code", 2)
+        if "--json" in sys.argv[1:]:
+            error_json(code, message)
     except typer.Abort:
         typer.echo("aborted.", err=True)
         code = 1

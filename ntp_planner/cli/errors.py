@@ -67,25 +67,54 @@ def one_line(text: str) -> str:
     return " ".join(text.split()).rstrip(".")
 
 
-def report(exc: Exception, command, debug: bool) -> typer.Exit:
-    """Print ``exc`` as one line on stderr (after its traceback with ``--debug``); the exit to raise."""
+EXIT_CODES = {
+    0: "success",
+    1: "a check failed (ntp validate) or a bug in ntp-planner",
+    2: "bad input: an option, a file or a combination ntp cannot use",
+    3: "no layout fits: the inputs are valid but nothing fits memory (add GPUs, shorten the sequence)",
+}
+KINDS = {1: "internal", 2: "input", 3: "no-fit"}
+
+
+def error_json(code: int, message: str) -> None:
+    """The error as a JSON object on stdout, for scripts that asked for --json (the line on
+    stderr is printed too)."""
+    import json
+    import sys
+
+    sys.stdout.write(json.dumps({"error": {"code": code, "kind": KINDS.get(code, "input"), "message": message}}) + "\n")
+
+
+def report(exc: Exception, command, debug: bool, json_mode: bool = False) -> typer.Exit:
+    """Print ``exc`` as one line on stderr (after its traceback with ``--debug``), and with
+    ``json_mode`` as a JSON object on stdout; the exit to raise (``EXIT_CODES``)."""
     if debug:
         typer.echo("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip(), err=True)
     if is_input_error(exc):
-        typer.echo(f"error: {one_line(input_message(exc, command))}.", err=True)
-        return typer.Exit(2)
-    typer.echo(
-        f"internal error: {type(exc).__name__}: {one_line(str(exc))}; this is a bug in ntp-planner, please report "
-        "it; rerun with --debug for the traceback",
-        err=True,
-    )
-    return typer.Exit(1)
+        code, message = getattr(exc, "exit_code", 2), f"{one_line(input_message(exc, command))}."
+        line = f"error: {message}"
+    else:
+        code = 1
+        message = (
+            f"{type(exc).__name__}: {one_line(str(exc))}; this is a bug in ntp-planner, please report it; rerun "
+            "with --debug for the traceback"
+        )
+        line = f"internal error: {message}"
+    typer.echo(line, err=True)
+    if json_mode:
+        error_json(code, message)
+    return typer.Exit(code)
 
 
 class GuardedGroup(TyperGroup):
-    """The `ntp` group: runs the chosen command and turns what it raises into one line."""
+    """The `ntp` group: runs the chosen command and turns what it raises into one line (and a
+    JSON object on stdout when the command was given --json)."""
 
     def invoke(self, ctx):
+        from ntp_planner import outputs
+
+        outputs.stdout_claimed = False  # each command starts with stdout its own
+        json_mode = "--json" in [*ctx._protected_args, *ctx.args]
         try:
             return super().invoke(ctx)
         except (TyperException, typer.Exit, typer.Abort):  # usage errors, chosen exits
@@ -93,4 +122,4 @@ class GuardedGroup(TyperGroup):
         except Exception as exc:
             name = ctx.invoked_subcommand
             command = self.get_command(ctx, name) if name else None
-            raise report(exc, command, bool(ctx.params.get("debug"))) from None
+            raise report(exc, command, bool(ctx.params.get("debug")), json_mode) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cost_models.layout import ParallelLayout
-from ntp_planner.emitters.moe import attention_fields, moe_fields
+from ntp_planner.emitters.moe import attention_fields, model_fields, moe_fields
 from ntp_planner.plan import Plan
 
 
@@ -125,6 +125,7 @@ def mcore_fields(plan: Plan, layout: ParallelLayout) -> dict:
     fields.update(pipeline_split(layout, m.num_layers, m.mtp_layers))
     fields.update({k: v for k, v in moe_fields(plan, layout).items() if v is not None})
     fields.update(attention_fields(m))
+    fields.update(model_fields(m))
     return fields
 
 

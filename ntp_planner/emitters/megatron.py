@@ -21,7 +21,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
-from ntp_planner.emitters.moe import attention_fields, moe_fields, moe_warnings
+from ntp_planner.emitters.moe import attention_fields, model_fields, moe_fields, moe_warnings
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -97,6 +97,15 @@ FLAGS = {
     "window_size": "--window-size",
     "window_attn_skip_freq": "--window-attn-skip-freq",
     "softmax_type": "--softmax-type",
+    # the model as its authors wrote it (emitters.moe.model_fields)
+    "rotary_base": "--rotary-base",
+    "rope_scaling": "--use-rope-scaling",
+    "rope_scaling_factor": "--rope-scaling-factor",
+    "layernorm_epsilon": "--norm-epsilon",
+    "add_qkv_bias": "--add-qkv-bias",
+    "moe_aux_loss_coeff": "--moe-aux-loss-coeff",
+    "moe_router_score_function": "--moe-router-score-function",
+    "moe_router_enable_expert_bias": "--moe-router-enable-expert-bias",
 }
 
 
@@ -191,14 +200,14 @@ def megatron_args(
     if m.num_kv_heads < m.num_heads:
         args += ["--num-query-groups", str(m.num_kv_heads)]
     args += PRECISION[t.dtype] + flags(low_precision_fields(plan))
-    if layout.vpp > 1 and layout.overlap_p2p:
-        args += ["--overlap-p2p-communication"]
+    if layout.vpp > 1 and not layout.overlap_p2p:  # overlap is Megatron-LM's default; only its opt-out exists
+        args += ["--no-overlap-p2p-communication"]
     args += pipeline_split_args(layout, m.num_layers, m.mtp_layers)
     if layout.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    args += flags(moe_fields(plan, layout)) + flags(attention_fields(m))
+    args += flags(moe_fields(plan, layout)) + flags(attention_fields(m)) + flags(model_fields(m))
     args += user_value("--data-path", data_path) if data_path else ["--mock-data"]
     checkpoints = save_dir or f"checkpoints/{m.name}"
     args += [*user_value("--save", checkpoints), *user_value("--load", checkpoints), *TRAINING_HYPERPARAMETERS]

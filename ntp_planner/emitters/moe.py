@@ -12,9 +12,8 @@ from cost_models.model import ModelSpec
 from ntp_planner.plan import Plan
 
 ROUTER_NOTE = (
-    "the plan has no router settings beyond top-k (score function, expert bias, aux-loss coefficient): "
-    "megatron-core's defaults apply (moe_router_score_function softmax, no expert bias, moe_aux_loss_coeff 0); "
-    "set the model's own (DeepSeek-V3: sigmoid with expert bias)"
+    "the model states no load-balancing loss weight (router_aux_loss_coef in its config.json): megatron-core's "
+    "default applies (moe_aux_loss_coeff 0, no balancing loss); set the model's own (Mixtral: 0.02)"
 )
 
 MLA_NOTE = (
@@ -99,6 +98,33 @@ def attention_fields(m: ModelSpec) -> dict:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def model_fields(m: ModelSpec) -> dict:
+    """What makes the framework build the model its authors wrote, beyond the shapes (None:
+    unset, the framework's default): the rotary base and Llama 3.1 scaling (GPT model arguments
+    in Megatron: ``rotary_base``, ``rope_scaling``, ``rope_scaling_factor``), the norm epsilon,
+    Qwen2's QKV-only bias, and the router's aux-loss weight, score function and expert bias
+    (TransformerConfig fields)."""
+    fields = {
+        "rotary_base": _number(m.rope_theta) if m.position == "rope" else None,
+        "rope_scaling": True if m.rope_scaling_factor else None,
+        "rope_scaling_factor": _number(m.rope_scaling_factor),
+        "layernorm_epsilon": m.norm_eps,
+        "add_qkv_bias": True if m.qkv_bias and not m.bias else None,
+    }
+    if m.is_moe:
+        fields |= {
+            "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
+            "moe_router_score_function": m.moe_router_score_function if m.moe_router_score_function != "softmax" else None,
+            "moe_router_enable_expert_bias": m.moe_router_expert_bias or None,
+        }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _number(x: float | None) -> int | float | None:
+    """A float that is whole as an int (500000, not 500000.0): the flags read as written."""
+    return int(x) if x is not None and float(x).is_integer() else x
+
+
 # target -> megatron-core fields it cannot run, and why (the field is dropped, the reason printed)
 _NEMO1 = "NeMo 1.x builds its GPT from megatron-core releases before {what}"
 UNSUPPORTED: dict[str, dict[str, str]] = {
@@ -113,6 +139,9 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "mtp_num_layers": _NEMO1.format(what="multi-token prediction"),
         "window_size": _NEMO1.format(what="sliding-window attention in its GPT layers"),
         "softmax_type": _NEMO1.format(what="attention sinks (softmax_type)"),
+        "rope_scaling": _NEMO1.format(what="Llama 3.1's rotary scaling (rope_scaling)"),
+        "moe_router_score_function": _NEMO1.format(what="sigmoid routing (moe_router_score_function)"),
+        "moe_router_enable_expert_bias": _NEMO1.format(what="aux-loss-free expert bias"),
     },
 }
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
@@ -121,6 +150,7 @@ _WITH: dict[str, dict] = {
     "moe_flex_dispatcher_backend": {"moe_token_dispatcher_type": "alltoall"},
     "multi_latent_attention": dict.fromkeys(_MLA_FIELDS),
     "window_size": {"window_attn_skip_freq": None},
+    "rope_scaling": {"rope_scaling_factor": None},
 }
 
 
@@ -148,7 +178,9 @@ def moe_warnings(plan: Plan, layout: ParallelLayout, target: str) -> list[str]:
     an A2A overlap the target runs differently (DualPipe) or refuses (dropped, with the rule)."""
     if not plan.model.is_moe:
         return []
-    notes = [f"{target}: {ROUTER_NOTE}"]
+    m = plan.model
+    unstated = m.moe_aux_loss_coeff is None and not m.moe_router_expert_bias  # expert bias: balanced without one
+    notes = [f"{target}: {ROUTER_NOTE}"] if unstated else []
     if plan.model.bias and layout.expert_tp != 1:
         notes.append(
             f"{target}: megatron-core runs experts with biases only at expert TP 1 ('Bias in Moe is only supported "

@@ -9,7 +9,7 @@ from cost_models.step import StepCost, estimate_step
 from cost_models.training import TrainingSpec
 from ntp_planner.plan import ClusterInputs, Plan, RunnerUp, inputs_hash
 from ntp_planner.solver.placement import place_ranks
-from ntp_planner.solver.search import SearchSpace, no_fit_message, search
+from ntp_planner.solver.search import NoLayoutFits, SearchSpace, no_fit_message, search
 from topologies.cluster import Cluster
 from topologies.errors import InputError
 
@@ -101,7 +101,7 @@ def make_plan(
         )
         ranked = sorted(ranked + found, key=_rank)
     if not ranked:
-        raise ValueError(no_fit_message(result, model, cluster, headroom))
+        raise NoLayoutFits(no_fit_message(result, model, cluster, headroom))
     if objective not in ("step-time", "goodput"):
         raise InputError(f"objective {objective!r} is not one of step-time, goodput")
     ranking = []
@@ -129,6 +129,7 @@ def make_plan(
             "objective": objective,
             "goodput_strategy": strategy if ranking else None,
             "goodput_ranking": ranking,
+            "search_notes": result.notes,
         }
     )
 

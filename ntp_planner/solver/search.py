@@ -19,6 +19,7 @@ from cost_models.model import ModelSpec
 from cost_models.step import StepCost, cost_env, cost_from_stages, layout_stages, stage_memory
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
+from topologies.errors import InputError
 
 CP_FROM_TOKENS = {2: 8192, 4: 32768, 8: 32768}  # smallest sequence at which each cp degree is tried
 
@@ -60,6 +61,7 @@ class SearchResult(BaseModel):
     evaluated: int = Field(description="Valid layouts costed.")
     rejected_memory: int = Field(description="Valid layouts that did not fit memory.")
     least_memory: Candidate | None = Field(description="The valid layout needing least memory.")
+    notes: list[str] = Field(default_factory=list, description="Candidates the inputs ruled out or changed, and why.")
 
 
 def divisors(n: int) -> list[int]:
@@ -84,10 +86,18 @@ def tp_degrees(model: ModelSpec, domain: int) -> list[int]:
 
 
 def enumerate_layouts(
-    model: ModelSpec, training: TrainingSpec, cluster: Cluster, space: SearchSpace = SearchSpace()
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: Cluster,
+    space: SearchSpace = SearchSpace(),
+    notes: list[str] | None = None,
 ) -> list[ParallelLayout]:
     """Every layout of ``space`` that obeys the model/cluster divisibility rules. TP degrees
-    divide the job's NVLink domains (``tp_domain_size``), so every TP group stays in one."""
+    divide the job's NVLink domains (``tp_domain_size``), so every TP group stays in one.
+    Sequence parallelism is on wherever tp > 1 and the sequence chunk divides over the TP ranks;
+    where it does not (an odd ``seq_len``), a dense layout runs TP without it and an MoE one is
+    skipped (Megatron needs sequence parallelism beside TP in MoE layers); ``notes`` gets one
+    line for each such TP degree."""
     n, domain, batch = cluster.num_gpus, cluster.tp_domain_size, training.global_batch
     tps = tp_degrees(model, domain)
     cps = space.cps or (1, *[c for c, s in CP_FROM_TOKENS.items() if training.seq_len >= s])
@@ -95,6 +105,11 @@ def enumerate_layouts(
     for tp, cp in product(tps, cps):
         if n % (tp * cp) or (cp > 1 and training.seq_len % (2 * cp)):
             continue
+        sp = tp > 1 and (training.seq_len // cp) % tp == 0
+        if tp > 1 and not sp:
+            _sequence_note(notes, model, training.seq_len, tp, cp)
+            if model.is_moe:
+                continue
         for pp in divisors(n // (tp * cp)):
             if pp > min(model.num_layers, space.max_pp):
                 break
@@ -115,13 +130,23 @@ def enumerate_layouts(
                         micro_batch=mb,
                         global_batch=batch,
                         vpp=vpp,
-                        sequence_parallel=tp > 1,
+                        sequence_parallel=sp,
                         recompute=rc,
                         zero=first_zero(training, space, dp * cp),
                         **expert,
                     )
                 )
     return out
+
+
+def _sequence_note(notes: list[str] | None, model: ModelSpec, seq_len: int, tp: int, cp: int) -> None:
+    if notes is None:
+        return
+    chunk = f"seq_len {seq_len}" + (f" / cp {cp}" if cp > 1 else "")
+    done = "skipped: MoE layers need sequence parallelism beside TP" if model.is_moe else "run without sequence parallelism"
+    line = f"{chunk} does not divide over tp {tp}: its layouts are {done} (a multiple of {tp * cp} allows it)"
+    if line not in notes:
+        notes.append(line)
 
 
 def expert_grids(model: ModelSpec, tp: int, cp: int, dp: int, domain: int) -> list[dict]:
@@ -187,8 +212,8 @@ def search(
     Layouts that differ only in pp, dp and vpp share block passes (in ``pass_caches`` when
     given, so a later search can reuse them)."""
     pass_caches = {} if pass_caches is None else pass_caches
-    fitting, rejected, least = [], 0, None
-    layouts = enumerate_layouts(model, training, cluster, space)
+    fitting, rejected, least, notes = [], 0, None, []
+    layouts = enumerate_layouts(model, training, cluster, space, notes)
     usable = cluster.gpu.hbm_bytes * (1 - headroom)
     for base in layouts:
         levels = [base, *escalations(base, space)]
@@ -208,7 +233,16 @@ def search(
         else:
             rejected += 1
     fitting.sort(key=lambda c: (c.cost.step_time_s, c.cost.memory_per_gpu_bytes, c.layout.describe()))
-    return SearchResult(ranked=fitting, evaluated=len(layouts), rejected_memory=rejected, least_memory=least)
+    return SearchResult(
+        ranked=fitting, evaluated=len(layouts), rejected_memory=rejected, least_memory=least, notes=notes
+    )
+
+
+class NoLayoutFits(InputError):
+    """The inputs are valid but no layout of the search fits memory (or exists at all): the CLI
+    exits with code 3, not bad input's 2, so a script can tell "buy more GPUs" from a typo."""
+
+    exit_code = 3
 
 
 def no_fit_message(result: SearchResult, model: ModelSpec, cluster: Cluster, headroom: float) -> str:

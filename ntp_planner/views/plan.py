@@ -131,6 +131,9 @@ def plan_view(plan: Plan) -> Group:
         parts.append(runners_up_table(plan))
     if plan.goodput_ranking:
         parts.append(goodput_table(plan))
+    if plan.search_notes:
+        parts += [Text(f"Search notes ({len(plan.search_notes)}):", style="yellow")]
+        parts += [Text(f"  {n}") for n in plan.search_notes]
     return Group(*parts)
 
 

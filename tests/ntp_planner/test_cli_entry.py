@@ -26,8 +26,13 @@ def run(*args, **kw):
     return runner.invoke(app, [str(a) for a in args], **kw)
 
 
-def test_global_options_are_version_and_debug():
-    assert sorted(p.opts[0] for p in typer.main.get_command(app).params) == ["--debug", "--version"]
+def test_global_options_are_version_debug_and_completion():
+    assert sorted(p.opts[0] for p in typer.main.get_command(app).params) == [
+        "--debug",
+        "--install-completion",
+        "--show-completion",
+        "--version",
+    ]
 
 
 def test_version():

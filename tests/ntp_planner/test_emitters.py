@@ -685,7 +685,8 @@ def test_dualpipe_exports_as_the_1f1b_overlap_with_a_note():
     out = export(plan, "megatron")
     assert "--overlap-moe-expert-parallel-comm" in json.loads(out.files["megatron_args.json"])
     assert any("no DualPipe" in w for w in out.warnings)
-    assert any("router settings" in w for w in out.warnings)  # the plan has none but top-k: said so
+    said = [w for w in out.warnings if "no load-balancing loss weight" in w]
+    assert len(said) == (1 if plan.model.moe_aux_loss_coeff is None else 0)  # a model without one: said so
 
 
 @pytest.mark.parametrize("q_lora_rank", [0, 1536])
@@ -804,3 +805,58 @@ def test_megatron_core_builds_every_frozen_export(case):
         flat = [t for chunk in zip(*grid, strict=True) for stage in chunk for t in stage]
         assert flat.count(LayerType.decoder) == m.num_layers and flat.count(LayerType.mtp) == m.mtp_layers
         assert grid[-1][-1][-2:] == ([LayerType.mtp, LayerType.loss] if m.mtp_layers else grid[-1][-1][-2:])
+
+
+@pytest.mark.parametrize(
+    ("name", "expect"),
+    [
+        ("llama3-8b", {"--rotary-base": "500000", "--norm-epsilon": "1e-05"}),
+        ("llama3.1-405b", {"--rotary-base": "500000", "--use-rope-scaling": True, "--rope-scaling-factor": "8"}),
+        ("mixtral-8x7b", {"--rotary-base": "1000000", "--moe-aux-loss-coeff": "0.02"}),
+        ("qwen3-30b-a3b", {"--norm-epsilon": "1e-06", "--moe-aux-loss-coeff": "0.001"}),
+        (
+            "deepseek-v3",
+            {"--moe-router-score-function": "sigmoid", "--moe-router-enable-expert-bias": True, "--rotary-base": "10000"},
+        ),
+    ],
+)
+def test_megatron_builds_the_model_its_authors_wrote(name, expect):
+    """The rotary base and scaling, the norm epsilon and the router's settings travel with the
+    export (issue 25): Megatron's defaults (rotary base 10,000, aux loss 0, softmax routing)
+    would build another model. megatron-core's own config takes the fields."""
+    transformer = pytest.importorskip("megatron.core.transformer", reason="megatron-core is not installed")
+    import torch
+
+    from tests.support.megatron_config import transformer_config
+
+    plan = _catalogue_plan(name)
+    args = megatron_args(plan, plan.layout)
+    for flag, value in expect.items():
+        assert flag in args
+        if value is not True:
+            assert args[args.index(flag) + 1] == value
+    config = transformer_config(args, pipeline_dtype=torch.bfloat16)
+    assert isinstance(config, transformer.TransformerConfig)
+    m = plan.model
+    assert config.layernorm_epsilon == m.norm_eps
+    if m.is_moe:
+        assert config.moe_aux_loss_coeff == (m.moe_aux_loss_coeff or 0.0)  # unset: megatron-core's 0
+        assert config.moe_router_score_function == m.moe_router_score_function
+        assert config.moe_router_enable_expert_bias == m.moe_router_expert_bias
+
+
+def test_qwen2_keeps_its_qkv_bias_and_a_model_without_settings_exports_none():
+    from cost_models.hf_config import model_from_hf_config
+
+    cfg = {
+        "model_type": "qwen2", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16,
+        "num_key_value_heads": 2, "intermediate_size": 2816, "vocab_size": 4096, "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    }  # fmt: skip
+    m = model_from_hf_config(cfg, "qwen2-tiny")
+    assert (m.qkv_bias, m.bias, m.rope_theta, m.norm_eps) == (True, False, 1e6, 1e-6)
+    from ntp_planner.emitters.moe import model_fields
+
+    assert model_fields(m) == {"rotary_base": 1000000, "layernorm_epsilon": 1e-6, "add_qkv_bias": True}
+    bare = model_from_hf_config({k: v for k, v in cfg.items() if k not in ("rope_theta", "rms_norm_eps", "model_type")}, "x")
+    assert model_fields(bare) == {}

@@ -93,6 +93,16 @@ def transformer_config_kwargs(args: list[str]) -> dict:
         )
     if "--softmax-type" in values:
         kw["softmax_type"] = values["--softmax-type"]
+    # the model's own settings (Megatron-LM: --norm-epsilon -> layernorm_epsilon, and so on)
+    if "--norm-epsilon" in values:
+        kw["layernorm_epsilon"] = float(values["--norm-epsilon"])
+    kw["add_qkv_bias"] = "--add-qkv-bias" in values
+    if "--moe-aux-loss-coeff" in values:
+        kw["moe_aux_loss_coeff"] = float(values["--moe-aux-loss-coeff"])
+    if "--moe-router-score-function" in values:
+        kw["moe_router_score_function"] = values["--moe-router-score-function"]
+    if "--moe-router-enable-expert-bias" in values:
+        kw["moe_router_enable_expert_bias"] = True
     return {k: v for k, v in kw.items() if v is not None or k == "q_lora_rank"}
 
 

@@ -233,3 +233,37 @@ def test_moe_search_equals_costed_brute_force_over_every_grid():
     assert {c.layout: c.cost.step_time_s for c in result.ranked} == expected
     assert result.ranked[0].cost.step_time_s == min(expected.values())
     assert any(c.layout.folded and c.layout.ep > c.layout.dp for c in result.ranked)
+
+
+def test_an_odd_sequence_runs_dense_tp_without_sequence_parallelism_and_says_so():
+    """seq 4097 divides over no tp > 1: every dense layout with tp > 1 is kept with sequence
+    parallelism off (check_layout accepts it), one note per such degree; 4096 gives no note."""
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    notes: list[str] = []
+    odd = enumerate_layouts(MODELS["llama3-8b"], TrainingSpec(seq_len=4097, global_batch=32), cluster, notes=notes)
+    even = enumerate_layouts(MODELS["llama3-8b"], TrainingSpec(seq_len=4096, global_batch=32), cluster)
+    assert {lay.tp for lay in odd} == {lay.tp for lay in even} == {1, 2, 4, 8}
+    assert not any(lay.sequence_parallel for lay in odd)
+    assert all(lay.sequence_parallel == (lay.tp > 1) for lay in even)
+    for lay in odd:
+        check_layout(lay, MODELS["llama3-8b"], TrainingSpec(seq_len=4097, global_batch=32), 16, 8)
+    assert [n.split(":")[0] for n in notes] == [f"seq_len 4097 does not divide over tp {t}" for t in (2, 4, 8)]
+    quiet: list[str] = []
+    enumerate_layouts(MODELS["llama3-8b"], TrainingSpec(seq_len=4096, global_batch=32), cluster, notes=quiet)
+    assert quiet == []
+
+
+def test_an_odd_sequence_skips_moe_tp_and_a_partial_one_keeps_the_degrees_it_divides():
+    """MoE layers need sequence parallelism beside TP: at seq 4097 only tp 1 is left; at 4100
+    (= 4 x 1025) tp 2 and 4 keep it and tp 8 alone is skipped."""
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    m = MODELS["mixtral-8x7b"]
+    notes: list[str] = []
+    odd = enumerate_layouts(m, TrainingSpec(seq_len=4097, global_batch=32), cluster, notes=notes)
+    assert {lay.tp for lay in odd} == {1}
+    assert all("skipped: MoE layers need sequence parallelism" in n for n in notes) and len(notes) == 3
+    notes = []
+    part = enumerate_layouts(m, TrainingSpec(seq_len=4100, global_batch=32), cluster, notes=notes)
+    assert {lay.tp for lay in part} == {1, 2, 4}
+    assert all(lay.sequence_parallel == (lay.tp > 1) for lay in part)
+    assert [n.split(":")[0] for n in notes] == ["seq_len 4100 does not divide over tp 8"]

@@ -39,7 +39,6 @@ torchrun --nproc_per_node 8 --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --overlap-param-gather \
     --num-query-groups 8 \
     --bf16 \
-    --overlap-p2p-communication \
     --pipeline-model-parallel-layout 'Etttt|ttttt|ttttt|tttt|ttt|tttt|tttt|tttL' \
     --recompute-granularity selective \
     --mock-data \

@@ -37,7 +37,6 @@ torchrun --nproc_per_node 8 --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --overlap-grad-reduce \
     --overlap-param-gather \
     --bf16 \
-    --overlap-p2p-communication \
     --pipeline-model-parallel-layout 'Etttt|tttt|tttt|tttt|tttt|tttt|tttt|tttt|tttt|tttt|tttt|tttt|tttt|ttt|ttt|tttmL' \
     --num-experts 256 \
     --moe-router-topk 8 \
