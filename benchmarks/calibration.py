@@ -96,7 +96,7 @@ def rich_table(table: str, console: Console) -> list[float]:
         )
     console.print(t)
     console.print(f"{TITLES[table]}: {summary(errors)}\n")
-    for line in failed_lines(table, failed) + excluded_lines(table):
+    for line in failed_lines(table, failed) + excluded_lines(table) + floor_lines(table):
         console.print(line)
     return errors
 
@@ -116,6 +116,44 @@ def excluded_lines(table: str) -> list[str]:
     lines = [f"{len(left)} runs of table {table} left out:"] if left else []
     lines += [f"- {x.model} {x.release} {x.system} {x.description}: {x.reason}" for x in left]
     return lines + ([""] if left else [])
+
+
+def same_inputs(table: str) -> list[list]:
+    """Groups of two or more runs of ``table`` that are one input to the cost model (model,
+    cluster, training, layout all equal: reruns in later releases), the widest spread first."""
+    groups: dict[str, list] = {}
+    for r in all_tables()[table]:
+        parts = (r.model, r.training, r.layout)
+        key = "|".join(x.model_dump_json() for x in parts) + f"|{r.cluster.spec.name}|{r.cluster.num_gpus}"
+        groups.setdefault(key, []).append(r)
+    many = [g for g in groups.values() if len(g) > 1]
+    return sorted(many, key=lambda g: -max(x.measured_step_time_s for x in g) / min(x.measured_step_time_s for x in g))
+
+
+def floor_lines(table: str) -> list[str]:
+    """What no deterministic model of these inputs can beat: one prediction per input, so for
+    runs that share their inputs the best is the value minimising their summed |error| (checked
+    at each measured value: the optimum of a sum of |p / y - 1| lies at one of them). Gives the
+    least mean |error| over the table, and the runs that cannot all be within 20% (a spread over
+    1.2 / 0.8 = 1.5)."""
+    groups = same_inputs(table)
+    if not groups:
+        return []
+    n, floor, lines = len(all_tables()[table]), 0.0, []
+    for g in groups:
+        ys = [x.measured_step_time_s for x in g]
+        floor += min(sum(abs(p / y - 1) for y in ys) for p in ys)
+        if max(ys) / min(ys) > 1.5:
+            r = g[0]
+            lines.append(
+                f"- {r.model.name} {r.system} {r.layout.describe()}: {' / '.join(f'{y:.2f}' for y in ys)} s in "
+                f"{', '.join(x.release for x in g)} ({max(ys) / min(ys):.2f}x): one of them is off by more than 20%"
+            )
+    head = (
+        f"{sum(map(len, groups))} runs of table {table} share their inputs with another ({len(groups)} groups); "
+        f"their spread alone puts a floor of {floor / n:.2%} under the table's mean |error| (over {n} runs)"
+    )
+    return [head, *lines, ""]
 
 
 def markdown(table: str) -> None:
@@ -143,7 +181,7 @@ def markdown(table: str) -> None:
                 f"{r.measured_step_time_s:.2f} | {cost.step_time_s:.2f} | {err:+.1%} |"
             )
     print(f"\n**{table}: {summary(errors)}**\n")
-    for line in failed_lines(table, failed) + excluded_lines(table):
+    for line in failed_lines(table, failed) + excluded_lines(table) + floor_lines(table):
         print(line)
 
 

@@ -146,7 +146,9 @@ _QWEN3 = dict(rope_theta=1e6, norm_eps=1e-6, moe_aux_loss_coeff=0.001)
 _GPT_OSS = dict(rope_theta=150000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.9)
 _LLAMA4 = dict(rope_theta=500000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.001, moe_router_score_function="sigmoid")
 _DSV3_ROUTER = dict(
-    rope_theta=10000.0, norm_eps=1e-6, moe_router_score_function="sigmoid",
+    rope_theta=10000.0,
+    norm_eps=1e-6,
+    moe_router_score_function="sigmoid",
     moe_router_expert_bias=True,
 )
 # fmt: off

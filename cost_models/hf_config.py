@@ -45,6 +45,31 @@ from topologies.errors import InputError
 from topologies.files import read_mapping
 
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# GPT-2's own key names (transformers' GPT2Config.attribute_map, and n_inner for the MLP width)
+_ALIASES = {
+    "n_embd": "hidden_size",
+    "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads",
+    "n_positions": "max_position_embeddings",
+    "n_inner": "intermediate_size",
+    "n_ctx": "max_position_embeddings",
+}
+# model_type -> what its modelling code does that no key says: a gated MLP whatever the activation
+# (Gemma's GeGLU), rotary positions (GPT-NeoX and Phi rotate a part of each head: no parameters),
+# QKV biases only (Qwen2), biases on every linear layer, tied embeddings by default
+KNOWN_TYPES = {
+    "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True}, "qwen2_moe": {"qkv_bias": True},
+    "qwen3": {}, "qwen3_moe": {}, "deepseek_v2": {}, "deepseek_v3": {}, "gpt_oss": {}, "llama4": {},
+    "llama4_text": {}, "gemma": {"gated": True, "tie": True}, "gemma2": {"gated": True, "tie": True},
+    "gemma3": {"gated": True, "tie": True}, "gemma3_text": {"gated": True, "tie": True},
+    "gpt2": {"bias": True, "tie": True, "position": "learned", "gated": False, "norm": "layernorm"},
+    "gpt_neox": {"bias": True, "position": "rope", "gated": False, "norm": "layernorm"},
+    "phi": {"bias": True, "position": "rope", "gated": False, "norm": "layernorm"}, "phi3": {"position": "rope"},
+    "starcoder2": {"bias": True, "tie": True, "position": "rope", "gated": False, "norm": "layernorm"},
+    "nemotron": {"position": "rope"}, "olmo2": {}, "granite": {},
+}  # fmt: skip
+# Gemma 2 / 3 window every layer but each k-th when the file has no layer_types (their configs' rule)
+_WINDOW_EVERY = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
 _GATED_ACTS = {"silu", "swiglu", "swish"}
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # Mixtral, Qwen-MoE, DeepSeek
 # ModelSpec field -> the config key it is read from, for messages
@@ -216,6 +241,9 @@ def _window_fields(cfg: dict[str, Any], layers: int, where: str) -> dict:
         return {}
     window = _whole(window, "sliding_window", where)
     types = cfg.get("layer_types")
+    every = cfg.get("sliding_window_pattern", _WINDOW_EVERY.get(cfg.get("model_type")))
+    if types is None and every is not None:  # Gemma 2 / 3: full attention on each k-th layer
+        return dict(sliding_window=window, full_attention_every=_whole(every, "sliding_window_pattern", where))
     if types is None:  # Mistral: every layer windowed
         return dict(sliding_window=window, full_attention_every=0)
     if not isinstance(types, list) or len(types) != layers:
@@ -286,6 +314,19 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
     if text is not None and not isinstance(text, dict):
         raise InputError(f"{where}: text_config is {_shown(text)}; it must be a mapping of the text model's keys.")
     cfg = {**cfg, **(text or {})}
+    for alias, key in _ALIASES.items():  # GPT-2 spells the shapes its own way
+        if cfg.get(alias) is not None and cfg.get(key) is None:
+            cfg[key] = cfg[alias]
+    kind = cfg.get("model_type")
+    if kind is not None and kind not in KNOWN_TYPES:
+        known = ", ".join(sorted(KNOWN_TYPES))
+        raise InputError(
+            f"{where}: model_type {_shown(kind)} is not one ntp reads ({known}); its modelling code may build layers "
+            "ntp would count wrong, so write the fields of cost_models.ModelSpec in a YAML file instead"
+        )
+    traits = KNOWN_TYPES.get(kind, {})
+    if "intermediate_size" not in cfg and kind == "gpt2":  # GPT2MLP: n_inner or 4 x n_embd
+        cfg["intermediate_size"] = 4 * _whole(cfg["hidden_size"], "n_embd", where)
     missing = [k for k in REQUIRED if k not in cfg]
     if "intermediate_size" not in cfg and "moe_intermediate_size" not in cfg:
         missing.append("intermediate_size")
@@ -300,11 +341,12 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
         keys["head_dim"] = "head_dim (hidden_size // num_attention_heads)"
     else:  # written: read as written, 0 included (ModelSpec refuses it, naming head_dim)
         head_dim = _whole(cfg["head_dim"], "head_dim", where)
-    act = cfg.get("hidden_act", cfg.get("activation_function", "silu"))
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", cfg.get("activation_function", "silu"))
     if not isinstance(act, str):
         raise InputError(f'{where}: hidden_act is {_shown(act)}; it must be an activation name, e.g. "silu".')
-    gated = act.lower() in _GATED_ACTS
+    gated = traits.get("gated", act.lower() in _GATED_ACTS)
     rms = "rms_norm_eps" in cfg or "layer_norm_eps" not in cfg and "layer_norm_epsilon" not in cfg
+    rms = traits.get("norm", "rmsnorm" if rms else "layernorm") == "rmsnorm"
     experts, keys["num_experts"] = _experts(cfg, where)
     ffn, keys["ffn_hidden_size"] = _first(
         cfg, ("intermediate_size_mlp", "intermediate_size", "moe_intermediate_size"), where
@@ -313,7 +355,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
     arch = _attention_fields(cfg, layers, where)
     head_dim = arch.pop("head_dim", head_dim)
     exported = _exported_fields(cfg, where, keys)
-    bias = _flag(cfg, "attention_bias", where, _flag(cfg, "bias", where, not gated))
+    default_bias = traits.get("bias", not gated if kind is None else False)  # a typeless file: as before
+    bias = _flag(cfg, "attention_bias", where, _flag(cfg, "bias", where, default_bias))
     dropout = cfg.get("attention_dropout")
     try:
         return ModelSpec(
@@ -327,10 +370,10 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
             head_dim=head_dim,
             vocab_size=_whole(cfg["vocab_size"], "vocab_size", where),
             max_position_embeddings=_whole(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where),
-            tie_embeddings=_flag(cfg, "tie_word_embeddings", where, not gated),
+            tie_embeddings=_flag(cfg, "tie_word_embeddings", where, traits.get("tie", not gated and kind is None)),
             gated_mlp=gated,
             norm="rmsnorm" if rms else "layernorm",
-            position="rope" if "rope_theta" in cfg or gated else "learned",
+            position=traits.get("position", "rope" if "rope_theta" in cfg or gated or kind else "learned"),
             bias=bias,
             dropout=0.0 if dropout is None else _number(dropout, "attention_dropout", where),
             **moe,

@@ -325,6 +325,7 @@ class ModelSpec(BaseModel):
             return self.mla_params + sinks
         h = self.hidden_size
         bias = (self.q_width + 2 * self.kv_width + h) if self.bias else 0
+        bias += (self.q_width + 2 * self.kv_width) if self.qkv_bias and not self.bias else 0
         return h * (self.q_width + 2 * self.kv_width) + self.q_width * h + bias + sinks
 
     @property

@@ -68,7 +68,9 @@ def check_output_folder(folder, option: str, names: Iterable[str], inputs: Itera
     """``folder`` as a Path if ntp may write the files ``names`` into it (creating it and its
     missing parents), else InputError naming ``option``."""
     if str(folder) == STDOUT:
-        raise InputError(f"{option} -: this command writes a folder of files, which standard output cannot hold; give a folder")
+        raise InputError(
+            f"{option} -: this command writes a folder of files, which standard output cannot hold; give a folder"
+        )
     folder = Path(folder)
     label = f"{option} {folder}"
     _check_name(folder, label)

@@ -40,9 +40,8 @@ def show_json(data) -> None:
 @contextmanager
 def progress(label: str, total: int, quiet: bool) -> Iterator[Callable[..., None]]:
     """A transient progress bar of ``total`` units; yields ``advance(k=1)``."""
-    from rich.progress import Progress
-
     from rich.console import Console
+    from rich.progress import Progress
 
     with Progress(transient=True, disable=quiet, console=Console(stderr=True)) as bar:
         task = bar.add_task(label, total=total)

@@ -114,7 +114,9 @@ def model_fields(m: ModelSpec) -> dict:
     if m.is_moe:
         fields |= {
             "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
-            "moe_router_score_function": m.moe_router_score_function if m.moe_router_score_function != "softmax" else None,
+            "moe_router_score_function": m.moe_router_score_function
+            if m.moe_router_score_function != "softmax"
+            else None,
             "moe_router_enable_expert_bias": m.moe_router_expert_bias or None,
         }
     return {k: v for k, v in fields.items() if v is not None}

@@ -100,8 +100,9 @@ def make_plan(
             model, training, cluster, headroom, space, best_uniform, pass_caches=pass_caches, efficiency=efficiency
         )
         ranked = sorted(ranked + found, key=_rank)
-    if not ranked:
-        raise NoLayoutFits(no_fit_message(result, model, cluster, headroom))
+    if not ranked:  # none valid: the inputs' divisibility (bad input); valid ones, none fitting: exit code 3
+        error = NoLayoutFits if result.least_memory is not None else InputError
+        raise error(no_fit_message(result, model, cluster, headroom))
     if objective not in ("step-time", "goodput"):
         raise InputError(f"objective {objective!r} is not one of step-time, goodput")
     ranking = []

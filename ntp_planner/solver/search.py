@@ -143,7 +143,11 @@ def _sequence_note(notes: list[str] | None, model: ModelSpec, seq_len: int, tp: 
     if notes is None:
         return
     chunk = f"seq_len {seq_len}" + (f" / cp {cp}" if cp > 1 else "")
-    done = "skipped: MoE layers need sequence parallelism beside TP" if model.is_moe else "run without sequence parallelism"
+    done = (
+        "skipped: MoE layers need sequence parallelism beside TP"
+        if model.is_moe
+        else "run without sequence parallelism"
+    )
     line = f"{chunk} does not divide over tp {tp}: its layouts are {done} (a multiple of {tp * cp} allows it)"
     if line not in notes:
         notes.append(line)

@@ -90,7 +90,9 @@ def test_json_errors_are_an_object_on_stdout_with_the_exit_code():
 
 
 def test_no_layout_fits_exits_3_and_bad_input_2():
-    assert runner.invoke(app, ["plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "8"]).exit_code == 3
+    assert (
+        runner.invoke(app, ["plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "8"]).exit_code == 3
+    )
     assert runner.invoke(app, ["plan", "--model", "llama3-8b", "--cluster", "no-such", "--gpus", "8"]).exit_code == 2
 
 

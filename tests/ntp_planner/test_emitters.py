@@ -816,7 +816,11 @@ def test_megatron_core_builds_every_frozen_export(case):
         ("qwen3-30b-a3b", {"--norm-epsilon": "1e-06", "--moe-aux-loss-coeff": "0.001"}),
         (
             "deepseek-v3",
-            {"--moe-router-score-function": "sigmoid", "--moe-router-enable-expert-bias": True, "--rotary-base": "10000"},
+            {
+                "--moe-router-score-function": "sigmoid",
+                "--moe-router-enable-expert-bias": True,
+                "--rotary-base": "10000",
+            },
         ),
     ],
 )
@@ -858,5 +862,7 @@ def test_qwen2_keeps_its_qkv_bias_and_a_model_without_settings_exports_none():
     from ntp_planner.emitters.moe import model_fields
 
     assert model_fields(m) == {"rotary_base": 1000000, "layernorm_epsilon": 1e-6, "add_qkv_bias": True}
-    bare = model_from_hf_config({k: v for k, v in cfg.items() if k not in ("rope_theta", "rms_norm_eps", "model_type")}, "x")
+    bare = model_from_hf_config(
+        {k: v for k, v in cfg.items() if k not in ("rope_theta", "rms_norm_eps", "model_type")}, "x"
+    )
     assert model_fields(bare) == {}

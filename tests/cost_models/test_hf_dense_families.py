@@ -1,0 +1,91 @@
+"""The config.json of a dozen dense families, written here (no hub access), read as their
+modelling code builds them: GPT-2's own key names, Gemma's GeGLU and windows, GPT-NeoX's and Phi's
+partial rotary, Qwen2's QKV-only biases, Mistral's window; the parameter count is checked against
+transformers building each model on the meta device, and an unknown model_type is refused."""
+
+import pytest
+
+from cost_models.hf_config import KNOWN_TYPES, model_from_hf_config
+from topologies.errors import InputError
+
+SHAPE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8, vocab_size=1000)
+SMALL = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=3, num_attention_heads=4, vocab_size=1000)
+CONFIGS = {
+    "llama": dict(SHAPE, num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5),
+    "mistral": dict(SHAPE, num_key_value_heads=2, sliding_window=256, rope_theta=1e6),
+    "qwen2": dict(SHAPE, num_key_value_heads=2, rope_theta=1e6, rms_norm_eps=1e-6),
+    "qwen3": dict(SHAPE, num_key_value_heads=2, head_dim=64),
+    "gemma": dict(SHAPE, num_key_value_heads=1, head_dim=64, hidden_act="gelu"),
+    "gemma2": dict(
+        SHAPE, num_key_value_heads=4, head_dim=64, hidden_activation="gelu_pytorch_tanh", sliding_window=128
+    ),
+    "gemma3_text": dict(SHAPE, num_key_value_heads=4, head_dim=64, sliding_window=128),
+    "gpt2": dict(n_embd=256, n_layer=3, n_head=4, n_positions=512, vocab_size=1000),
+    "gpt_neox": dict(SMALL, rotary_pct=0.25, max_position_embeddings=2048),
+    "phi": dict(SMALL, partial_rotary_factor=0.4),
+    "phi3": dict(SMALL, num_key_value_heads=4, vocab_size=32064),  # its pad id 32000 must be a token
+    "starcoder2": dict(SMALL, num_key_value_heads=2),
+}
+# What each family's modelling code has that ntp does not count (parameters per layer, and once):
+# Qwen3's and Gemma 3's per-head q/k RMSNorms, Gemma 2 / 3's norms before and after the MLP's
+# residual (four per layer, not two), Phi-2's one LayerNorm per layer (attention and MLP side by
+# side) and its output layer's bias.
+LEFT_OUT = {
+    "qwen3": lambda m: m.num_layers * 2 * m.head_dim,
+    "gemma2": lambda m: m.num_layers * 2 * m.hidden_size,
+    "gemma3_text": lambda m: m.num_layers * (2 * m.hidden_size + 2 * m.head_dim),
+    "phi": lambda m: m.vocab_size - m.num_layers * 2 * m.hidden_size,
+}
+
+
+def _read(kind: str):
+    return model_from_hf_config({"model_type": kind, **CONFIGS[kind]}, kind)
+
+
+def test_a_dozen_dense_families_beside_the_moe_ones():
+    assert len(CONFIGS) >= 12 and set(CONFIGS) <= set(KNOWN_TYPES)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_parameter_count_equals_transformers_on_the_meta_device(kind):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    cfg = transformers.AutoConfig.for_model(kind, **CONFIGS[kind])
+    with torch.device("meta"):
+        hf = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+    m = _read(kind)
+    assert m.params_total + LEFT_OUT.get(kind, lambda _: 0)(m) == hf
+
+
+@pytest.mark.parametrize(
+    ("kind", "expect"),
+    [
+        ("gpt2", dict(hidden_size=256, num_layers=3, num_heads=4, ffn_hidden_size=1024, max_position_embeddings=512,
+                      position="learned", norm="layernorm", gated_mlp=False, bias=True, tie_embeddings=True)),
+        ("gpt_neox", dict(position="rope", norm="layernorm", gated_mlp=False, bias=True, tie_embeddings=False)),
+        ("gemma2", dict(gated_mlp=True, tie_embeddings=True, head_dim=64, sliding_window=128, full_attention_every=2)),
+        ("gemma3_text", dict(gated_mlp=True, sliding_window=128, full_attention_every=6)),
+        ("mistral", dict(sliding_window=256, full_attention_every=0, rope_theta=1e6)),
+        ("qwen2", dict(qkv_bias=True, bias=False, rope_theta=1e6, norm_eps=1e-6)),
+        ("phi", dict(position="rope", gated_mlp=False, bias=True)),
+        ("llama", dict(rope_theta=500000.0, norm_eps=1e-5, gated_mlp=True, bias=False, tie_embeddings=False)),
+    ],
+)  # fmt: skip
+def test_each_family_reads_as_its_modelling_code_builds_it(kind, expect):
+    m = _read(kind)
+    assert {k: getattr(m, k) for k in expect} == expect
+
+
+def test_an_unknown_model_type_is_refused_by_name():
+    with pytest.raises(InputError, match=r"model_type 'rwkv' is not one ntp reads \(deepseek_v2, deepseek_v3, "):
+        model_from_hf_config({"model_type": "rwkv", **SHAPE}, "x")
+    typeless = model_from_hf_config(dict(SHAPE, hidden_act="silu"), "hand-written")  # no model_type: read as before
+    assert typeless.gated_mlp and not typeless.tie_embeddings
+
+
+def test_gpt2_takes_four_times_its_width_without_n_inner():
+    m = model_from_hf_config({"model_type": "gpt2", "n_embd": 128, "n_layer": 2, "n_head": 2, "vocab_size": 50}, "g")
+    assert m.ffn_hidden_size == 512 and m.num_layers == 2
