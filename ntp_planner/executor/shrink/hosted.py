@@ -81,10 +81,10 @@ def _hostable(plan, replan, unit) -> bool:
     runs in is listed (re-hosted on its survivors) or runs whole. Not so for an unfolded plan
     (etp = tp) whose degraded replica keeps its EP groups and re-shards its experts over its
     surviving TP ranks (``failures.experts.lost_ranks``): whole-expert hosting cannot say that."""
-    listed = {tuple(sorted(x.ep_group + x.lost)) for x in replan.experts if x.mode == "rehosted"}
+    holders = {tuple(sorted(x.ep_group + x.lost)): x.ep_group for x in replan.experts if x.mode == "rehosted"}
     running = _running_ranks(plan, replan, unit)
     groups = [g for s in range(plan.layout.pp) for g in stage_groups(plan, s)]
-    return all(g in listed or set(g) <= running for g in groups if set(g) & running)
+    return all(set(holders.get(g, g)) <= running for g in groups if set(g) & running)
 
 
 def hosted_units(plan, replan) -> list[list[tuple[int, list[int], int]]] | None:

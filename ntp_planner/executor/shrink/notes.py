@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from ntp_planner.replan_result import ReplanResult
 
-MAX_STAGES = 4  # the shrink runs at most this many pipeline stages (``shrink._fit``)
+MAX_STAGES = 4  # the shrink runs at most this many pipeline stages (``fit.fit``)
+HOSTED_WHY = ": they hold whole EP groups, the re-hosted group's replicas first, then those of other kinds that fit"
 
 
 def cut_runs_note(
@@ -229,7 +230,7 @@ def shrink_notes(plan, cfg, run: RunShape, picks, replan, nproc: int | None, wan
         + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
         + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
         f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
-        + replicas_why(lay.dp, len(picks), replan, nproc, wanted, ep, zero or 0),
+        + (HOSTED_WHY if run.hosted else replicas_why(lay.dp, len(picks), replan, nproc, wanted, ep, zero or 0)),
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
         f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
         + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))

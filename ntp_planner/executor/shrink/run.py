@@ -5,9 +5,9 @@ query and KV heads, the FFN width and vocabulary modulo every degree in use (so 
 splits cut at the same places), the block style (norm, MLP, biases, positions: ``block_style``)
 and the recompute granularity. MoE plans keep which layers are MoE (a run of equal degrees is
 split where the layer kind changes), top-k, a shared expert, expert widths modulo the degrees,
-and ep as far as the run's pipelines allow (``_experts``). No torch here: ``ntp validate``
-reports the shrink before it
-starts any process.
+and ep as far as the run's pipelines allow (``_experts``); a re-plan that re-hosts experts keeps
+the plan's ep and whole EP groups, hosting the lost members' experts where the re-plan says
+(``hosted``). No torch here: ``ntp validate`` reports the shrink before it starts any process.
 """
 
 from __future__ import annotations
@@ -300,7 +300,8 @@ def _hosted(plan: Plan, replan, groups, picks, widths, cp: int, experts: int):
 def _ep(lay, picks: list, cp: int, replan) -> tuple[int, list]:
     """The run's ep (the largest divisor of the plan's that the run's pipelines, replicas x cp,
     can hold whole groups of) and the replicas kept for it (a multiple of ep / gcd(ep, cp)).
-    Replicas of different widths (NTP) run without EP (``spec._check_moe`` says why)."""
+    Replicas of different widths (NTP) run without EP (``spec._check_moe`` says why), unless the
+    re-plan re-hosts experts: then explicit hosting runs them at the plan's ep (``hosted``)."""
     if lay.ep == 1 or len({tuple(p[1]) for p in picks}) > 1:
         return 1, picks
     for d in sorted((d for d in range(1, lay.ep + 1) if lay.ep % d == 0), reverse=True):
