@@ -109,3 +109,35 @@ def test_without_rehosted_groups_the_shrink_is_unchanged():
     s = shrink(plan, 8, dropped)
     assert s.spec.hosting == () and s.replicas == (0, 1) and s.spec.ep == 2  # the old shrink: ep over 2 pipelines
     assert hosted_units(plan, None) is None and shrink(plan, 8).spec.hosting == ()
+
+
+def _cp_run():
+    """tp2 cp2 dp2 ep4 etp1: each replica's tp x cp = 4 ranks are one EP group. GPU 3 fails:
+    replica 1 runs at TP 1 on ranks 4 (cp 0) and 6 (cp 1); ranks 5, 7 are lost."""
+    plan = _plan(cp=2, dp=2)
+    return shrink(plan, 6, Replanner(plan).replan(frozenset({3}), "ntp"))
+
+
+def test_an_ep_group_across_cp_slices_is_hosted_on_both():
+    s = _cp_run()
+    # processes 0, 1: replica 1's cp slices (ranks 4, 6); 2-5: replica 0's ranks 0-3
+    assert s.replicas == (1, 0) and [p for p, _ in s.plan_ranks] == [4, 6, 0, 1, 2, 3] and s.spec.cp == 2
+    # rank 5's experts 2, 3 and rank 7's 6, 7 go in expert order to the survivor holding the
+    # fewest (both hold 2: rank 4 first): 2 -> 4, 3 -> 6, 6 -> 4, 7 -> 6
+    hosted = (0, 0, 0, 1, 1, 1, 0, 1)
+    healthy = (2, 2, 3, 3, 4, 4, 5, 5)
+    owners = tuple(tuple(sorted(pair)) for pair in zip(hosted, healthy, strict=True))
+    assert s.spec.hosting == (StageExperts(((2, 3, 4, 5), (0, 1)), owners),)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_ep_group_across_cp_slices_runs_exactly():
+    pytest.importorskip("torch", reason="torch is not installed")
+    from dataclasses import replace
+
+    from ntp_planner.executor.train.launch import launch
+
+    result = launch(replace(_cp_run().spec, dtype="float64"), timeout_s=200)
+    assert max(result.max_rel_error_loss, result.max_rel_error_grads, result.max_rel_error_params) <= 1e-9
+    assert result.losses[-1] < result.losses[0]
