@@ -63,6 +63,11 @@ def validate_json(shrunk, result, tolerance: float, backend: str, cuts: list[dic
         "micro_batch": spec.micro_batch,
         "vpp": spec.vpp,
         "ep": spec.ep,
+        # per run stage, the EP groups and each expert's holders (processes) when the run hosts a re-plan's experts
+        "expert_hosting": [
+            {"stage": s, "groups": [list(g) for g in h.groups], "owners": [list(o) for o in h.owners]}
+            for s, h in enumerate(spec.hosting)
+        ],
         "zero": spec.zero,
         "plan_replicas": list(shrunk.replicas),
         "plan_stages": [list(g) for g in shrunk.stage_groups],

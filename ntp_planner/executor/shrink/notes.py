@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from ntp_planner.replan_result import ReplanResult
 
-MAX_STAGES = 4  # the shrink runs at most this many pipeline stages (``shrink._fit``)
+MAX_STAGES = 4  # the shrink runs at most this many pipeline stages (``fit.fit``)
+HOSTED_WHY = ": they hold whole EP groups, the re-hosted group's replicas first, then those of other kinds that fit"
 
 
 def cut_runs_note(
@@ -206,6 +207,7 @@ class RunShape:
     vpp: int
     ep: int
     zero: int
+    hosted: bool = False  # the run hosts the re-plan's re-hosted experts (``hosted``)
 
 
 def shrink_notes(plan, cfg, run: RunShape, picks, replan, nproc: int | None, wanted: int) -> list[str]:
@@ -228,7 +230,7 @@ def shrink_notes(plan, cfg, run: RunShape, picks, replan, nproc: int | None, wan
         + ("" if pp == lay.pp else stages_why(pp, lay.pp, nproc))
         + (f", vpp {vpp} kept: interleaved 1F1B over {pp * vpp} chunks" if vpp > 1 else ""),
         f"replicas {lay.dp} -> {len(picks)} (plan replicas {', '.join(str(p[0]) for p in picks)})"
-        + replicas_why(lay.dp, len(picks), replan, nproc, wanted, ep, zero or 0),
+        + (HOSTED_WHY if run.hosted else replicas_why(lay.dp, len(picks), replan, nproc, wanted, ep, zero or 0)),
         f"micro-batch {lay.micro_batch} -> {mb} sequences (every copy of a lower-degree block gets one), "
         f"micro-batches per replica {lay.num_micro_batches} -> {', '.join(map(str, run_micro))}"
         + ("" if run_micro == [lay.num_micro_batches] * len(run_micro) else micro_why(pp))
@@ -250,7 +252,9 @@ def shrink_notes(plan, cfg, run: RunShape, picks, replan, nproc: int | None, wan
             "sequences of its share of the micro-batch, so the executor splits sequences only where every block "
             "runs at the stage width)"
         ]
-    if zero != lay.zero:
+    if zero != lay.zero and run.hosted:
+        skipped += [f"ZeRO-{lay.zero} (run as ZeRO-0: the re-hosted experts are held whole on their holders)"]
+    elif zero != lay.zero:
         skipped += [
             f"ZeRO-{lay.zero}'s per-micro-batch parameter gathers between replicas of different TP degrees or "
             f"micro-batches (run as ZeRO-{zero}: the same sharded optimizer state and gradients)"
@@ -265,3 +269,31 @@ def shrink_notes(plan, cfg, run: RunShape, picks, replan, nproc: int | None, wan
         ))  # fmt: skip
         notes += replan_pick_notes(replan, [p[0] for p in picks])
     return notes
+
+
+def hosting_notes(replan: ReplanResult, stages: list[int], rank_of: dict[int, int], run_experts: int,
+                  plan_experts: int, ep: int) -> list[str]:  # fmt: skip
+    """What the run hosts of the re-plan's re-hosted experts: per EP group it holds (of plan
+    stage ``stages[j]`` for run stage j), the ranks it lost and which survivor took which of
+    their experts (plan expert ids; ``rank_of``: plan rank -> process)."""
+    out, q = [], plan_experts // ep
+    for j, s in enumerate(stages):
+        for x in replan.experts:
+            if x.stage != s or x.mode != "rehosted" or not set(x.ep_group) & set(rank_of):
+                continue
+            group = sorted(x.ep_group + x.lost)
+            took: dict[int, list[int]] = {}
+            for e, (owner,) in enumerate(x.owners):
+                if group[e // q] in x.lost:
+                    took.setdefault(owner, []).append(e)
+            where = "; ".join(
+                f"rank {r} (process {rank_of[r]}) experts {', '.join(map(str, es))}" for r, es in sorted(took.items())
+            )
+            out.append(
+                f"re-plan's re-hosted experts run (ep {ep}, whole experts): stage {j} (plan stage {s}) EP group "
+                f"{', '.join(map(str, group))} lost rank{'s' if len(x.lost) > 1 else ''} "
+                f"{', '.join(map(str, x.lost))}, its experts now on {where} (busiest survivor {x.load_factor:.3g}x)"
+            )
+    if out and run_experts != plan_experts:
+        out.append(f"run expert k stands for plan expert k * {plan_experts} // {run_experts} (``hosted.plan_expert``)")
+    return out

@@ -5,9 +5,9 @@ query and KV heads, the FFN width and vocabulary modulo every degree in use (so 
 splits cut at the same places), the block style (norm, MLP, biases, positions: ``block_style``)
 and the recompute granularity. MoE plans keep which layers are MoE (a run of equal degrees is
 split where the layer kind changes), top-k, a shared expert, expert widths modulo the degrees,
-and ep as far as the run's pipelines allow (``_experts``). No torch here: ``ntp validate``
-reports the shrink before it
-starts any process.
+and ep as far as the run's pipelines allow (``_experts``); a re-plan that re-hosts experts keeps
+the plan's ep and whole EP groups, hosting the lost members' experts where the re-plan says
+(``hosted``). No torch here: ``ntp validate`` reports the shrink before it starts any process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import math
 from dataclasses import dataclass
 
 from cost_models.model import ModelSpec
-from ntp_planner.executor.shrink.notes import RunShape, cut_runs_note, shrink_notes
+from ntp_planner.executor.shrink.fit import fit, fit_units, split_stages
+from ntp_planner.executor.shrink.hosted import hosted_units, run_hosting, run_stages
+from ntp_planner.executor.shrink.notes import RunShape, cut_runs_note, hosting_notes, shrink_notes
 from ntp_planner.executor.spec import RunSpec, TinyConfig, make_spec
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
@@ -111,13 +113,18 @@ def shrink(
     w = lay.tp
     if replan is not None:
         replan.check_against(plan)
-    pp, picks, cp = _fit(_picks(plan, replan, failures), lay.pp, w, nproc, replan is not None, lay.cp)
-    groups = [tuple(g) for g in _split(lay.pp, pp)]
+    units = hosted_units(plan, replan)  # whole EP groups, when the run hosts the re-plan's re-hosted experts
+    if units is None:
+        pp, picks, cp = fit(_picks(plan, replan, failures), lay.pp, w, nproc, replan is not None, lay.cp)
+    else:
+        (pp, picks), cp = fit_units(units, lay.pp, nproc, lay.cp), lay.cp
+    groups = [tuple(g) for g in split_stages(lay.pp, pp)]
     vpp = lay.vpp if pp > 1 else 1  # interleaving needs two stages
-    ep, picks = _ep(lay, picks, cp, replan)
+    ep, picks = _ep(lay, picks, cp, replan) if units is None else (lay.ep, picks)
     chunk_degrees, cut, moe_flags = _chunk_degrees(plan, groups, vpp)
     moe_layers = tuple(i for i, is_moe in enumerate(moe_flags) if is_moe)
     ep = ep if moe_layers else 1  # the layers kept may all be dense
+    hosted = units is not None and bool(moe_layers)
     etp, ep, fold_note = _folding(lay, len(picks) * cp * w, w, ep, bool(moe_layers) and replan is None)
     widths = [[min(tps[s] for s in g) for g in groups] for _, tps, _ in picks]
     # sequences per micro-batch: every copy of every block needs one
@@ -131,9 +138,14 @@ def shrink(
     cfg = _tiny_config(model, math.lcm(*degrees), w, ep, moe_layers, layer_count, seq_len)
     # ZeRO-3 gathers every micro-batch over the replicas: they must hold each block alike, as often
     uniform = all(ws == widths[0] for ws in widths) and len(set(run_micro)) == 1
-    zero = 2 if lay.zero == 3 and not uniform else lay.zero
-    run = RunShape(pp, cp, seq_len, groups, mb, run_micro, vpp, ep, zero)
+    zero = 0 if hosted else 2 if lay.zero == 3 and not uniform else lay.zero  # hosting holds experts whole
+    if hosted:
+        ranks, hosting, host_notes = _hosted(plan, replan, groups, picks, widths, cp, cfg.experts)
+    else:
+        ranks, hosting, host_notes = _placed(plan, replan, groups, picks, widths, cp), (), []
+    run = RunShape(pp, cp, seq_len, groups, mb, run_micro, vpp, ep, zero, bool(hosting))
     notes = shrink_notes(plan, cfg, run, picks, replan, nproc, wanted_replicas(lay, failures)) + cut + fold_note
+    notes += host_notes
     spec = make_spec(
         cfg,
         chunk_degrees,
@@ -149,11 +161,11 @@ def shrink(
         sequence_parallel=lay.sequence_parallel,
         notes=tuple(notes),
         ep=ep,
-        etp=etp,
+        etp=1 if hosting else etp,
         zero=zero,
         reshard_after_forward=lay.reshard_after_forward if zero == 3 else True,
+        hosting=hosting,
     )
-    ranks = _placed(plan, replan, groups, picks, widths, cp)
     return Shrunk(spec, ranks, tuple(p[0] for p in picks), tuple(groups))
 
 
@@ -207,16 +219,17 @@ def _tiny_config(model, modulus: int, w: int, ep: int, moe_layers: tuple[int, ..
     )
 
 
-def _placed(plan: Plan, replan, groups, picks, widths, cp: int) -> tuple[tuple[int, int | None], ...]:
+def _placed(plan: Plan, replan, groups, picks, widths, cp: int, stages=None) -> tuple[tuple[int, int | None], ...]:
     """Per run process (stage-major, then replica, cp chunk, TP rank): the plan rank it stands
-    for and that rank's GPU (the re-plan's when there is one)."""
+    for and that rank's GPU (the re-plan's when there is one), on the first plan stage merged
+    into its run stage, or on ``stages[j]`` for run stage j (``hosted.run_stages``)."""
     ranks, grid = [], plan.layout.rank_grid
     gpus = plan.placement if replan is None else replan.rank_to_gpu
     for j, g in enumerate(groups):
         for (r, *_), ws in zip(picks, widths, strict=True):
             for c in range(cp):
                 for i in range(ws[j]):
-                    plan_rank = grid.rank(tp=i, cp=c, dp=r, pp=g[0])
+                    plan_rank = grid.rank(tp=i, cp=c, dp=r, pp=g[0] if stages is None else stages[j])
                     ranks.append((plan_rank, gpus[plan_rank]))
     return tuple(ranks)
 
@@ -274,50 +287,21 @@ def _chunk_degrees(
     return out, cut, moe
 
 
-def _split(n: int, parts: int) -> list[list[int]]:
-    """``n`` stages in ``parts`` contiguous groups, leading groups one larger."""
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        size = base + (i < extra)
-        out.append(list(range(start, start + size)))
-        start += size
-    return out
-
-
-def _fit(picks: list, pp: int, w: int, nproc: int, prefer_replicas: bool, cp: int) -> tuple[int, list, int]:
-    """Stages, replicas and context-parallel degree that fit in ``nproc`` processes. Start from
-    at most 2 stages, the picked replicas and the plan's cp; while too many, give up replicas,
-    then cp, then stages (for a re-plan, whose point is its replicas: stages, cp, replicas);
-    then add stages up to 4 while they fit."""
-
-    def ranks(k, reps, c):
-        return c * sum(sum(min(tps[s] for s in g) for g in _split(pp, k)) for _, tps, _ in reps)
-
-    k, reps, c = min(pp, 2), list(picks), cp
-    while ranks(k, reps, c) > nproc:
-        steps = ["stages", "cp", "replicas"] if prefer_replicas else ["replicas", "cp", "stages"]
-        possible = [x for x in steps if {"stages": k > 1, "cp": c > 1, "replicas": len(reps) > 1}[x]]
-        if not possible:
-            need = ranks(1, reps[:1], 1)
-            raise InputError(
-                f"one replica of this plan needs {need} processes (its stage width); run at least {need} processes"
-            )
-        if possible[0] == "stages":
-            k -= 1
-        elif possible[0] == "cp":
-            c = 1
-        else:
-            reps.pop()
-    while k < min(pp, 4) and ranks(k + 1, reps, c) <= nproc:
-        k += 1
-    return k, reps, c
+def _hosted(plan: Plan, replan, groups, picks, widths, cp: int, experts: int):
+    """(process -> plan rank and GPU, the run's expert hosting, its notes) of a run that hosts the
+    re-plan's re-hosted experts: each run stage on the plan stage whose EP groups it holds."""
+    stages = run_stages(groups, picks, widths)
+    ranks = _placed(plan, replan, groups, picks, widths, cp, stages)
+    rank_of = {plan_rank: process for process, (plan_rank, _) in enumerate(ranks)}
+    notes = hosting_notes(replan, stages, rank_of, experts, plan.model.num_experts, plan.layout.ep)
+    return ranks, run_hosting(plan, replan, stages, rank_of, experts), notes
 
 
 def _ep(lay, picks: list, cp: int, replan) -> tuple[int, list]:
     """The run's ep (the largest divisor of the plan's that the run's pipelines, replicas x cp,
     can hold whole groups of) and the replicas kept for it (a multiple of ep / gcd(ep, cp)).
-    Replicas of different widths (NTP) run without EP (``spec._check_moe`` says why)."""
+    Replicas of different widths (NTP) run without EP (``spec._check_moe`` says why), unless the
+    re-plan re-hosts experts: then explicit hosting runs them at the plan's ep (``hosted``)."""
     if lay.ep == 1 or len({tuple(p[1]) for p in picks}) > 1:
         return 1, picks
     for d in sorted((d for d in range(1, lay.ep + 1) if lay.ep % d == 0), reverse=True):
