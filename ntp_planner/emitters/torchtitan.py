@@ -51,12 +51,16 @@ LAUNCH = "launch_torchtitan.sh"
 ACTIVATION_CHECKPOINT = {"none": None, "selective": "SelectiveAC.Config()", "full": "FullAC.Config()"}
 # number format -> (converter of the linear layers, converter of the routed experts' grouped GEMMs),
 # as torchtitan's own recipes configure them (llama3_405b, deepseek_v3_671b_float8, llama3_8b_mxfp8,
-# llama3_debugmodel_nvfp4); the LM head and, for MoE, the router stay in bf16 as the cost model has them
+# llama3_debugmodel_nvfp4), compiled as the export compiles the model. The LM head stays in bf16, as
+# the cost model has it: float8 skips it (and, for MoE, the router) by name; mxfp8 and nvfp4 convert
+# only what their ``fqns`` name, here the transformer layers.
+_COMPILED = "model_compile_enabled=True"
 CONVERTERS = {
-    "fp8": ("Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns={skip!r}{compile})",
-            "Float8GroupedExpertsConverter.Config({compile})"),
-    "mxfp8": ("MXFP8LinearConverter.Config({compile})", "MXFP8GroupedExpertsConverter.Config({compile})"),
-    "nvfp4": ("NVFP4LinearConverter.Config(fqns=['layers']{compile})", None),
+    "fp8": (f"Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns={{skip!r}}, {_COMPILED})",
+            f"Float8GroupedExpertsConverter.Config({_COMPILED})"),
+    "mxfp8": (f"MXFP8LinearConverter.Config(fqns=['layers'], {_COMPILED})",
+              f"MXFP8GroupedExpertsConverter.Config({_COMPILED})"),
+    "nvfp4": (f"NVFP4LinearConverter.Config(fqns=['layers'], {_COMPILED})", None),
 }  # fmt: skip
 STEPS = 100_000  # placeholder, as Megatron's --train-iters: set the run's length
 
@@ -207,9 +211,9 @@ def converter_calls(plan: Plan) -> list[str]:
         return []
     linear, experts = CONVERTERS[dtype]
     skip = ["lm_head", "router.gate"] if plan.model.is_moe else ["lm_head"]
-    calls = [linear.format(skip=skip, compile=", model_compile_enabled=True")]
+    calls = [linear.format(skip=skip)]
     if plan.model.is_moe and experts:
-        calls.append(experts.format(compile="model_compile_enabled=True"))
+        calls.append(experts)
     return calls
 
 

@@ -151,6 +151,22 @@ def test_fp8_converts_the_linear_layers_but_the_lm_head(tmp_path, monkeypatch):
     assert any("reduces gradients in float32 only" in w for w in out.warnings)  # fp8 plans reduce in 16 bits
 
 
+@pytest.mark.parametrize(
+    ("dtype", "module", "layer"), [("mxfp8", "mx", "MXFP8Linear"), ("nvfp4", "nvfp4", "NVFP4Linear")]
+)
+def test_blackwell_formats_convert_the_layers_but_the_lm_head(tmp_path, monkeypatch, dtype, module, layer):
+    import importlib
+
+    quant = importlib.import_module(f"torchtitan.components.quantization.{module}")
+    monkeypatch.setattr(quant, "has_cuda_capability", lambda major, minor: (10, 0) >= (major, minor))  # a B200's
+    lay = ParallelLayout(tp=2, dp=4, zero=3, global_batch=8)
+    t = TrainingSpec(seq_len=4096, global_batch=8, dtype=dtype)
+    plan = plan_from_layout(MODELS["llama3-8b"], t, Cluster(spec=CLUSTERS["dgx-b200"], num_gpus=8), lay)
+    c = load(tmp_path, monkeypatch, export(plan, "torchtitan").files)
+    converted = [fqn for fqn, *_ in c.model_spec.model.traverse(getattr(quant, layer).Config)]
+    assert len(converted) == 32 * 5 and not any("lm_head" in fqn for fqn in converted)
+
+
 def test_moe_expert_parallel_borrows_the_tp_ranks(tmp_path, monkeypatch):
     # qwen3-30b-a3b on 32 GPUs: tp 2 x dp 16, experts folded over ep 8 (etp 1): torchtitan's expert
     # FSDP degree is dp_shard(16) * cp(1) * tp(2) / ep(8) = 4
