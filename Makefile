@@ -9,13 +9,13 @@ DEMO_DIR ?= demo-output
 # `make test` runs its files on this many pytest-xdist workers (a file's tests stay on one worker,
 # so module fixtures are built once); the executor's ranks fork from a server with torch imported
 TEST_WORKERS ?= 2
-# torchtitan 0.3.0, whose own ConfigManager reads the torchtitan exports in the tests. Not in the dev
-# extras: its dependencies torchdata and torch_checkpointing ask for torch (>= 2.11), so pip would put
-# another torch over TORCH_SPEC's (torch==2.7.1, say). So it and those two go in with --no-deps, after
-# the rest of what its config loader imports, which goes in as usual first (none of it needs
-# torch), with triton and torchao, which it imports without declaring them (torchtitan.models.common
-# imports triton kernels; the float8 converters need torchao). It needs Python 3.11: older skip it,
-# and its tests skip with them.
+# torchtitan 0.3.0: the tests read the torchtitan exports with its own ConfigManager. It is not in the
+# dev extras because two of its dependencies, torchdata and torch_checkpointing, ask for torch >= 2.11,
+# and pip would install that over TORCH_SPEC's torch (torch==2.7.1, say). So these go in with
+# --no-deps, after the main install and after TORCHTITAN_DEPS: what its config loader imports that
+# needs no torch, installed as usual, with triton and torchao, which it imports without declaring them
+# (torchtitan.models.common imports triton kernels; its float8 converters need torchao). torchtitan
+# needs Python 3.11: on 3.10 it is not installed and its tests skip.
 TORCHTITAN_NO_DEPS := torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0.1.1 spmd_types==0.2.3 torchao==0.18.0
 TORCHTITAN_DEPS := tyro==1.0.17 "datasets>=3.6.0,<4.8.0" tensorboard einops triton==3.9.0
 

@@ -103,9 +103,16 @@ def check_expressible(plan: Plan, layout: ParallelLayout) -> None:
             f"torchtitan 0.3.0 runs experts unsplit (expert TP 1) when ep({layout.ep}) > 1, its EP borrowing the "
             f"TP ranks, but the plan has etp({layout.expert_tp}); re-plan with etp 1"
         )
+    shard = data_parallel(layout)[0]["data_parallel_shard_degree"]
+    if layout.ep > 1 and (shard * layout.cp * layout.tp) % layout.ep:
+        raise InputError(
+            f"torchtitan carves EP out of dp_shard({shard}) * cp({layout.cp}) * tp({layout.tp}) = "
+            f"{shard * layout.cp * layout.tp} ranks, which ep({layout.ep}) does not divide (a ZeRO-0 plan "
+            "replicates over dp, so dp_shard is 1); re-plan with zero 1 or more"
+        )
 
 
-def data_parallel(layout: ParallelLayout, target: str = "torchtitan") -> tuple[dict, list[str]]:
+def data_parallel(layout: ParallelLayout) -> tuple[dict, list[str]]:
     """FSDP2 degrees. ZeRO >= 1 shards over all dp (``data_parallel_shard_degree``; the plan has no
     HSDP, so nothing replicates); ZeRO-0 replicates (``data_parallel_replicate_degree``). torchtitan
     has no ZeRO-1/2: its FSDP2 shards the weights too, and keeping them gathered from forward to
@@ -120,13 +127,13 @@ def data_parallel(layout: ParallelLayout, target: str = "torchtitan") -> tuple[d
     warnings = []
     if layout.zero in (1, 2):
         warnings.append(
-            f"{target} has no ZeRO-{layout.zero}: its FSDP2 shards the weights as well, so the plan is exported as "
+            f"torchtitan has no ZeRO-{layout.zero}: its FSDP2 shards the weights as well, so the plan is exported as "
             "FSDP over dp keeping the gathered weights from forward to backward (fsdp_reshard_after_forward "
             "'never'): expect weight all-gathers per micro-batch that the plan does not count"
         )
     if layout.zero == 0 and layout.cp > 1:
         warnings.append(
-            f"{target} shards the weights over the cp({layout.cp}) ranks even without ZeRO (its FSDP mesh "
+            f"torchtitan shards the weights over the cp({layout.cp}) ranks even without ZeRO (its FSDP mesh "
             "includes cp): expect weight all-gathers the ZeRO-0 plan does not count"
         )
     return fields, warnings

@@ -219,11 +219,31 @@ def test_the_model_table_matches_torchtitans_models(name):
          r"runs experts unsplit \(expert TP 1\) when ep\(8\) > 1, .* but the plan has etp\(2\); re-plan with etp 1"),
         (dict(model="qwen3-30b-a3b", gpus=32, tp=2, dp=16, etp=1, global_batch=32),
          r"splits experts over the TP ranks when ep is 1, so etp\(1\) must equal tp\(2\)"),
+        (dict(model="qwen3-30b-a3b", gpus=32, tp=2, dp=16, ep=8, etp=1, zero=0, global_batch=32),
+         r"carves EP out of dp_shard\(1\) \* cp\(1\) \* tp\(2\) = 2 ranks, which ep\(8\) does not divide"),
     ],
 )  # fmt: skip
 def test_what_torchtitan_cannot_run_is_refused_in_one_sentence(plan_kw, message):
     with pytest.raises(InputError, match=message):
         export(_plan(**plan_kw), "torchtitan")
+
+
+def test_per_layer_tp_exports_its_one_degree_projection_with_a_warning(tmp_path, monkeypatch):
+    # layers at TP 4 inside stages of 8: torchtitan, like Megatron, runs one degree for all layers
+    plan = _plan("llama3-8b", 16, tp=8, dp=2, global_batch=16, layer_tp=(8,) + (4,) * 32 + (8,))
+    out = export(plan, "torchtitan")
+    assert out.warnings[0].startswith("torchtitan runs one TP degree for every dense layer; the per-layer plan")
+    c = load(tmp_path, monkeypatch, out.files)
+    assert degrees(c, 16) == {"replicate": 2, "shard": 1, "cp": 1, "tp": 8, "pp": 1}  # ZeRO-0: replicated
+
+
+def test_zero0_with_context_parallel_warns_that_torchtitan_shards_over_cp():
+    plan = _plan("llama3-8b", 16, training=TrainingSpec(seq_len=8192, global_batch=4), tp=2, cp=4, dp=2, zero=0,
+                 global_batch=4)  # fmt: skip
+    assert export(plan, "torchtitan").warnings == [
+        "torchtitan shards the weights over the cp(4) ranks even without ZeRO (its FSDP mesh includes cp): expect "
+        "weight all-gathers the ZeRO-0 plan does not count"
+    ]
 
 
 def test_a_model_of_another_shape_under_a_catalogue_name_is_refused():
