@@ -198,7 +198,7 @@ def config_fields(plan: Plan, layout: ParallelLayout, data_path: str | None, sav
         "training.steps": STEPS,
         "training.mixed_precision_param": "bfloat16",  # the plan's 16-bit weights (fp16 is refused)
         "training.mixed_precision_reduce": "float32",  # the only reduction torchtitan 0.3.0 has
-        "training.disable_cuda_graphs": not t.cuda_graphs or layout.pp > 1,
+        "training.disable_cuda_graphs": not t.cuda_graphs or layout.pp > 1 or layout.ep > 1,
         # torch.compile gives the fused kernels the plan costs, and async TP needs it
         "compile.enable": True,
         "compile.components": ["model", "loss"],
@@ -240,8 +240,9 @@ def warnings_for(plan: Plan, layout: ParallelLayout) -> list[str]:
         (t.fp8_params, "torchtitan 0.3.0 gathers weights in bf16: the plan's low-precision weight all-gather "
          "(fp8_params) is not exported"),
         (t.dtype == "nvfp4" and m.is_moe, "torchtitan 0.3.0 has no nvfp4 experts: the experts run in bf16"),
-        (t.cuda_graphs and layout.pp > 1, "torchtitan 0.3.0 captures no CUDA graphs with pipeline parallelism: "
-         "they are disabled (training.disable_cuda_graphs)"),
+        (t.cuda_graphs and (layout.pp > 1 or layout.ep > 1), "torchtitan 0.3.0 captures no CUDA graphs with "
+         "pipeline parallelism, nor with the recipe's expert dispatcher: they are disabled "
+         "(training.disable_cuda_graphs)"),
         (m.mtp_layers > 0, f"torchtitan's {MODELS[m.name].recipe} recipe trains without the model's "
          f"{m.mtp_layers} multi-token prediction layer(s): they are not exported"),
         (m.is_moe and layout.moe_dispatcher != "alltoall", f"torchtitan: the planned {layout.moe_dispatcher} "

@@ -246,6 +246,15 @@ def test_zero0_with_context_parallel_warns_that_torchtitan_shards_over_cp():
     ]
 
 
+@pytest.mark.parametrize(("pp", "disabled", "warned"), [(1, False, False), (2, True, True)])
+def test_cuda_graphs_follow_the_plan_where_torchtitan_captures_them(tmp_path, monkeypatch, pp, disabled, warned):
+    t = TrainingSpec(seq_len=4096, global_batch=16, cuda_graphs=True)
+    plan = _plan("llama3-8b", 8 * pp, training=t, tp=4, pp=pp, dp=2, global_batch=16)
+    out = export(plan, "torchtitan")
+    assert any("captures no CUDA graphs" in w for w in out.warnings) is warned
+    assert load(tmp_path, monkeypatch, out.files).training.disable_cuda_graphs is disabled
+
+
 def test_a_model_of_another_shape_under_a_catalogue_name_is_refused():
     m = MODELS["llama3-8b"]
     deeper = type(m).model_validate({**m.model_dump(), "num_layers": 40})
