@@ -9,6 +9,15 @@ DEMO_DIR ?= demo-output
 # `make test` runs its files on this many pytest-xdist workers (a file's tests stay on one worker,
 # so module fixtures are built once); the executor's ranks fork from a server with torch imported
 TEST_WORKERS ?= 2
+# torchtitan 0.3.0: the tests read the torchtitan exports with its own ConfigManager. It is not in the
+# dev extras because two of its dependencies, torchdata and torch_checkpointing, ask for torch >= 2.11,
+# and pip would install that over TORCH_SPEC's torch (torch==2.7.1, say). So these go in with
+# --no-deps, after the main install and after TORCHTITAN_DEPS: what its config loader imports that
+# needs no torch, installed as usual, with triton and torchao, which it imports without declaring them
+# (torchtitan.models.common imports triton kernels; its float8 converters need torchao). torchtitan
+# needs Python 3.11: on 3.10 it is not installed and its tests skip.
+TORCHTITAN_NO_DEPS := torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0.1.1 spmd_types==0.2.3 torchao==0.18.0
+TORCHTITAN_DEPS := tyro==1.0.17 "datasets>=3.6.0,<4.8.0" tensorboard einops triton==3.9.0
 
 .PHONY: demo test test-slow venv lint bench clean
 
@@ -18,6 +27,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[dev,plot]"
+	if $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
+		$(BIN)/python -m pip install --quiet $(TORCHTITAN_DEPS) && \
+		$(BIN)/python -m pip install --quiet --no-deps $(TORCHTITAN_NO_DEPS); fi
 	touch $@
 
 demo: venv

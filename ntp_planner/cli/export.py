@@ -11,7 +11,7 @@ from ntp_planner.cli.options import Format, JsonOpt, PlanArg
 from ntp_planner.cli.output import show, show_json
 
 FormatOpt = Annotated[
-    Format, typer.Option("--format", help="Megatron-LM, NeMo 1.x, NeMo 2.0, Megatron-Bridge or JSON.")
+    Format, typer.Option("--format", help="Megatron-LM, NeMo 1.x, NeMo 2.0, Megatron-Bridge, torchtitan 0.3 or JSON.")
 ]
 FolderOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder to write into.")]
 ExportReplanOpt = Annotated[
@@ -30,7 +30,7 @@ def export_cmd(
     save_dir: SaveDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write launch files for Megatron-LM, NeMo 1.x, NeMo 2.0 or Megatron-Bridge.
+    """Write launch files for Megatron-LM, NeMo 1.x, NeMo 2.0, Megatron-Bridge or torchtitan 0.3.
 
     \b
     Example: ntp export plan.json --format megatron -o launch/

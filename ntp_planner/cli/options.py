@@ -30,7 +30,7 @@ BatchMode = Literal["flexible", "fixed"]
 Blast = Literal["gpu", "node", "domain"]
 FailureDist = Literal["poisson", "weibull"]
 Start = Literal["steady", "healthy"]
-Format = Literal["megatron", "nemo", "nemo2", "bridge", "json"]
+Format = Literal["megatron", "nemo", "nemo2", "bridge", "torchtitan", "json"]
 Backend = Literal["gloo", "nccl"]
 
 # ---- upper bounds of the numeric options ---------------------------------------------------

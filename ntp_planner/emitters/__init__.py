@@ -3,7 +3,7 @@ vocabulary to the target's names. Only modules in this package spell external fl
 
 from __future__ import annotations
 
-from ntp_planner.emitters import bridge, json_plan, megatron, nemo, nemo2
+from ntp_planner.emitters import bridge, json_plan, megatron, nemo, nemo2, torchtitan
 from ntp_planner.emitters.common import Export
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
@@ -14,6 +14,7 @@ FORMATS = {
     "nemo": nemo.emit,
     "nemo2": nemo2.emit,
     "bridge": bridge.emit,
+    "torchtitan": torchtitan.emit,
     "json": json_plan.emit,
 }
 # Every file a target may write: an export replaces an earlier one of the same target whole.
@@ -22,6 +23,7 @@ EXPORT_FILES = {
     "nemo": ("nemo_config.yaml",),
     "nemo2": ("nemo2_recipe.py",),
     "bridge": ("bridge_override.yaml",),
+    "torchtitan": ("torchtitan_config.py", "launch_torchtitan.sh"),
     "json": ("plan_export.json",),
 }
 # What each target does with the export options: the field it writes them to, or, where it has
@@ -32,6 +34,7 @@ OPTION_FIELDS = {
         "nemo": None,
         "nemo2": None,
         "bridge": None,
+        "torchtitan": None,
         "json": None,
     },
     "data_path": {
@@ -39,6 +42,7 @@ OPTION_FIELDS = {
         "nemo": "model.data.data_prefix",
         "nemo2": "recipe.data = PreTrainingDataModule(paths=[...])",
         "bridge": "dataset.data_path",
+        "torchtitan": "dataloader.dataset_path (a local copy of the recipe's dataset)",
         "json": None,
     },
     "save_dir": {
@@ -46,6 +50,7 @@ OPTION_FIELDS = {
         "nemo": "exp_manager.exp_dir",
         "nemo2": "recipe.log.log_dir",
         "bridge": "checkpoint.save",
+        "torchtitan": "checkpoint.folder, with checkpoint.enable",
         "json": None,
     },
 }

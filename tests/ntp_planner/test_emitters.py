@@ -51,6 +51,8 @@ def make(model, gpus, seq=4096, **layout):
 #   moe_folded: make("deepseek-v3", 256, tp=2, pp=8, dp=16, vpp=2, ep=16, etp=1, moe_dispatcher="flex",
 #       moe_overlap="1f1b", global_batch=256, sequence_parallel=True, distributed_optimizer=True)
 CASES = ["dense_pp_interleaved", "moe", "ntp_replanned", "moe_folded"]
+# (case, target) pairs the target refuses, with the refusal: torchtitan has no Mixtral model
+REFUSED = {("moe", "torchtitan"): "torchtitan 0.3.0 has no model for 'mixtral-8x7b'"}
 
 
 def frozen(case: str) -> tuple[Plan, ReplanResult | None]:
@@ -99,6 +101,10 @@ def check_golden(folder: Path, files: dict[str, str], update: bool) -> None:
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_golden_files(case, fmt):
     plan, replan = frozen(case)
+    if (case, fmt) in REFUSED:
+        with pytest.raises(InputError, match=REFUSED[case, fmt]):
+            export(plan, fmt)
+        return
     out = export(plan, fmt, replan=replan if fmt == "megatron" else None)  # only Megatron takes one
     check_golden(GOLDEN / case, {name: pinned(name, text, plan) for name, text in out.files.items()}, UPDATE)
 
@@ -608,6 +614,8 @@ def test_every_exported_file_is_one_its_target_lists(case):
 
     plan, replan = frozen(case)
     for fmt in FORMATS:
+        if (case, fmt) in REFUSED:
+            continue
         names = export(plan, fmt, replan=replan if fmt == "megatron" else None).files
         assert set(names) <= set(EXPORT_FILES[fmt]) and names
     plan, replan = _ntp_case()
