@@ -9,7 +9,7 @@ DEMO_DIR ?= demo-output
 # `make test` runs its files on this many pytest-xdist workers (a file's tests stay on one worker,
 # so module fixtures are built once); the executor's ranks fork from a server with torch imported
 TEST_WORKERS ?= 2
-# torchtitan 0.3.0: the tests read the torchtitan exports with its own ConfigManager. It is not in the
+# torchtitan 0.3.0: the slow tests read the torchtitan exports with its own ConfigManager. It is not in the
 # dev extras because two of its dependencies, torchdata and torch_checkpointing, ask for torch >= 2.11,
 # and pip would install that over TORCH_SPEC's torch (torch==2.7.1, say). So these go in with
 # --no-deps, after the main install and after TORCHTITAN_DEPS: what its config loader imports that
@@ -25,11 +25,15 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,plot]"
+	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev,plot]"
+	touch $@
+
+# torchtitan for the tests that read its exports (`make test-slow`); `make test` goes without it
+$(VENV)/.torchtitan: $(VENV)/.installed
 	if $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
-		$(BIN)/python -m pip install --quiet $(TORCHTITAN_DEPS) && \
-		$(BIN)/python -m pip install --quiet --no-deps $(TORCHTITAN_NO_DEPS); fi
+		$(BIN)/python -m pip install --quiet --no-compile $(TORCHTITAN_DEPS) && \
+		$(BIN)/python -m pip install --quiet --no-compile --no-deps $(TORCHTITAN_NO_DEPS); fi
 	touch $@
 
 demo: venv
@@ -44,7 +48,7 @@ test: venv
 
 # the slowest multi-process cases (a rank killed, hung or raising; torchrun; cases another fast test
 # already covers in part): CI runs them after `make test`
-test-slow: venv
+test-slow: venv $(VENV)/.torchtitan
 	$(BIN)/python -m pytest -m slow
 
 lint: venv

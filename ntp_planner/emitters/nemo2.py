@@ -63,6 +63,14 @@ MODEL_FIELDS = (  # set on the model's TransformerConfig
     "window_size",
     "window_attn_skip_freq",
     "softmax_type",
+    # the model as its authors wrote it (emitters.moe.model_fields): GPTConfig's rotary_base and
+    # TransformerConfig's fields; Llama 3.1's scaling lives in its own config class (Llama31Config)
+    "rotary_base",
+    "layernorm_epsilon",
+    "add_qkv_bias",
+    "moe_aux_loss_coeff",
+    "moe_router_score_function",
+    "moe_router_enable_expert_bias",
 )
 
 

@@ -20,6 +20,9 @@ from topologies import CLUSTERS, Cluster
 from topologies.errors import InputError
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="torchtitan 0.3.0 needs Python 3.11")
+# The tests that read an export with torchtitan itself run in `make test-slow`, which installs
+# torchtitan and what it imports (triton among them: a 286 MB wheel that `make test` skips).
+TITAN = pytest.mark.slow
 FROZEN = Path(__file__).parents[1] / "plans"
 
 
@@ -60,6 +63,7 @@ def degrees(config, gpus: int) -> dict:
     return {"replicate": dims.dp_replicate, "shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp, "pp": dims.pp}
 
 
+@TITAN
 def test_dense_fsdp_and_tp_load_with_the_plans_degrees_and_batches(tmp_path, monkeypatch):
     # llama3-70b on 64 GPUs: tp 8 x dp 8, ZeRO-3 (FSDP over the 8 replicas), 64 sequences of 1 per
     # micro-batch: each rank accumulates 64 / (1 * 8) = 8 micro-batches
@@ -79,6 +83,7 @@ def test_dense_fsdp_and_tp_load_with_the_plans_degrees_and_batches(tmp_path, mon
     assert (c.training.mixed_precision_param, c.training.mixed_precision_reduce) == ("bfloat16", "float32")
 
 
+@TITAN
 def test_zero0_replicates_and_keeps_no_recompute(tmp_path, monkeypatch):
     plan = _plan("llama3-8b", 16, tp=2, dp=8, zero=0, micro_batch=2, global_batch=32)
     c = load(tmp_path, monkeypatch, export(plan, "torchtitan").files)
@@ -87,6 +92,7 @@ def test_zero0_replicates_and_keeps_no_recompute(tmp_path, monkeypatch):
     assert c.activation_checkpoint is None and c.compile.enable_async_tensor_parallel is False
 
 
+@TITAN
 @pytest.mark.parametrize(
     ("pp", "vpp", "split", "schedule", "parts"),
     [
@@ -110,6 +116,7 @@ def test_pipeline_parts_are_the_plans_chunks_in_model_order(tmp_path, monkeypatc
     assert c.training.global_batch_size == 64 and c.training.disable_cuda_graphs is True
 
 
+@TITAN
 def test_pipeline_parts_name_modules_of_torchtitans_model(tmp_path, monkeypatch):
     # torchtitan's llama3 8B, built on the meta device: every module a part names exists, and
     # the parts hold each of its top-level modules and layers exactly once
@@ -124,6 +131,7 @@ def test_pipeline_parts_name_modules_of_torchtitans_model(tmp_path, monkeypatch)
     assert sorted(named) == sorted(children + [f"layers.{n}" for n, _ in model.layers.named_children()])
 
 
+@TITAN
 def test_context_parallel(tmp_path, monkeypatch):
     plan = _plan("llama3-8b", 16, training=TrainingSpec(seq_len=16384, global_batch=8), tp=2, cp=4, dp=2, zero=3,
                  global_batch=8)  # fmt: skip
@@ -132,6 +140,7 @@ def test_context_parallel(tmp_path, monkeypatch):
     assert (c.training.seq_len, c.training.local_batch_size, c.training.global_batch_size) == (16384, 1, 8)
 
 
+@TITAN
 def test_fp8_converts_the_linear_layers_but_the_lm_head(tmp_path, monkeypatch):
     # torchtitan refuses float8 without an SM89 GPU when it builds the converter; this machine has
     # none, so its capability check is answered as an H100's
@@ -151,6 +160,7 @@ def test_fp8_converts_the_linear_layers_but_the_lm_head(tmp_path, monkeypatch):
     assert any("reduces gradients in float32 only" in w for w in out.warnings)  # fp8 plans reduce in 16 bits
 
 
+@TITAN
 @pytest.mark.parametrize(
     ("dtype", "module", "layer"), [("mxfp8", "mx", "MXFP8Linear"), ("nvfp4", "nvfp4", "NVFP4Linear")]
 )
@@ -167,6 +177,7 @@ def test_blackwell_formats_convert_the_layers_but_the_lm_head(tmp_path, monkeypa
     assert len(converted) == 32 * 5 and not any("lm_head" in fqn for fqn in converted)
 
 
+@TITAN
 def test_moe_expert_parallel_borrows_the_tp_ranks(tmp_path, monkeypatch):
     # qwen3-30b-a3b on 32 GPUs: tp 2 x dp 16, experts folded over ep 8 (etp 1): torchtitan's expert
     # FSDP degree is dp_shard(16) * cp(1) * tp(2) / ep(8) = 4
@@ -179,6 +190,7 @@ def test_moe_expert_parallel_borrows_the_tp_ranks(tmp_path, monkeypatch):
     assert (c.model_spec.name, c.model_spec.flavor, len(c.model_spec.model.layers)) == ("qwen3", "30B-A3B", 48)
 
 
+@TITAN
 def test_frozen_deepseek_v3_plan_loads(tmp_path, monkeypatch):
     from ntp_planner.plan import Plan
 
@@ -191,6 +203,7 @@ def test_frozen_deepseek_v3_plan_loads(tmp_path, monkeypatch):
     assert any("multi-token prediction" in w for w in out.warnings)
 
 
+@TITAN
 @pytest.mark.parametrize("name", list(TITAN_MODELS))
 def test_the_model_table_matches_torchtitans_models(name):
     import importlib
@@ -228,6 +241,7 @@ def test_what_torchtitan_cannot_run_is_refused_in_one_sentence(plan_kw, message)
         export(_plan(**plan_kw), "torchtitan")
 
 
+@TITAN
 def test_per_layer_tp_exports_its_one_degree_projection_with_a_warning(tmp_path, monkeypatch):
     # layers at TP 4 inside stages of 8: torchtitan, like Megatron, runs one degree for all layers
     plan = _plan("llama3-8b", 16, tp=8, dp=2, global_batch=16, layer_tp=(8,) + (4,) * 32 + (8,))
@@ -246,6 +260,7 @@ def test_zero0_with_context_parallel_warns_that_torchtitan_shards_over_cp():
     ]
 
 
+@TITAN
 @pytest.mark.parametrize(("pp", "disabled", "warned"), [(1, False, False), (2, True, True)])
 def test_cuda_graphs_follow_the_plan_where_torchtitan_captures_them(tmp_path, monkeypatch, pp, disabled, warned):
     t = TrainingSpec(seq_len=4096, global_batch=16, cuda_graphs=True)
@@ -262,6 +277,7 @@ def test_a_model_of_another_shape_under_a_catalogue_name_is_refused():
         export(_plan(deeper, 16, tp=2, dp=8, global_batch=16), "torchtitan")
 
 
+@TITAN
 @pytest.mark.parametrize(("zero", "warned"), [(1, True), (2, True), (3, False)])
 def test_zero1_and_zero2_export_as_fsdp_that_keeps_the_weights_with_a_warning(tmp_path, monkeypatch, zero, warned):
     plan = _plan("llama3-8b", 16, tp=2, dp=8, zero=zero, global_batch=16)
@@ -275,6 +291,7 @@ def test_zero1_and_zero2_export_as_fsdp_that_keeps_the_weights_with_a_warning(tm
 HOSTILE = ["/data/c4 copy", 'it\'s "quoted"\\', "line\nbreak'''", "$(touch PWNED)"]
 
 
+@TITAN
 @pytest.mark.parametrize("value", HOSTILE)
 def test_data_path_and_save_dir_reach_the_config_unchanged(tmp_path, monkeypatch, value):
     plan = _plan("llama3-8b", 16, tp=2, dp=8, global_batch=16)
@@ -284,6 +301,7 @@ def test_data_path_and_save_dir_reach_the_config_unchanged(tmp_path, monkeypatch
     assert not (tmp_path / "PWNED").exists()
 
 
+@TITAN
 def test_cli_writes_both_files_and_the_written_config_loads(tmp_path, monkeypatch):
     plan = _plan("llama3-8b", 64, tp=4, pp=4, dp=4, vpp=2, zero=1, global_batch=64, recompute="selective")
     path, folder = tmp_path / "plan.json", tmp_path / "out"
