@@ -25,15 +25,15 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev,plot]"
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev,plot]"
 	touch $@
 
 # torchtitan for the tests that read its exports (`make test-slow`); `make test` goes without it
 $(VENV)/.torchtitan: $(VENV)/.installed
 	if $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
-		$(BIN)/python -m pip install --quiet --no-compile $(TORCHTITAN_DEPS) && \
-		$(BIN)/python -m pip install --quiet --no-compile --no-deps $(TORCHTITAN_NO_DEPS); fi
+		$(BIN)/python -m pip install --quiet $(TORCHTITAN_DEPS) && \
+		$(BIN)/python -m pip install --quiet --no-deps $(TORCHTITAN_NO_DEPS); fi
 	touch $@
 
 demo: venv
