@@ -64,6 +64,7 @@ def files(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(240)
 def test_validate_reports_predicted_and_measured_step_time_and_records_them(files):
     record = files / "runs.jsonl"

@@ -56,6 +56,7 @@ def test_the_layout_after_a_failure_rehosts_the_lost_experts_on_its_groups_survi
     assert rr.relayout(tuple(range(4)), frozenset({0, 2, 3}), "dp-drop").spec.hosting == after.spec.hosting
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(300)
 def test_an_ep2_run_loses_a_process_rebuilds_its_experts_from_peers_and_recovers_exact(tmp_path):
     plan, s = planned()

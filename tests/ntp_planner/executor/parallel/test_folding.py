@@ -92,6 +92,7 @@ def test_every_rank_dispatching_every_token_is_caught():
     assert result.max_rel_error_loss > 1e-4 and result.max_rel_error_grads > 1e-2
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_etp2_inside_tp4_with_sequence_parallel_exact_against_one_process():
     # one TP4 pipeline, etp 2, ep 2: expert-TP groups (0, 1), (2, 3) each take half the tokens,
@@ -102,6 +103,7 @@ def test_etp2_inside_tp4_with_sequence_parallel_exact_against_one_process():
     check(launch(spec, timeout_s=150))
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_a_folded_plan_shrinks_to_a_folded_run_exact_against_one_process():
     # Mixtral TP2 x DP4 at ep 4, etp 1 (EP over the attention TP ranks) on 8 H100s, shrunk to 4

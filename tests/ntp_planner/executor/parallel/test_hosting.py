@@ -62,6 +62,7 @@ def test_hosting_refusals():
     make_spec(MOE, [[2, 2, 2, 2]], [([2], 2), ([1], 1)], 2, 8, ep=2, etp=1, hosting=(host,))  # each group in step
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_tp2_replica_beside_a_tp1_replica_that_hosts_all_its_groups_experts():
     # 4 ranks, etp 1 ep 2; rank 3 lost: pipeline 1 runs TP1 on rank 2, which now holds all four
@@ -83,6 +84,7 @@ def test_an_ep_group_spanning_a_healthy_and_a_degraded_replica():
     check(launch(run([2, 1], ep=4, hosting=after), timeout_s=150))
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(300)
 def test_two_stages_rehosted_where_the_failed_rank_sat():
     # pp 2 x (tp 2, dp 2) = 8 ranks (stage 0 on 0-3, stage 1 on 4-7); rank 7 lost. NTP runs the
@@ -103,6 +105,7 @@ def _experts_not_summed():
     data.sum_experts = lambda grad, edp, comm: grad
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_a_rehosted_expert_not_summed_over_its_owners_is_caught():
     (host,) = as_hosting(run([2, 2], ep=2))

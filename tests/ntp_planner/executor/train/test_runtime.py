@@ -43,6 +43,7 @@ def test_c_ntp_tp4_and_tp3_equal_batches():
     check(launch(make_spec(CFG, [[4, 4, 4, 4]], [([4], 2), ([3], 2)], 2, 8), timeout_s=60))
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(120)
 def test_d_ntp_local_batches_4_and_3_weighted_by_samples():
     check(launch(make_spec(CFG, [[4, 4, 4, 4]], [([4], 4), ([3], 3)], 1, 8), timeout_s=60))
