@@ -95,6 +95,7 @@ def test_gpt_blocks_with_cp2_and_sequence_parallelism():
     assert_exact(run(GPT, [[2, 2, 2, 2]], [([2], 2)], 2, 9, cp=2, sequence_parallel=True))
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(240)
 def test_nemotron_blocks_at_tp2_with_full_recompute():
     nemotron = TinyConfig(norm="layer", mlp="relu2")  # squared ReLU, LayerNorm, rotary, no biases

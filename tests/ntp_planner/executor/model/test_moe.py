@@ -109,6 +109,7 @@ def test_tp2_inside_replicas_with_ep2_and_a_dense_layer():
     check(launch(spec, timeout_s=150))
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_ep2_over_the_cp_slices_of_one_replica():
     # Megatron's ep inside cp x dp: the two cp slices of one replica are the EP group, and the

@@ -67,6 +67,7 @@ def test_etp1_tp2_ep2_on_four_ranks_exact_against_one_process():
     check(launch(tp2(2, ep=2, etp=1), timeout_s=150))
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_etp1_tp2_ep4_on_four_ranks_exact_against_one_process():
     # the EP group spans both pipelines' TP ranks: one whole expert per rank, edp 1
@@ -86,6 +87,7 @@ def _every_rank_dispatches_every_token():
     expert._token_share = lambda rows, place, tp_ranks: (0, rows)
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_every_rank_dispatching_every_token_is_caught():
     result = launch(tp2(2, ep=2, etp=1, steps=1), timeout_s=150, worker_init=_every_rank_dispatches_every_token)

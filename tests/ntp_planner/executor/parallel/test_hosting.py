@@ -183,6 +183,7 @@ def test_lockstep_splits_groups_by_micro_batches_and_merges_the_short_parts():
     assert sorted(same.groups) == sorted(host[0].groups) and same.owners == host[0].owners
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_a_degraded_replica_with_fewer_micro_batches_keeps_every_expert_on_its_own_ranks():
     (host,) = as_hosting(run([2, 2], ep=2))

@@ -41,6 +41,7 @@ def test_interleaved_pp2_vpp2_per_layer_degrees_in_float32():
     assert errors(run("float32")) <= 1e-5
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(300)
 def test_a_chunk_whose_layers_run_in_reverse_is_caught(monkeypatch):
     bug = plant(monkeypatch, "chunk-layers-reversed")  # chunk 0 runs layer 1 before layer 0, ...

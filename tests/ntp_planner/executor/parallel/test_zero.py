@@ -77,6 +77,7 @@ def test_distributed_optimizer_beside_ntp_tp2_and_tp1_is_exact():
     assert healthy_rank1 == 2 * 8 * (342 + 86 + 86 + 342 + 3 * 512 + 11 + 11)
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("zero", [0, 1])
 def test_a_bug_in_the_ntp_core_path_is_caught_with_and_without_zero(monkeypatch, zero):
@@ -126,6 +127,7 @@ def test_a_rank_updating_the_wrong_shard_is_caught(monkeypatch):
     assert result.max_rel_error_params > 1e-3  # each rank wrote its gradient's update into the other half
 
 
+@pytest.mark.slow  # in `make test-slow`; faster cases of the same path stay in `make test`
 @pytest.mark.timeout(180)
 def test_bf16_with_fp32_masters_meets_its_tolerance_and_holds_megatrons_bytes():
     spec = make_spec(CFG, [[2, 2, 2, 2]], [([2], 2), ([2], 2)], 2, 8, dtype="bfloat16", zero=1)
