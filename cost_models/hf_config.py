@@ -243,7 +243,10 @@ def _window_fields(cfg: dict[str, Any], layers: int, where: str) -> dict:
     types = cfg.get("layer_types")
     every = cfg.get("sliding_window_pattern", _WINDOW_EVERY.get(cfg.get("model_type")))
     if types is None and every is not None:  # Gemma 2 / 3: full attention on each k-th layer
-        return dict(sliding_window=window, full_attention_every=_whole(every, "sliding_window_pattern", where))
+        k = _whole(every, "sliding_window_pattern", where)
+        if k < 1:
+            raise InputError(f"{where}: sliding_window_pattern is {k}; it must be 1 or more (each k-th layer full).")
+        return dict(sliding_window=window, full_attention_every=k)
     if types is None:  # Mistral: every layer windowed
         return dict(sliding_window=window, full_attention_every=0)
     if not isinstance(types, list) or len(types) != layers:
@@ -318,6 +321,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
         if cfg.get(alias) is not None and cfg.get(key) is None:
             cfg[key] = cfg[alias]
     kind = cfg.get("model_type")
+    if kind is not None and not isinstance(kind, str):
+        raise InputError(f'{where}: model_type is {_shown(kind)}; it must be the family\'s name, e.g. "llama".')
     if kind is not None and kind not in KNOWN_TYPES:
         known = ", ".join(sorted(KNOWN_TYPES))
         raise InputError(

@@ -3,6 +3,8 @@ modelling code builds them: GPT-2's own key names, Gemma's GeGLU and windows, GP
 partial rotary, Qwen2's QKV-only biases, Mistral's window; the parameter count is checked against
 transformers building each model on the meta device, and an unknown model_type is refused."""
 
+import re
+
 import pytest
 
 from cost_models.hf_config import KNOWN_TYPES, model_from_hf_config
@@ -89,3 +91,18 @@ def test_an_unknown_model_type_is_refused_by_name():
 def test_gpt2_takes_four_times_its_width_without_n_inner():
     m = model_from_hf_config({"model_type": "gpt2", "n_embd": 128, "n_layer": 2, "n_head": 2, "vocab_size": 50}, "g")
     assert m.ffn_hidden_size == 512 and m.num_layers == 2
+
+
+@pytest.mark.parametrize(
+    ("keys", "says"),
+    [
+        ({"model_type": ["gemma2"]}, "model_type is ['gemma2']; it must be the family's name"),
+        ({"model_type": "gemma2", "sliding_window": 16, "sliding_window_pattern": 0}, "sliding_window_pattern is 0"),
+        ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 0.5}}, "rope_scaling.factor"),
+        ({"model_type": "llama", "rms_norm_eps": "1e-5"}, "rms_norm_eps is '1e-5'"),
+        ({"model_type": "llama", "rope_theta": float("inf")}, "rope_theta is inf"),
+    ],
+)
+def test_a_bad_family_key_is_one_sentence_naming_it(keys, says):
+    with pytest.raises(InputError, match=re.escape(says)):
+        model_from_hf_config({**SHAPE, **keys}, "x")
