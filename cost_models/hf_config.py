@@ -351,7 +351,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
         raise InputError(f'{where}: hidden_act is {_shown(act)}; it must be an activation name, e.g. "silu".')
     gated = traits.get("gated", act.lower() in _GATED_ACTS)
     rms = "rms_norm_eps" in cfg or "layer_norm_eps" not in cfg and "layer_norm_epsilon" not in cfg
-    rms = traits.get("norm", "rmsnorm" if rms else "layernorm") == "rmsnorm"
+    norm = traits.get("norm", "rmsnorm" if rms else "layernorm")
     experts, keys["num_experts"] = _experts(cfg, where)
     ffn, keys["ffn_hidden_size"] = _first(
         cfg, ("intermediate_size_mlp", "intermediate_size", "moe_intermediate_size"), where
@@ -377,7 +377,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
             max_position_embeddings=_whole(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where),
             tie_embeddings=_flag(cfg, "tie_word_embeddings", where, traits.get("tie", not gated and kind is None)),
             gated_mlp=gated,
-            norm="rmsnorm" if rms else "layernorm",
+            norm=norm,
             position=traits.get("position", "rope" if "rope_theta" in cfg or gated or kind else "learned"),
             bias=bias,
             dropout=0.0 if dropout is None else _number(dropout, "attention_dropout", where),

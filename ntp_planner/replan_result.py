@@ -296,8 +296,7 @@ class ReplanResult(BaseModel):
         listed: set[tuple[int, ...]] = set()
         for x in self.experts:
             ranks = sorted(x.ep_group + x.lost)
-            width = lay.tp * lay.cp * lay.dp  # a stage's ranks, pipeline stage outermost (RankGrid)
-            if tuple(ranks) not in groups or ranks[0] // width != x.stage:
+            if tuple(ranks) not in groups or lay.rank_grid.coords(ranks[0]).pp != x.stage:
                 raise InputError(f"ranks {ranks} are not an EP group of the plan's stage {x.stage}; {FIX}")
             if tuple(ranks) in listed:
                 raise InputError(f"EP group {ranks} is listed twice; {FIX}")

@@ -47,10 +47,8 @@ def plan_expert(k: int, plan_experts: int, run_experts: int) -> int:
 
 def stage_groups(plan, stage: int) -> list[tuple[int, ...]]:
     """The plan's EP groups of pipeline ``stage`` (stage outermost in the rank order)."""
-    lay = plan.layout
-    width = lay.tp * lay.cp * lay.dp
-    groups = lay.rank_grid.expert_groups("ep", lay.ep, lay.expert_tp)
-    return [g for g in groups if g[0] // width == stage]
+    grid = plan.layout.rank_grid
+    return [g for g in grid.expert_groups("ep", plan.layout.ep, plan.layout.expert_tp) if grid.coords(g[0]).pp == stage]
 
 
 def _units(plan) -> list[tuple[int, ...]]:
