@@ -48,6 +48,7 @@ import time
 from datetime import timedelta
 
 from ntp_planner.executor.elastic.hosts import BEAT_S
+from ntp_planner.executor.parallel.comm import Terminated, raise_terminated
 
 JOIN_WAIT_S = 300.0  # how long a joiner waits for the coordinator's answer (it waits for a failure too)
 STARTUP_S = 60.0  # extra patience for every worker to start
@@ -109,7 +110,7 @@ class Shell:
         store, p = self._store(), self.proc
         last, beat, exited = None, 0.0, False
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _terminated)
+            signal.signal(signal.SIGTERM, raise_terminated)
         try:
             while not store.check(["end"]):
                 now = time.monotonic()
@@ -145,14 +146,6 @@ class Shell:
         if self.child is not None and self.child.is_alive():
             self.child.kill()
             self.child.join(5)
-
-
-class Terminated(RuntimeError):
-    """torchrun's agent sent this worker SIGTERM."""
-
-
-def _terminated(signum, frame) -> None:
-    raise Terminated("stopped by torchrun's agent (SIGTERM)")
 
 
 def _store_alive(where) -> bool:

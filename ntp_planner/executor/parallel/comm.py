@@ -346,10 +346,20 @@ class ReduceScatterSeq(torch.autograd.Function):
         return _gather_seq(ctx.args[0], grad, *ctx.args[1:]), None, None, None, None
 
 
+class Terminated(RuntimeError):
+    """torchrun's agent sent this process SIGTERM: it stops every worker once one has failed."""
+
+
+def raise_terminated(signum, frame) -> None:
+    """A SIGTERM handler: the signal becomes ``Terminated``, so that the rank says what happened."""
+    raise Terminated("stopped by torchrun's agent (SIGTERM)")
+
+
 def lost_peer(exc: BaseException) -> bool:
-    """Whether an exception is a collective that lost a peer (failed or timed out), not the
-    process's own error: what the launcher, live recovery and torchrun's report all ask."""
+    """Whether an exception is a collective that lost a peer (failed or timed out), or torchrun's
+    agent stopping this process because another failed, not the process's own error: what the
+    launcher, live recovery and torchrun's report all ask."""
     text = str(exc).lower()
-    return isinstance(exc, dist.DistError) or any(
+    return isinstance(exc, (dist.DistError, Terminated)) or any(
         w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout")
     )

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -28,7 +30,7 @@ from ntp_planner.executor.check.holders import compare, loss_errors, non_finite_
 from ntp_planner.executor.check.measure import summarize
 from ntp_planner.executor.model.batch import missing_ids
 from ntp_planner.executor.model.reference import zero_gradient_params
-from ntp_planner.executor.parallel.comm import lost_peer
+from ntp_planner.executor.parallel.comm import lost_peer, raise_terminated
 from ntp_planner.executor.spec import RunSpec
 from ntp_planner.executor.train.processes import context
 from ntp_planner.executor.train.runtime import reference_run, run_rank
@@ -173,10 +175,14 @@ def run_as_torchrun_rank(spec: RunSpec, backend: str = "gloo", timeout_s: float 
         store.set(_key(f"pid/{rank}"), json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     with tempfile.TemporaryDirectory(prefix="ntp-validate-") as tmp:
         out = Path(tmp, "out.pt")
+        stopping = _stop_on_sigterm()
         try:
             run_rank(rank, spec, "env://", backend, str(out), timeout_s, _StoreSteps(store, rank), fault)
         except Exception as exc:  # a lost peer or this rank's own error: one line, said by one rank
+            stopping["reporting"] = True  # a plain store first, before any call can take the signal
             raise torchrun_failure(spec, rank, exc, store) from None
+        finally:
+            stopping["restore"]()
         if rank != 0:
             return None
         got = torch.load(out)
@@ -188,6 +194,29 @@ def run_as_torchrun_rank(spec: RunSpec, backend: str = "gloo", timeout_s: float 
 def _key(name: str) -> str:
     run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
     return f"ntp-validate/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
+
+
+def _stop_on_sigterm() -> dict:
+    """Take torchrun's SIGTERM as a lost peer while the rank trains. The agent sends it to every
+    worker 0.1 s after one fails, and kills them 30 s later: a rank already saying why the run
+    failed (``reporting`` set) finishes saying it. ``restore`` puts the old handler back on
+    success only: a failed rank keeps ignoring SIGTERM until it has spoken and exited."""
+    state = {"reporting": False, "restore": lambda: None}
+    if threading.current_thread() is not threading.main_thread():
+        return state
+
+    def handler(signum, frame) -> None:
+        if not state["reporting"]:
+            raise_terminated(signum, frame)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        if not state["reporting"]:
+            signal.signal(signal.SIGTERM, previous)
+
+    state["restore"] = restore
+    return state
 
 
 def _agent_store(timeout_s: float):

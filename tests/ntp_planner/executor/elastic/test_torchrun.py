@@ -14,6 +14,7 @@ dist = pytest.importorskip("torch.distributed", reason="torch is not installed")
 
 from ntp_planner.executor.elastic import torchrun  # noqa: E402
 from ntp_planner.executor.elastic.torchrun import Shell, StoreLost, Terminated, prefix  # noqa: E402
+from ntp_planner.executor.parallel.comm import raise_terminated  # noqa: E402
 
 
 def test_prefix():
@@ -191,4 +192,4 @@ def test_a_shell_stopped_by_its_agent_while_the_store_lives(monkeypatch, quiet):
         s.serve()
     assert s.child.killed == 1
     with pytest.raises(Terminated, match=r"^stopped by torchrun's agent \(SIGTERM\)$"):
-        torchrun._terminated(15, None)
+        raise_terminated(15, None)
