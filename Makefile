@@ -18,6 +18,14 @@ TEST_WORKERS ?= 2
 # needs Python 3.11: on 3.10 it is not installed and its tests skip.
 TORCHTITAN_NO_DEPS := torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0.1.1 spmd_types==0.2.3 torchao==0.18.0
 TORCHTITAN_DEPS := tyro==1.0.17 "datasets>=3.6.0,<4.8.0" tensorboard einops triton==3.9.0
+# Megatron-Bridge 0.3.1: the slow tests load the Bridge exports with its own recipes and checks. It pins
+# transformers<5 (the main environment has 5) and CUDA-only packages (transformer-engine, mamba-ssm),
+# so it goes, without its dependencies, into a folder of its own that only those tests put first on
+# PYTHONPATH (tests/support/bridge_loader.py; it lists what it stands in for), with the pure-Python
+# packages its config code imports.
+BRIDGE_DIR := $(VENV)/bridge
+BRIDGE_PKGS := megatron-bridge==0.3.1 transformers==4.57.6 tokenizers==0.22.2 huggingface_hub==0.36.2 \
+	six==1.17.0 hydra-core==1.3.2 antlr4-python3-runtime==4.9.3 accelerate==1.16.0
 
 .PHONY: demo test test-slow venv lint bench clean
 
@@ -36,6 +44,10 @@ $(VENV)/.torchtitan: $(VENV)/.installed
 		$(BIN)/python -m pip install --quiet --no-deps $(TORCHTITAN_NO_DEPS); fi
 	touch $@
 
+$(VENV)/.bridge: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --no-deps --target $(BRIDGE_DIR) $(BRIDGE_PKGS)
+	touch $@
+
 demo: venv
 	mkdir -p $(DEMO_DIR)
 	$(BIN)/ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 --seq-len 8192 --global-batch 1024 \
@@ -48,8 +60,8 @@ test: venv
 
 # the slowest multi-process cases (a rank killed, hung or raising; torchrun; cases another fast test
 # already covers in part): CI runs them after `make test`
-test-slow: venv $(VENV)/.torchtitan
-	$(BIN)/python -m pytest -m slow
+test-slow: venv $(VENV)/.torchtitan $(VENV)/.bridge
+	NTP_BRIDGE_PATH=$(BRIDGE_DIR) $(BIN)/python -m pytest -m slow
 
 lint: venv
 	$(BIN)/ruff check topologies cost_models ntp_planner tests benchmarks

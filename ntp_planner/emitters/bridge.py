@@ -8,7 +8,6 @@ from ntp_planner.emitters.common import (
     Export,
     comment_safe,
     expressible_layout,
-    low_precision_fields,
     mcore_fields,
     sharding_fields,
     sharding_warnings,
@@ -16,6 +15,84 @@ from ntp_planner.emitters.common import (
 from ntp_planner.emitters.moe import MLA_NOTE, moe_warnings
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
+
+# The Megatron-Bridge 0.3.1 recipe each catalogue model starts from (megatron.bridge.recipes.<name>):
+# the override replaces its model shape and parallelism; a model without one starts from another
+# recipe of the same architecture, named in a warning.
+RECIPES = {
+    "llama2-7b": "llama.llama2_7b_pretrain_config",
+    "llama3-8b": "llama.llama3_8b_pretrain_config",
+    "llama3-70b": "llama.llama3_70b_pretrain_config",
+    "llama3.1-405b": "llama.llama31_405b_pretrain_config",
+    "qwen3-30b-a3b": "qwen.qwen3_30b_a3b_pretrain_config",
+    "qwen3-235b-a22b": "qwen.qwen3_235b_a22b_pretrain_config",
+    "deepseek-v3": "deepseek.deepseek_v3_pretrain_config",
+    "gpt-oss-20b": "gpt_oss.gpt_oss_20b_pretrain_config",
+    "gpt-oss-120b": "gpt_oss.gpt_oss_120b_pretrain_config",
+}
+DENSE_BASE, MOE_BASE = "llama.llama3_8b_pretrain_config", "qwen.qwen3_30b_a3b_pretrain_config"
+
+# Bridge's mixed-precision recipes by plan format (a name: a section of fields would replace the
+# recipe's resolved config with a plain dict, and bf16 with it)
+PRECISION_RECIPES = {
+    ("bf16", None): "bf16_mixed",
+    ("fp16", None): "fp16_mixed",
+    ("fp8", "delayed"): "bf16_with_fp8_delayed_scaling_mixed",
+    ("fp8", "current"): "bf16_with_fp8_current_scaling_mixed",
+    ("mxfp8", None): "bf16_with_mxfp8_mixed",
+    ("nvfp4", None): "bf16_with_nvfp4_mixed",
+}
+# what each recipe does that a plan may not: (gathers fp8/fp4 weights, reduces gradients in fp32)
+RECIPE_PRECISION = {
+    "bf16_mixed": (False, True),
+    "fp16_mixed": (False, False),
+    "bf16_with_fp8_delayed_scaling_mixed": (True, True),
+    "bf16_with_fp8_current_scaling_mixed": (True, True),
+    "bf16_with_mxfp8_mixed": (True, True),
+    "bf16_with_nvfp4_mixed": (False, True),
+}
+
+
+# megatron-core's ways of placing layers on stages: any the plan does not set is cleared
+PIPELINE_KEYS = (
+    "virtual_pipeline_model_parallel_size",
+    "pipeline_model_parallel_layout",
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
+
+
+def recipe_of(plan: Plan) -> tuple[str, list[str]]:
+    """The Bridge recipe to start from, and a warning when the model has none of its own."""
+    name = plan.model.name
+    if name in RECIPES:
+        return RECIPES[name], []
+    base = MOE_BASE if plan.model.is_moe else DENSE_BASE
+    return base, [
+        f"Megatron-Bridge 0.3.1 has no recipe for {name!r}; apply this override to {base} "
+        "(the override sets the whole model shape, and turns off that recipe's QK layernorm, which ntp does not model)"
+    ]
+
+
+def precision_of(plan: Plan) -> tuple[str, list[str]]:
+    """Bridge's mixed-precision recipe for the plan's format, and where it differs from the plan."""
+    t = plan.training
+    recipe = PRECISION_RECIPES[(t.dtype, t.fp8_recipe if t.dtype == "fp8" else None)]
+    gathers, fp32_grads = RECIPE_PRECISION[recipe]
+    warnings = []
+    if t.low_precision and gathers != bool(t.fp8_params):
+        how = "gathers" if gathers else "does not gather"
+        warnings.append(f"Megatron-Bridge's {recipe} {how} the weights in the low-precision format, unlike the plan")
+    if fp32_grads != (t.grad_bytes == 4):
+        warnings.append(
+            f"Megatron-Bridge's {recipe} reduces gradients in {'fp32' if fp32_grads else '16 bits'}, "
+            f"unlike the plan ({int(8 * t.grad_bytes)}-bit gradients): memory and step time differ"
+        )
+    if recipe == "bf16_with_fp8_current_scaling_mixed":
+        warnings.append(f"Megatron-Bridge's {recipe} keeps the first and last layer in bf16, unlike the plan")
+    return recipe, warnings
 
 
 def emit(
@@ -27,18 +104,31 @@ def emit(
     if plan.model.is_mla:
         provider = "an MLA model provider (DeepSeekV3ModelProvider)"
         warnings.append(MLA_NOTE.format(target="Megatron-Bridge", config=provider))
+    recipe, notes = recipe_of(plan)
+    precision, differs = precision_of(plan)
+    warnings += notes + differs
     model = {k: list(v) if isinstance(v, tuple) else v for k, v in mcore_fields(plan, layout).items() if v is not None}
-    ddp = {**sharding_fields(layout), "grad_reduce_in_fp32": plan.training.grad_bytes == 4}
-    precision = {**low_precision_fields(plan), "grad_reduce_in_fp32": plan.training.grad_bytes == 4}
-    model["pipeline_dtype"] = "bf16" if plan.training.dtype != "fp16" else "fp16"
+    model["seq_length"] = plan.training.seq_len  # Bridge asserts it equals dataset.seq_length
+    if notes:  # another model's recipe: its QK layernorm (Qwen3's) is not this model's
+        model["qk_layernorm"] = False
+    for key in PIPELINE_KEYS:  # the recipe's own split (DeepSeek-V3's layout string) would clash with the plan's
+        model.setdefault(key, False if key.startswith("account_for") else None)
+    ddp = sharding_fields(layout)
+    fsdp = bool(ddp.get("use_megatron_fsdp"))
     config = {
         "model": model,
         "train": {"global_batch_size": layout.global_batch, "micro_batch_size": layout.micro_batch},
         "dataset": {"seq_length": plan.training.seq_len, **({"data_path": data_path} if data_path else {})},
         "ddp": ddp,
-        "mixed_precision": precision,
-        **({"dist": {"use_megatron_fsdp": True}} if ddp.get("use_megatron_fsdp") else {}),
-        "checkpoint": {"save": save_dir or f"checkpoints/{plan.model.name}"},
+        "mixed_precision": precision,  # the recipe's name: Bridge resolves it and sets the dtypes
+        **({"dist": {"use_megatron_fsdp": True}} if fsdp else {}),
+        "checkpoint": {
+            "save": save_dir or f"checkpoints/{plan.model.name}",
+            **({"ckpt_format": "fsdp_dtensor"} if fsdp else {}),  # the only format Megatron-FSDP saves
+        },
     }
-    header = comment_safe(f"# ntp-planner plan {plan.inputs_hash[:12]}: {plan.model.name}, {layout.describe()}") + "\n"
+    header = (
+        comment_safe(f"# ntp-planner plan {plan.inputs_hash[:12]}: {plan.model.name}, {layout.describe()}")
+        + f"\n# apply to megatron.bridge.recipes.{recipe}() with process_config_with_overrides\n"
+    )
     return Export(files={"bridge_override.yaml": header + yaml.safe_dump(config, sort_keys=False)}, warnings=warnings)
