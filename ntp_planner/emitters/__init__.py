@@ -19,7 +19,7 @@ FORMATS = {
 }
 # Every file a target may write: an export replaces an earlier one of the same target whole.
 EXPORT_FILES = {
-    "megatron": ("launch_megatron.sh", "megatron_args.json", "nonuniform_tp.json"),
+    "megatron": ("launch_megatron.sh", "megatron_args.json", "nonuniform_tp.json", "nonuniform_tp_config.py"),
     "nemo": ("nemo_config.yaml",),
     "nemo2": ("nemo2_recipe.py",),
     "bridge": ("bridge_override.yaml",),
@@ -30,7 +30,7 @@ EXPORT_FILES = {
 # none, why the option is refused (an option is never dropped without a word).
 OPTION_FIELDS = {
     "replan": {
-        "megatron": "nonuniform_tp.json (Megatron's nonuniform-TP settings)",
+        "megatron": "nonuniform_tp.json (Megatron's nonuniform-TP settings) and nonuniform_tp_config.py (its loader)",
         "nemo": None,
         "nemo2": None,
         "bridge": None,

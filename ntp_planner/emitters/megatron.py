@@ -275,6 +275,35 @@ def _expert_warnings(replan: ReplanResult) -> list[str]:
     return out
 
 
+# nonuniform_tp.json holds exactly NonuniformTPConfig's fields (Megatron-LM dev,
+# megatron/core/distributed/nonuniform_tp.py); JSON has no tuple keys, so each
+# (dp, cp, pp) key is written "dp,cp,pp" and this loader, written beside it, makes the config.
+NTP_LOADER = '''"""Megatron-LM's NonuniformTPConfig for this re-plan, from nonuniform_tp.json beside this file.
+
+Megatron keys non_active_ranks_per_dp by (dp, cp, pp) tuples; JSON writes them "dp,cp,pp".
+Needs Megatron-LM with megatron/core/distributed/nonuniform_tp.py (its dev branch, 2026).
+"""
+
+import json
+from pathlib import Path
+
+
+def settings() -> dict:
+    """The config's fields, keys as Megatron's tuples."""
+    data = json.loads(Path(__file__).with_name("nonuniform_tp.json").read_text())
+    data["non_active_ranks_per_dp"] = {
+        tuple(int(i) for i in key.split(",")): ranks for key, ranks in data["non_active_ranks_per_dp"].items()
+    }
+    return data
+
+
+def ntp_config():
+    from megatron.core.distributed.nonuniform_tp import NonuniformTPConfig
+
+    return NonuniformTPConfig(**settings())
+'''
+
+
 def nonuniform_tp_settings(plan: Plan, replan: ReplanResult) -> tuple[dict, list[str]]:
     """Settings of Megatron's nonuniform-TP config for a re-planned state: reduced replicas come
     first in Megatron's rank order, so replicas are renumbered degraded-first."""
@@ -306,7 +335,6 @@ def nonuniform_tp_settings(plan: Plan, replan: ReplanResult) -> tuple[dict, list
         "tp_spares": lay.tp - reduced,
         "num_reduced_tp_dp_ranks": len(degraded),
         "non_active_ranks_per_dp": inactive,
-        "key_order": "dp,cp,pp (Megatron's (dp, cp, pp) tuple, written as a string for JSON)",
     }
     return settings, warnings
 
@@ -323,5 +351,6 @@ def emit(
     if replan is not None:
         settings, more = nonuniform_tp_settings(plan, replan)
         out.files["nonuniform_tp.json"] = json.dumps(settings, indent=1) + "\n"
+        out.files["nonuniform_tp_config.py"] = NTP_LOADER
         out.warnings += more
     return out

@@ -878,3 +878,37 @@ def test_qwen2_keeps_its_qkv_bias_and_a_model_without_settings_exports_none():
         {k: v for k, v in cfg.items() if k not in ("rope_theta", "rms_norm_eps", "model_type")}, "x"
     )
     assert model_fields(bare) == {}
+
+
+def test_nonuniform_tp_file_holds_megatrons_config_fields_and_loads_with_tuple_keys(tmp_path):
+    """nonuniform_tp.json has NonuniformTPConfig's fields and no others; its loader turns the
+    "dp,cp,pp" keys into Megatron's (dp, cp, pp) tuples. megatron-core 0.16 has no
+    nonuniform_tp module (it is on Megatron-LM's dev branch), so the field names here are
+    read from that file, the one place this test copies a schema."""
+    import dataclasses
+    import importlib.util
+    import types
+
+    plan, replan = _ntp_case()
+    files = export(plan, "megatron", replan=replan).files
+    for name in ("nonuniform_tp.json", "nonuniform_tp_config.py"):
+        (tmp_path / name).write_text(files[name])
+
+    @dataclasses.dataclass
+    class NonuniformTPConfig:  # Megatron-LM dev, megatron/core/distributed/nonuniform_tp.py
+        tp_base: int = 8
+        tp_spares: int = 0
+        num_reduced_tp_dp_ranks: int = 1
+        non_active_ranks_per_dp: dict | None = None
+
+    stand_in = types.ModuleType("megatron.core.distributed.nonuniform_tp")
+    stand_in.NonuniformTPConfig = NonuniformTPConfig
+    spec = importlib.util.spec_from_file_location("ntp_loader", tmp_path / "nonuniform_tp_config.py")
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "megatron.core.distributed.nonuniform_tp", stand_in)
+        config = loader.ntp_config()
+    assert (config.tp_base, config.tp_spares, config.num_reduced_tp_dp_ranks) == (8, 1, 1)
+    assert sorted(config.non_active_ranks_per_dp) == [(0, 0, 0), (0, 0, 1)]
+    assert all(isinstance(k, tuple) and all(isinstance(i, int) for i in k) for k in config.non_active_ranks_per_dp)
