@@ -32,24 +32,16 @@ RECIPES = {
 }
 DENSE_BASE, MOE_BASE = "llama.llama3_8b_pretrain_config", "qwen.qwen3_30b_a3b_pretrain_config"
 
-# Bridge's mixed-precision recipes by plan format (a name: a section of fields would replace the
-# recipe's resolved config with a plain dict, and bf16 with it)
+# Bridge's mixed-precision recipe by plan format (a name: a section of fields would replace the
+# recipe's resolved config with a plain dict, and bf16 with it), with what it does that a plan may
+# not: (gathers fp8/fp4 weights, reduces gradients in fp32, keeps the first and last layer in bf16)
 PRECISION_RECIPES = {
-    ("bf16", None): "bf16_mixed",
-    ("fp16", None): "fp16_mixed",
-    ("fp8", "delayed"): "bf16_with_fp8_delayed_scaling_mixed",
-    ("fp8", "current"): "bf16_with_fp8_current_scaling_mixed",
-    ("mxfp8", None): "bf16_with_mxfp8_mixed",
-    ("nvfp4", None): "bf16_with_nvfp4_mixed",
-}
-# what each recipe does that a plan may not: (gathers fp8/fp4 weights, reduces gradients in fp32)
-RECIPE_PRECISION = {
-    "bf16_mixed": (False, True),
-    "fp16_mixed": (False, False),
-    "bf16_with_fp8_delayed_scaling_mixed": (True, True),
-    "bf16_with_fp8_current_scaling_mixed": (True, True),
-    "bf16_with_mxfp8_mixed": (True, True),
-    "bf16_with_nvfp4_mixed": (False, True),
+    ("bf16", None): ("bf16_mixed", False, True, False),
+    ("fp16", None): ("fp16_mixed", False, False, False),
+    ("fp8", "delayed"): ("bf16_with_fp8_delayed_scaling_mixed", True, True, False),
+    ("fp8", "current"): ("bf16_with_fp8_current_scaling_mixed", True, True, True),
+    ("mxfp8", None): ("bf16_with_mxfp8_mixed", True, True, False),
+    ("nvfp4", None): ("bf16_with_nvfp4_mixed", False, True, False),
 }
 
 
@@ -79,8 +71,7 @@ def recipe_of(plan: Plan) -> tuple[str, list[str]]:
 def precision_of(plan: Plan) -> tuple[str, list[str]]:
     """Bridge's mixed-precision recipe for the plan's format, and where it differs from the plan."""
     t = plan.training
-    recipe = PRECISION_RECIPES[(t.dtype, t.fp8_recipe if t.dtype == "fp8" else None)]
-    gathers, fp32_grads = RECIPE_PRECISION[recipe]
+    recipe, gathers, fp32_grads, bf16_ends = PRECISION_RECIPES[(t.dtype, t.fp8_recipe if t.dtype == "fp8" else None)]
     warnings = []
     if t.low_precision and gathers != bool(t.fp8_params):
         how = "gathers" if gathers else "does not gather"
@@ -90,7 +81,7 @@ def precision_of(plan: Plan) -> tuple[str, list[str]]:
             f"Megatron-Bridge's {recipe} reduces gradients in {'fp32' if fp32_grads else '16 bits'}, "
             f"unlike the plan ({int(8 * t.grad_bytes)}-bit gradients): memory and step time differ"
         )
-    if recipe == "bf16_with_fp8_current_scaling_mixed":
+    if bf16_ends:
         warnings.append(f"Megatron-Bridge's {recipe} keeps the first and last layer in bf16, unlike the plan")
     return recipe, warnings
 

@@ -175,14 +175,14 @@ def run_as_torchrun_rank(spec: RunSpec, backend: str = "gloo", timeout_s: float 
         store.set(_key(f"pid/{rank}"), json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     with tempfile.TemporaryDirectory(prefix="ntp-validate-") as tmp:
         out = Path(tmp, "out.pt")
-        stopping = _stop_on_sigterm()
+        stopping = _SigtermAsLostPeer()
         try:
             run_rank(rank, spec, "env://", backend, str(out), timeout_s, _StoreSteps(store, rank), fault)
         except Exception as exc:  # a lost peer or this rank's own error: one line, said by one rank
-            stopping["reporting"] = True  # a plain store first, before any call can take the signal
+            stopping.reporting = True  # a plain store first, before any call can take the signal
             raise torchrun_failure(spec, rank, exc, store) from None
         finally:
-            stopping["restore"]()
+            stopping.restore()
         if rank != 0:
             return None
         got = torch.load(out)
@@ -196,27 +196,25 @@ def _key(name: str) -> str:
     return f"ntp-validate/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
 
 
-def _stop_on_sigterm() -> dict:
+class _SigtermAsLostPeer:
     """Take torchrun's SIGTERM as a lost peer while the rank trains. The agent sends it to every
     worker 0.1 s after one fails, and kills them 30 s later: a rank already saying why the run
     failed (``reporting`` set) finishes saying it. ``restore`` puts the old handler back on
     success only: a failed rank keeps ignoring SIGTERM until it has spoken and exited."""
-    state = {"reporting": False, "restore": lambda: None}
-    if threading.current_thread() is not threading.main_thread():
-        return state
 
-    def handler(signum, frame) -> None:
-        if not state["reporting"]:
+    def __init__(self) -> None:
+        self.reporting = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if not self.reporting:
             raise_terminated(signum, frame)
 
-    previous = signal.signal(signal.SIGTERM, handler)
-
-    def restore() -> None:
-        if not state["reporting"]:
-            signal.signal(signal.SIGTERM, previous)
-
-    state["restore"] = restore
-    return state
+    def restore(self) -> None:
+        if self.previous is not None and not self.reporting:
+            signal.signal(signal.SIGTERM, self.previous)
 
 
 def _agent_store(timeout_s: float):
