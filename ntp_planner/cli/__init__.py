@@ -1,8 +1,8 @@
 """The `ntp` command: one typer app, a thin layer over the library. Only this package prints.
 
 The commands live by subject: ``plan`` (models, clusters, plan, explain), ``estimate``, ``failures``
-(replan, sweep, simulate), ``export`` (export, validate) and ``profile``; ``options`` holds the shared options
-and choices, ``errors`` turns what a command raises into one line. Heavy imports (pydantic models,
+(replan, sweep, simulate), ``capacity``, ``export`` (export, validate) and ``profile``; ``options`` holds the
+shared options and choices, ``errors`` turns what a command raises into one line. Heavy imports (pydantic models,
 numpy, rich tables) happen inside commands so `ntp --help` stays fast; torch is imported only by
 `ntp validate` and `ntp profile`.
 """
@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from ntp_planner.cli import calibrate, estimate, export, failures, plan, profile, simulate, validate
+from ntp_planner.cli import calibrate, capacity, estimate, export, failures, plan, profile, simulate, validate
 from ntp_planner.cli.errors import EXIT_CODES, GuardedGroup, error_json
 
 EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
@@ -39,6 +39,7 @@ COMMANDS = (
     ("replan", failures.replan),
     ("sweep", failures.sweep),
     ("simulate", simulate.simulate),
+    ("capacity", capacity.capacity),
     ("export", export.export_cmd),
     ("validate", validate.validate),
     ("profile", profile.profile),

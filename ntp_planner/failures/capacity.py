@@ -42,6 +42,7 @@ from ntp_planner.plan import Plan
 HORIZON_SLACK = 1.25  # first horizon: this times the failure-free time, plus a day
 MAX_SLOWDOWN = 16  # a trial not done in this times its failure-free time counts as never done
 MAX_HORIZON_H = 3650 * 24  # ten years
+BOUND_TOLERANCE = 1e-9  # bounds are lowered by this share: a simulated time may round below its exact bound
 
 
 class CapacitySpec(BaseModel):
@@ -87,7 +88,8 @@ class Candidate(BaseModel):
 
     @property
     def label(self) -> str:
-        return f"{self.cluster} x {self.gpus} + {self.spares} spares, {self.strategy}"
+        """'gb200-nvl72 x 16384 + 2 spares, ntp'"""
+        return f"{self.cluster} x {self.gpus} + {self.spares} spare{'s' if self.spares != 1 else ''}, {self.strategy}"
 
 
 class CapacityResult(BaseModel):
@@ -215,7 +217,7 @@ def _verdict_before(
         return bound
     if not prune:
         return bound
-    if bound.failure_free_days > spec.deadline_days:
+    if bound.failure_free_days * (1 - BOUND_TOLERANCE) > spec.deadline_days:
         return bound.model_copy(
             update={
                 "p_deadline": 0.0,
@@ -224,12 +226,21 @@ def _verdict_before(
             }
         )
     for w in winners:
-        t, c = bound.failure_free_days, bound.cost_usd
+        t, c = bound.failure_free_days * (1 - BOUND_TOLERANCE), bound.cost_usd * (1 - BOUND_TOLERANCE)
         if (w.days_at_confidence < t and w.cost_usd <= c) or (w.days_at_confidence <= t and w.cost_usd < c):
             return bound.model_copy(
-                update={"reason": f"dominated by {w.label}: it needs at least {t:.1f} days and ${c / 1e6:,.1f}M"}
+                update={"reason": f"dominated by {w.label}: it needs at least {t:.1f} days and {usd(c)}"}
             )
     return bound
+
+
+def usd(x: float) -> str:
+    """Dollars, rounded to what a budget reads.
+
+    >>> usd(106_772_035.2), usd(14_515.0), usd(12.5)
+    ('$106.8M', '$14.5k', '$12')
+    """
+    return f"${x / 1e6:,.1f}M" if x >= 1e6 else f"${x / 1e3:,.1f}k" if x >= 1e3 else f"${x:,.0f}"
 
 
 def _tables(job: _Job, spec: CapacitySpec, k: int) -> ThroughputTables:
@@ -321,10 +332,7 @@ def _rank(spec: CapacitySpec, done: list[Candidate], simulated: int) -> Capacity
                 if done[j].cost_usd <= c.cost_usd and done[j].days_at_confidence <= c.days_at_confidence
             )
             out[i] = c.model_copy(
-                update={
-                    "reason": f"dominated by {by.label}: {by.days_at_confidence:.1f} days, "
-                    f"${by.cost_usd / 1e6:,.1f}M"
-                }
+                update={"reason": f"dominated by {by.label}: {by.days_at_confidence:.1f} days, {usd(by.cost_usd)}"}
             )
     fronts = [out[i] for i in front]
     return CapacityResult(candidates=out, cheapest=fronts[0] if fronts else None, front=fronts, simulated=simulated)

@@ -174,7 +174,10 @@ def restart_hours(
     order = np.lexsort((seg_begin, seg_t))
     seg_t, seg_begin, seg_end = seg_t[order], seg_begin[order], seg_end[order]
     cycle = interval_s + write_s
-    kept = np.where(np.isfinite(seg_end), np.floor(np.clip(seg_end - seg_begin, 0, None) / cycle) * interval_s, 0.0)
+    closed = np.isfinite(seg_end)  # every run but each trial's last, which no failure ends
+    kept = np.zeros(seg_t.size)
+    if not math.isinf(interval_s):  # without checkpoints nothing is kept but by the last run
+        kept[closed] = np.floor(np.clip(seg_end[closed] - seg_begin[closed], 0, None) / cycle) * interval_s
     total = np.cumsum(kept)
     group_first = np.searchsorted(seg_t, seg_t)  # index of each trial's first run
     before = total - kept - (total[group_first] - kept[group_first])

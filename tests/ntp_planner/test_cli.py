@@ -184,6 +184,25 @@ def test_cli_surface_is_frozen():
             ]
         ),
         "calibrate": sorted(["runs_file", "--profile", "--output", "--json"]),
+        "capacity": sorted(
+            [
+                "--model",
+                "--tokens",
+                "--deadline-days",
+                "--confidence",
+                "--clusters",
+                "--gpus",
+                "--spares",
+                "--strategies",
+                "--gpu-hour-cost",
+                "--seq-len",
+                "--global-batch",
+                "--trials",
+                "--seed",
+                "--plot",
+                "--json",
+            ]
+        ),
         "profile": sorted(
             [
                 "--device",
@@ -247,6 +266,7 @@ def test_cli_surface_is_frozen():
         "replan",
         "sweep",
         "simulate",
+        "capacity",
         "export",
         "validate",
         "profile",

@@ -18,7 +18,7 @@ runner = CliRunner()
 SMALL = ["-m", "llama3-8b", "-c", "dgx-h100", "-n", "32", "--seq-len", "4096", "--global-batch", "64"]
 COMMANDS = [
     "models", "clusters", "plan", "estimate", "explain", "replan", "sweep", "simulate", "export", "validate", "profile",
-    "calibrate",
+    "calibrate", "capacity",
 ]  # fmt: skip
 
 
