@@ -55,7 +55,7 @@ def capacity_view(result: CapacityResult, spec: CapacitySpec, model: str, prices
         front.add_column(col, justify="left" if col in ("cluster", "strategy", "layout") else "right")
     for c in result.front:
         front.add_row(*(escape(x) for x in _row(c)))
-    lost = Table(title="Why the others lost (per cluster and GPU count: the first reason, and how many)")
+    lost = Table(title="Why the others lost (per cluster and GPU count: how many, and the closest one's reason)")
     for col in ("cluster", "GPUs", "lost", "reason"):
         lost.add_column(col, justify="right" if col in ("GPUs", "lost") else "left")
     for (cluster, gpus), reasons in _losers(result).items():
@@ -65,17 +65,16 @@ def capacity_view(result: CapacityResult, spec: CapacitySpec, model: str, prices
 
 
 def _losers(result: CapacityResult) -> dict[tuple[str, int], list[str]]:
-    """Reasons of the candidates off the front, per cluster and GPU count, the most telling first:
-    those simulated (slowest to rule out) before those pruned."""
+    """Reasons of the candidates off the front, per cluster and GPU count, the one that came
+    closest first (the fastest: at the confidence if simulated, else failure-free)."""
     out: dict[tuple[str, int], list[str]] = {}
     ranked = sorted(
         (c for c in result.candidates if c.verdict == "lost"),
-        key=lambda c: (c.p50_days is None, -(c.p_deadline or 0.0)),
+        key=lambda c: (c.days_at_confidence or c.failure_free_days or float("inf"), c.cost_usd or 0.0),
     )
     for c in ranked:
-        out.setdefault((c.cluster, c.gpus), []).append(
-            f"{c.spares} spare{'s' if c.spares != 1 else ''}, {c.strategy}: {c.reason}"
-        )
+        spares = f"{c.spares} spare{'s' if c.spares != 1 else ''}"
+        out.setdefault((c.cluster, c.gpus), []).append(f"{spares}, {c.strategy}: {c.reason}")
     return dict(sorted(out.items()))
 
 
