@@ -80,7 +80,7 @@ def capacity(
                -c dgx-h100,dgx-b200,gb200-nvl72 --gpus 4096-32768
     """
     from cost_models import TrainingSpec, resolve_model
-    from ntp_planner.failures.capacity import CapacitySpec, plan_grid, search
+    from ntp_planner.failures.capacity import CapacitySpec, check_workload, plan_grid, search
     from topologies import resolve_cluster_spec
 
     names = parse_list(clusters, "--clusters", str, "dgx-h100,gb200-nvl72")
@@ -95,6 +95,7 @@ def capacity(
         trials=trials,
         seed=seed,
     )
+    check_workload(spec)  # before planning, not after
     prices, sources = gpu_hour_prices(specs, gpu_hour_cost or [])
     need_matplotlib(plot)
     if plot is not None:

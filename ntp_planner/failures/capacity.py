@@ -35,13 +35,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ntp_planner.failures import capacity_sim as sim
 from ntp_planner.failures.checkpoint_interval import daly_interval_s
-from ntp_planner.failures.sim_config import STRATEGIES, SimConfig
+from ntp_planner.failures.sim_config import MAX_EVENTS_PER_TRIAL, STRATEGIES, SimConfig
 from ntp_planner.failures.tables import ThroughputTables
 from ntp_planner.plan import Plan
+from topologies.errors import InputError
 
 HORIZON_SLACK = 1.25  # first horizon: this times the failure-free time, plus a day
-MAX_SLOWDOWN = 16  # a trial not done in this times its failure-free time counts as never done
+MAX_SLOWDOWN = 16  # a trial not done in this times its failure-free time (or MAX_CELLS) counts as never done
 MAX_HORIZON_H = 3650 * 24  # ten years
+MAX_CELLS = 20_000_000  # trials x time bins of one job: ~160 MB a float array, a few of them at once
 BOUND_TOLERANCE = 1e-9  # bounds are lowered by this share: a simulated time may round below its exact bound
 
 
@@ -131,6 +133,7 @@ def search(
     """Search the grid. ``plans[(cluster, gpus)]``: the plan, or why none fits; ``prices``: USD per
     GPU-hour per cluster. ``prune=False`` simulates every candidate that has a plan (the brute
     force the pruned search must agree with)."""
+    check_workload(spec)
     pool = sim.EventPool(spec.sim, spec.trials, max(spec.gpus), spec.seed)
     grid = []
     for (name, n), plan in plans.items():
@@ -159,6 +162,26 @@ def search(
         if progress:
             progress(1)
     return _rank(spec, [done[i] for i in range(len(grid))], simulated)
+
+
+def check_workload(spec: CapacitySpec) -> None:
+    """InputError, with the arithmetic, for a search that would hold GBs or re-plan for hours: the
+    failures of the largest job until the deadline, and its trials x time bins to the deadline
+    (bounds of ``sim_config``: MAX_EVENTS_PER_TRIAL failures a trial, measured there)."""
+    hours = spec.deadline_days * 24 * HORIZON_SLACK + 24
+    failures = spec.sim.failure_rate_per_gpu_hour * max(spec.gpus) * (hours + spec.sim.warm_h)
+    if failures > MAX_EVENTS_PER_TRIAL:
+        raise InputError(
+            f"failure rate({spec.sim.failure_rate_per_gpu_hour:.3g} per GPU-hour) x {max(spec.gpus):,} GPUs x "
+            f"{hours + spec.sim.warm_h:,.0f} h (the deadline, with slack and warm-up) = {failures:,.0f} failures a "
+            f"trial is over {MAX_EVENTS_PER_TRIAL:,} (hours of re-planning); lower --gpus or --deadline-days"
+        )
+    cells = spec.trials * hours * 3600 / sim.BIN_S
+    if cells > MAX_CELLS:
+        raise InputError(
+            f"trials({spec.trials:,}) x {hours * 3600 / sim.BIN_S:,.0f} time bins of {sim.BIN_S} s to the deadline "
+            f"= {cells:.3g} is over {MAX_CELLS:.3g} (GBs of memory); lower --trials or --deadline-days"
+        )
 
 
 def _bounds(spec: CapacitySpec, job: _Job, k: int, strategy: str, price: float) -> Candidate:
@@ -262,7 +285,7 @@ def train_hours(spec: CapacitySpec, pool: sim.EventPool, job: _Job, k: int, stra
     trial is not done, up to MAX_SLOWDOWN times the failure-free time (then inf)."""
     interval, productive = _interval(spec, job.gpus)
     work_s = spec.tokens / job.plan.predicted.tokens_per_s
-    cap = min(MAX_HORIZON_H, MAX_SLOWDOWN * work_s / productive / 3600 + 24)
+    cap = min(MAX_HORIZON_H, MAX_SLOWDOWN * work_s / productive / 3600 + 24, MAX_CELLS / spec.trials * sim.BIN_S / 3600)
     horizon = _whole_bins(HORIZON_SLACK * work_s / productive / 3600 + 24)
     tables = _tables(job, spec, k)
     cfg = spec.sim
@@ -347,7 +370,6 @@ def plan_grid(
 
     from ntp_planner.solver.planner import make_plan
     from topologies.cluster import Cluster
-    from topologies.errors import InputError
 
     plans: dict[tuple[str, int], Plan | str] = {}
     for name, cluster_spec in clusters.items():

@@ -61,7 +61,8 @@ def capacity_view(result: CapacityResult, spec: CapacitySpec, model: str, prices
     for (cluster, gpus), reasons in _losers(result).items():
         lost.add_row(cluster, f"{gpus:,}", str(len(reasons)), escape(reasons[0]))
     price = "; ".join(f"{n} ${p['usd_per_gpu_hour']:.2f}/GPU-h ({p['source']})" for n, p in prices.items())
-    return Group(escape(head), escape(answer), front, lost, escape(f"Prices: {price}"))
+    parts = [escape(head), escape(answer), *([front] if result.front else []), lost]
+    return Group(*parts, escape(f"Prices: {price}"))
 
 
 def _losers(result: CapacityResult) -> dict[tuple[str, int], list[str]]:
