@@ -1,8 +1,6 @@
 """The capacity planner (`ntp capacity`, issue 26): time to train against closed forms, cost
 arithmetic by hand, and the pruned, shared search against simulating every candidate."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -117,3 +115,43 @@ def test_the_pruned_search_returns_what_simulating_every_candidate_returns(plans
     skipped = [c for c in pruned.candidates if c.p50_days is None]
     assert skipped and not on_front & {c.label for c in skipped}
     assert {c.reason.split(" ")[0] for c in skipped} == {"too", "dominated"}  # both bounds pruned
+
+
+def test_candidates_share_failures_and_the_horizon_changes_no_trial(plans):
+    """Common random numbers: a job of 64 GPUs meets exactly the failures of GPUs 0-63 of the
+    256-GPU job, and a trial's time to train is the same whichever horizon found it."""
+    from ntp_planner.failures.capacity import _tables
+
+    cfg = SimConfig(failure_rate_per_gpu_hour=3e-4)
+    pool = sim.EventPool(cfg, 30, 256, seed=5)
+    small, big = pool.events(64, 2000.0), pool.events(256, 2000.0)
+    keep = big.gpu < 64
+    assert np.array_equal(small.start_h, big.start_h[keep]) and np.array_equal(small.trial, big.trial[keep])
+    assert small.trial.size > 1000  # about 3e-4 x 64 x (2,000 + 120) h x 30 trials = 1,221
+    spec = CapacitySpec(tokens=1e11, deadline_days=30, confidence=0.9, gpus=(64,), trials=30, sim=cfg)
+    job = _job(plans)
+    tables = _tables(job, spec, 0)
+    work_s = 36 * 3600.0
+    short, long = (sim.job_failures(pool, tables, 64, h) for h in (48.0, 400.0))
+    # no domain with three failures at once: states.failure_states counts those as two pairs, and
+    # its singles go negative (left to the simulator's owner)
+    assert (short.states.states >= 0).all() and (long.states.states >= 0).all()
+    done = [
+        sim.elastic_hours(f, tables.arrays("ntp", "flexible", f.states.states)[0], 0.99, work_s) for f in (short, long)
+    ]
+    assert np.isfinite(done[0]).sum() >= 10 and np.array_equal(
+        done[0][np.isfinite(done[0])], done[1][np.isfinite(done[0])]
+    )
+    restart = [sim.restart_hours(f.events, 30, f.horizon_h, work_s, 3000.0, 300.0, 660.0) for f in (short, long)]
+    ok = np.isfinite(restart[0])
+    assert ok.sum() >= 10 and np.array_equal(restart[0][ok], restart[1][ok])
+
+
+def test_a_search_past_the_workload_bounds_is_refused_with_the_arithmetic():
+    from ntp_planner.failures.capacity import check_workload
+    from topologies.errors import InputError
+
+    with pytest.raises(InputError, match=r"x 400,000 GPUs x .* failures a trial is over 5,000"):
+        check_workload(CapacitySpec(tokens=1e12, deadline_days=300, confidence=0.9, gpus=(400_000,)))
+    with pytest.raises(InputError, match=r"trials\(5,000\) x 180,048 time bins .* is over 2e\+07"):
+        check_workload(CapacitySpec(tokens=1e12, deadline_days=3000, confidence=0.9, gpus=(8,), trials=5000))

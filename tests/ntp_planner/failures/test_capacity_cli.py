@@ -9,19 +9,21 @@ from typer.testing import CliRunner
 from ntp_planner.cli import app
 
 runner = CliRunner()
-TINY = ["capacity", "-m", "llama3-8b", "--tokens", "1e11", "--deadline-days", "1.5", "--confidence", "0.9", "-c", "dgx-h100,gb200-nvl72",
-        "--gpus", "64-128", "--spares", "0,1", "--strategies", "restart,ntp", "--trials", "8", "--seq-len", "4096",
-        "--global-batch", "256"]  # fmt: skip
+TINY = ["capacity", "-m", "llama3-8b", "--tokens", "1e11", "--deadline-days", "1.5", "--confidence", "0.9",
+        "-c", "dgx-h100,gb200-nvl72", "--gpus", "64-128", "--spares", "0,1", "--strategies", "restart,ntp",
+        "--trials", "8", "--seq-len", "4096", "--global-batch", "256"]  # fmt: skip
 
 
-def test_a_tiny_grid_names_the_cheapest_of_those_meeting_the_deadline():
-    result = runner.invoke(app, [*TINY, "--json"])
+def test_a_tiny_grid_names_the_cheapest_of_those_meeting_the_deadline(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = runner.invoke(app, [*TINY, "--json", "--plot", tmp_path / "plots"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert len(out["candidates"]) == 2 * 2 * 2 * 2
     meets = [c for c in out["candidates"] if c["p50_days"] is not None and c["p_deadline"] >= 0.9]
     assert out["cheapest"] == min(meets, key=lambda c: (c["cost_usd"], c["days_at_confidence"]))
     assert all(c["reason"] for c in out["candidates"] if c["verdict"] == "lost")
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["deadline_probability.png", "front.png"]
     assert out["prices"]["dgx-h100"]["usd_per_gpu_hour"] == pytest.approx(49.24 / 8)
     assert "coreweave" in out["prices"]["gb200-nvl72"]["source"].lower()
     c = out["cheapest"]
