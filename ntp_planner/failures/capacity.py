@@ -377,8 +377,9 @@ def plan_grid(
             try:
                 cluster = Cluster(spec=cluster_spec, num_gpus=n)
                 plans[(name, n)] = make_plan(model, training, cluster, top=1, per_layer=False)
-            except (InputError, ValidationError, ValueError) as exc:
-                text = " ".join(str(exc).split()) if not isinstance(exc, ValidationError) else exc.errors()[0]["msg"]
+            except (InputError, ValidationError) as exc:
+                text = exc.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(exc, ValidationError) else exc
+                text = " ".join(str(text).split())
                 plans[(name, n)] = f"no layout fits {n:,} GPUs: {text.rstrip('.')}"
             if progress:
                 progress(1)
