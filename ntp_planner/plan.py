@@ -12,7 +12,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from cost_models.layout import ParallelLayout, check_layout
 from cost_models.model import ModelSpec
@@ -216,6 +224,18 @@ class Plan(BaseModel):
         max_length=64,
         description="Candidates the inputs ruled out or changed, and why (an odd sequence length, say).",
     )
+    runtime: Literal["megatron", "executor", "torchtitan"] = Field(
+        default="megatron",
+        description="The runtime ``predicted`` was costed for (Efficiency.runtime; `--runtime`). Left out of "
+        "dumps while 'megatron', so plans written before it stay byte for byte (and out of inputs_hash).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_default_runtime(self, handler):
+        data = handler(self)
+        if self.runtime == "megatron" and isinstance(data, dict):
+            data.pop("runtime", None)
+        return data
 
     @field_validator("schema_version", mode="before")
     @classmethod

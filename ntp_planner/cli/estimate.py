@@ -30,6 +30,7 @@ from ntp_planner.cli.options import (
     PrecisionAwareOpt,
     ProfileOpt,
     Recompute,
+    RuntimeOpt,
     SeqOpt,
     parse_list,
 )
@@ -164,6 +165,7 @@ def estimate(
     moe_pad_to_capacity: PadOpt = False,
     cuda_graphs: GraphsOpt = False,
     profile: ProfileOpt = None,
+    runtime: RuntimeOpt = "megatron",
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -222,7 +224,7 @@ def estimate(
         recompute_modules=_modules(recompute_modules),
     )
     model_spec, training, cluster_obj = inputs
-    efficiency = profile_efficiency(profile, cluster_obj.gpu.name)
+    efficiency = profile_efficiency(profile, cluster_obj.gpu.name, runtime)
     cost = estimate_step(model_spec, training, layout, cluster_obj, efficiency)
     if output:
         _save_estimate(inputs, layout, cost, output, efficiency)

@@ -18,6 +18,7 @@ from topologies.errors import InputError
 Dtype = Literal["fp16", "bf16", "fp8", "mxfp8", "nvfp4"]
 Fp8Recipe = Literal["delayed", "current"]
 AttentionKernel = Literal["cudnn", "flash2"]
+Runtime = Literal["megatron", "torchtitan"]
 GradReduce = Literal["fp32", "bf16"]
 Recompute = Literal["none", "selective", "full"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
@@ -122,19 +123,29 @@ ProfileOpt = Annotated[
     ),
 ]
 
+RuntimeOpt = Annotated[
+    Runtime,
+    typer.Option(
+        "--runtime",
+        help="What runs the step: megatron (Megatron-Core) or torchtitan (FSDP2, ring-attention CP, per-op SAC, "
+        "torchao float8, torch.compile; cost_models/titan.py). Recorded in the plan.",
+    ),
+]
 
-def profile_efficiency(path: Path | None, gpu_name: str):
-    """The cost model's constants with the profile at ``path`` on top (the defaults when None);
-    InputError when the profile is unreadable or measured on another GPU than ``gpu_name``."""
+
+def profile_efficiency(path: Path | None, gpu_name: str, runtime: str = "megatron"):
+    """The cost model's constants for ``runtime`` with the profile at ``path`` on top (the
+    defaults when None); InputError when the profile is unreadable or measured on another GPU
+    than ``gpu_name``."""
     from cost_models.efficiency import DEFAULT_EFFICIENCY
 
     if path is None:
-        return DEFAULT_EFFICIENCY
+        return DEFAULT_EFFICIENCY if runtime == "megatron" else DEFAULT_EFFICIENCY.with_profile(None, runtime)
     from cost_models.profile import load_profile
 
     profile = load_profile(path)
     profile.check_gpu(gpu_name, f"profile {path}")
-    return DEFAULT_EFFICIENCY.with_profile(profile)
+    return DEFAULT_EFFICIENCY.with_profile(profile, runtime)
 
 
 # ---- failures (replan, sweep, simulate) ---------------------------------------------------

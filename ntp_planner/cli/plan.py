@@ -26,6 +26,7 @@ from ntp_planner.cli.options import (
     PlanArg,
     PrecisionAwareOpt,
     ProfileOpt,
+    RuntimeOpt,
     SeedOpt,
     SeqOpt,
     Strategy,
@@ -104,6 +105,7 @@ def plan(
     strategy: StrategyOpt = None,
     seed: SeedOpt = 0,
     profile: ProfileOpt = None,
+    runtime: RuntimeOpt = "megatron",
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -146,7 +148,7 @@ def plan(
         attention_kernel=attention_kernel,
     )
     space = SearchSpace(zeros=tuple(range(1, max_zero + 1)) or (0,))
-    efficiency = profile_efficiency(profile, inputs[2].gpu.name)
+    efficiency = profile_efficiency(profile, inputs[2].gpu.name, runtime)
     result = make_plan(
         *inputs,
         headroom=headroom,
