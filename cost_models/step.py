@@ -241,7 +241,8 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
     p2p_per_mb, p2p_fill = pipeline_p2p_s(env)
     stage_time = [s.pass_.total + p2p_per_mb for s in stages]
     pipe = pipeline_time(stage_time, m, lay.vpp if lay.pp > 1 else 1)
-    dp_exposed = titan_step.dp_exposed_s(env, stages) if env.titan else dp_exposed_s(lay, stages)
+    # torchtitan: FSDP2's per-block traffic; replicated (ZeRO-0), a bucketed all-reduce as Megatron's
+    dp_exposed = titan_step.dp_exposed_s(env, stages) if env.titan and lay.zero else dp_exposed_s(lay, stages)
     optimizer_s = max(_optimizer_s(env, s) for s in stages)
     s = stages[pipe.bottleneck_stage].pass_
     breakdown = {

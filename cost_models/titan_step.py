@@ -1,7 +1,9 @@
 """torchtitan's runtime composed over the stages of a step: FSDP2's exposed gathers and
 reduce-scatters (``dp_exposed_s``) and a stage's memory (``stage_memory``), from the terms of
 ``cost_models.titan``. ``cost_models.step`` calls these in place of Megatron's when
-``Efficiency.runtime`` is 'torchtitan'.
+``Efficiency.runtime`` is 'torchtitan'. torchtitan shards with FSDP2 at every ZeRO level above 0
+(its export writes ZeRO-1 and -2 as FSDP); ZeRO-0 is its replicated data parallelism, whose
+bucketed all-reduce ``cost_models.step`` costs as Megatron's.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def _one_stage(env: CostEnv, stage: int) -> dict[str, float]:
     for block, t, n in stage_runs(model, lay, stage):
         f, d = env.block_facts(block, t), env.degree(t)
         params = f.dense + f.expert
-        sharded += n * params / d.dp_links.size
+        sharded += n * params / (d.dp_links.size if lay.zero else 1)
         if block in (EMBED, HEAD):
             root += params
         else:
@@ -68,7 +70,9 @@ def _one_stage(env: CostEnv, stage: int) -> dict[str, float]:
             tokens = d.seqs * tr.seq_len / d.cp
             logits = tokens * (model.hidden_size * titan.ACT_BYTES + titan.LOGIT_BYTES * padded_vocab(model, t) / t)
     gather_bytes = 1.0 if tr.dtype == "fp8" and settings.fsdp_float8_all_gather else 2.0
-    if lay.pp > 1 and not lay.reshard_after_forward:  # every block stays gathered, its bf16 gradients unsharded
+    if lay.zero == 0:  # replicated: nothing to gather
+        buffers = 0.0
+    elif lay.pp > 1 and not lay.reshard_after_forward:  # every block stays gathered, its bf16 gradients unsharded
         buffers = gathered * 4.0 + root * 2.0
     else:
         buffers = titan.fsdp2_buffer_bytes(largest, root, gather_bytes)
