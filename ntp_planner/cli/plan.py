@@ -182,7 +182,7 @@ def explain(plan_file: PlanArg, profile: ProfileOpt = None, json_out: JsonOpt = 
     from ntp_planner.views.plan import explain_json, explain_view
 
     p = Plan.load(plan_file)
-    efficiency = profile_efficiency(profile, p.cluster.build().gpu.name)
+    efficiency = profile_efficiency(profile, p.cluster.build().gpu.name, p.runtime)
     if profile is not None:  # the plan, its runners-up and its Megatron projection costed again from the profile
         from cost_models import estimate_step
         from ntp_planner.solver.planner import runner_up
