@@ -34,9 +34,10 @@ Settings the sources leave unstated, chosen once from torchtitan's defaults at t
   sets them (405B on, 8B and 70B off; the Trainy run's command line on).
 - The Grand Teton H100s are HBM2e parts (96 GB, 2.4 TB/s, 500 W; the sources' hardware
   section): ``GRAND_TETON``, the catalogue's H100-SXM with those three figures and its tensor
-  peaks times ``GRAND_TETON_CLOCK``. The source's footnote puts their peak "between SXM and NVL";
-  0.85 is the NVL end (835 of 989 dense bf16 TFLOP/s), and on a 0.05 grid from 0.8 to 0.95 it is
-  also what table H fits best (with TitanSettings.attention_factor fitted beside it).
+  peaks times ``GRAND_TETON_CLOCK``. The source's footnote puts their peak "between SXM and NVL"
+  (0.845 to 1 of the SXM's dense bf16 TFLOP/s) but does not give it: 0.85 is FITTED within that
+  range (a 0.05-grid search beside TitanSettings.attention_factor; benchmarks/fit_titan.py's least
+  squares gives 0.844, the NVL end) and counts as one of table H's fitted constants.
 - SDPA's flash backend (FlashAttention-2) runs attention: ``TrainingSpec.attention_kernel`` flash2.
 """
 
@@ -50,7 +51,7 @@ from cost_models.layout import ParallelLayout
 from cost_models.titan import TitanSettings
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
-from topologies.cluster_catalogue import CLUSTERS
+from topologies.cluster_catalogue import CLUSTERS, ClusterSpec
 from topologies.gpus import GIB, GPUS
 
 ATTENTION_KERNEL = "flash2"  # PyTorch SDPA's flash backend (FlashAttention-2), which torchtitan's SDPA runs
@@ -59,23 +60,26 @@ _ATP = "benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, torchtitan 820504e
 _TRAINY = "benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md, torchtitan e7c0cae"
 _MODELS = {"8b": "llama3-8b", "70b": "llama3-70b", "405b": "llama3.1-405b"}
 
-GRAND_TETON_CLOCK = 0.85  # peak of the 500 W HBM2e H100 over the SXM's: see the module's docstring
-GRAND_TETON = CLUSTERS["dgx-h100"].model_copy(
-    update={
-        "name": "grand-teton-h100",
-        "gpu": "H100-HBM2e-500W",
-        "custom_gpu": GPUS["H100-SXM"].model_copy(
-            update={
-                "name": "H100-HBM2e-500W",
-                "hbm_bytes": 96 * GIB,
-                "hbm_bw_bytes_per_s": 2.4e12,
-                "tdp_watts": 500,
-                "bf16_flops_per_s": GPUS["H100-SXM"].bf16_flops_per_s * GRAND_TETON_CLOCK,
-                "fp8_flops_per_s": GPUS["H100-SXM"].fp8_flops_per_s * GRAND_TETON_CLOCK,
-            }
-        ),
-    }
-)
+GRAND_TETON_CLOCK = 0.85  # FITTED: peak of the 500 W HBM2e H100 over the SXM's, see the module's docstring
+
+
+def grand_teton(clock: float = GRAND_TETON_CLOCK) -> ClusterSpec:
+    """The Grand Teton H100 host with its tensor peaks at ``clock`` times the H100-SXM's."""
+    sxm = GPUS["H100-SXM"]
+    gpu = sxm.model_copy(
+        update={
+            "name": "H100-HBM2e-500W",
+            "hbm_bytes": 96 * GIB,
+            "hbm_bw_bytes_per_s": 2.4e12,
+            "tdp_watts": 500,
+            "bf16_flops_per_s": sxm.bf16_flops_per_s * clock,
+            "fp8_flops_per_s": sxm.fp8_flops_per_s * clock,
+        }
+    )
+    return CLUSTERS["dgx-h100"].model_copy(update={"name": "grand-teton-h100", "gpu": gpu.name, "custom_gpu": gpu})
+
+
+GRAND_TETON = grand_teton()
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,11 @@ class TitanRow:
     async_tp: bool = False
 
     @property
+    def memory_is_peak(self) -> bool:
+        """Whether the run states a memory figure that is a peak the cost model predicts."""
+        return self.memory_gib is not None
+
+    @property
     def model(self):
         return MODELS[self.model_name]
 
@@ -111,7 +120,12 @@ class TitanRow:
 
     @cached_property
     def cluster(self) -> Cluster:
-        spec = GRAND_TETON if self.system == "grand-teton" else CLUSTERS[self.system]
+        return self.cluster_at(GRAND_TETON_CLOCK)
+
+    def cluster_at(self, clock: float) -> Cluster:
+        """The run's cluster with the Grand Teton H100s at ``clock`` times the SXM's peak (other
+        systems as catalogued): what benchmarks/fit_titan.py varies."""
+        spec = grand_teton(clock) if self.system == "grand-teton" else CLUSTERS[self.system]
         return Cluster(spec=spec, num_gpus=self.gpus)
 
     @property
