@@ -41,7 +41,7 @@ class Result:
 
     @property
     def memory_error(self) -> float | None:
-        return None if self.row.memory_gib is None else self.memory_gib / self.row.memory_gib - 1
+        return self.memory_gib / self.row.memory_gib - 1 if self.row.memory_is_peak else None
 
 
 def cost_row(row: TitanRow) -> StepCost:

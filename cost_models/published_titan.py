@@ -16,7 +16,13 @@ torchtitan's tokens/s/GPU is the tokens of a rank's local batch (the whole seque
 context-parallel split) per second over tp x pp x cp (``train.py``'s
 ``parallel_dims.non_data_parallel_size``): step time = local batch x seq / (tps x tp x pp x cp).
 Memory is ``torch.cuda.max_memory_reserved`` (the caching allocator's reserve), the largest over
-ranks.
+ranks. Every one of the 20 figures is a peak (``TitanRow.memory_is_peak``): torchtitan's metrics
+log the peak since the previous log and reset it, the December 2024 source takes the maximum over
+ranks ("stable across the whole training process"), and the Trainy H200 figures, "arbitrarily
+sampled at the 100th iteration", are that logged peak at step 100 (reserved or active: the source
+does not say, its WandB report logs both). Their 35-39% over-prediction before issue 25's second
+round was the loss, not the measure: at e7c0cae ``--training.compile`` compiles the loss too
+(``TitanSettings.compile_loss``), which December 2024's train.py left eager.
 
 Settings the sources leave unstated, chosen once from torchtitan's defaults at the commit run:
 
@@ -164,6 +170,7 @@ def _row(
     source, label, model, system, gpus, fsdp, tp, pp, cp, lb, seq, ac, tps, mem, f8=None, vpp=1, async_tp=False, **titan
 ):
     titan["float8_scaling"] = "rowwise" if f8 == "rowwise" else "tensorwise"
+    titan["compile_loss"] = source != _GT  # December 2024's train.py left the loss eager
     return TitanRow(
         source, label, _MODELS[model], system, gpus, fsdp, tp, pp, cp, lb, seq, ac, tps, mem,
         TitanSettings(**titan), f8, vpp, async_tp,

@@ -23,14 +23,18 @@ pinned by tests/cost_models/test_titan.py to hand-computed numbers:
 - Without torch.compile every elementwise op is its own kernel chain: memory-bound passes cost
   ``eager_memory_factor`` times the fused ones.
 
-Memory (``titan_memory``): FSDP2 keeps fp32 sharded parameters, fp32 sharded gradients and the
-two fp32 Adam moments (16 bytes per parameter over the shard group); its buffers hold two blocks'
-gathered bf16 parameters (the one computing and the one prefetched) and one block's unsharded bf16
-gradients with their fp32 copy for the reduce-scatter, and the root unit's gathered parameters;
-activations are torchtitan's (per-op SAC keeps the saved outputs above, full AC each block's
-input); the loss upcasts the logits to fp32 (``LOGIT_BYTES``); and the caching allocator reserves
-``allocator_reserve_fraction`` more than it hands out (torch.cuda.max_memory_reserved is what
-torchtitan logs).
+Memory (``titan_step.stage_memory``): FSDP2 keeps fp32 sharded parameters, fp32 sharded gradients
+and the two fp32 Adam moments (16 bytes per parameter over the shard group); its buffers hold two
+blocks' gathered bf16 parameters (the one computing and the one prefetched) and one block's
+unsharded bf16 gradients with their fp32 copy for the reduce-scatter, and the root unit's gathered
+parameters. With pipelining every block of the stage stays gathered and, gradient sync being off
+until the last micro-batch, FSDP2 accumulates each unsharded gradient in the reduce dtype
+(``pp_fsdp2_buffer_bytes``). Activations are torchtitan's (per-op SAC keeps the saved outputs
+above and SDPA's logsumexp, full AC each block's input); a context-parallel layer holds the keys and
+values of every chunk and its fp32 gradient accumulators while it runs (``ring_cp_buffer_bytes``);
+the loss holds its logits at the bytes per entry of ``loss_logit_bytes``; and the caching allocator
+reserves ``allocator_reserve_fraction`` more than it hands out (torch.cuda.max_memory_reserved is
+what torchtitan logs).
 """
 
 from __future__ import annotations
@@ -41,9 +45,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 ACT_BYTES = 2.0  # bf16 activations
 FSDP2_STATE_BYTES_PER_PARAM = 16.0  # fp32 sharded parameter, fp32 sharded gradient, Adam's m and v in fp32
-# bf16 logits, their fp32 upcast and the fp32 log-softmax output the loss saves (torchtitan's
-# cross_entropy_loss on pred.float()); the bf16 copy is freed once cast, the gradient reuses the upcast
-LOGIT_BYTES = 10.0
+ACCUMULATED_GRAD_BYTES = 4.0  # FSDP2's unsharded gradient accumulator, in the reduce dtype (fp32)
+LSE_BYTES = 4.0  # SDPA's logsumexp, fp32 per query token and head
+# Bytes per logit entry at the loss's peak (torchtitan's cross_entropy_loss on pred.float()):
+# eager aten: the bf16 logits the train step still holds, their fp32 upcast, the fp32 log-softmax
+# output (its kernel fuses max, exp, sum and log);
+EAGER_LOGIT_BYTES = 10.0
+# loss parallel (tp > 1): DTensor's log-softmax is decomposed (torch/distributed/tensor/parallel/
+# loss.py ``_log_softmax``): the fp32 input, ``shifted = x - max`` and ``exp(shifted)`` are alive
+# together beside the bf16 logits, then the result replaces the exponentials: 2 + 4 + 4 + 4;
+LOSS_PARALLEL_LOGIT_BYTES = 14.0
+# compiled (torch.compile on the loss): inductor fuses the upcast, log-softmax and their backward,
+# saving the bf16 logits and a per-token statistic; the gradient comes out in bf16: 2 + 2.
+COMPILED_LOGIT_BYTES = 4.0
 
 
 class TitanSettings(BaseModel):
@@ -81,6 +95,12 @@ class TitanSettings(BaseModel):
         le=1,
         description="Rate of PyTorch's SDPA (flash backend) inside torchtitan over the fused-attention fraction "
         "of its kernel (Efficiency.flash_efficiency): fitted to table H's long-sequence runs.",
+    )
+    compile_loss: bool = Field(
+        default=True,
+        description="torch.compile also covers the loss when ``compile`` is on: torchtitan compiles it with the "
+        "model from 2025 on (``build_cross_entropy_loss``; ``compile.components`` later); its December 2024 "
+        "train.py left it eager (a TODO: 'compiling loss function causes CUDA errors').",
     )
     allocator_reserve_fraction: float = Field(
         default=0.15,
@@ -176,6 +196,58 @@ def full_ac_activation_bytes(tokens: float, hidden: int, tp: int) -> float:
     80.0
     """
     return ACT_BYTES * tokens * hidden / tp
+
+
+def op_sac_lse_bytes(tokens: float, heads: int, tp: int) -> float:
+    """SDPA's fp32 logsumexp, which the flash backend saves for its backward beside the output
+    (per-op SAC saves the attention op's outputs), per layer and micro-batch.
+
+    >>> op_sac_lse_bytes(10, 8, 2)
+    160.0
+    """
+    return LSE_BYTES * tokens * heads / tp
+
+
+def loss_logit_bytes(tp: int, compiled: bool) -> float:
+    """Bytes per logit entry (token x vocabulary shard) at the loss's peak: ``COMPILED_LOGIT_BYTES``
+    when torch.compile fuses the loss, else ``LOSS_PARALLEL_LOGIT_BYTES`` under TP (torchtitan's
+    loss parallel), else ``EAGER_LOGIT_BYTES``.
+
+    >>> loss_logit_bytes(1, False), loss_logit_bytes(8, False), loss_logit_bytes(8, True)
+    (10.0, 14.0, 4.0)
+    """
+    if compiled:
+        return COMPILED_LOGIT_BYTES
+    return LOSS_PARALLEL_LOGIT_BYTES if tp > 1 else EAGER_LOGIT_BYTES
+
+
+def ring_cp_buffer_bytes(local_tokens: float, width: float, cp: int) -> float:
+    """Bytes a context-parallel attention layer holds while its backward runs (PyTorch's
+    ``_templated_ring_attention_backward`` with torchtitan's allgather rotation), per micro-batch:
+    the keys and values of all cp chunks, all-gathered in bf16 (torchtitan repeats the KV heads
+    before SDPA, so ``width`` is the query heads' width on this rank), and, for this rank's chunk,
+    fp32 accumulators of the query gradient and of the key and value gradients, the latter double
+    buffered as they travel round the ring (5 fp32 tensors of the chunk). The forward's gathered
+    keys and values and fp32 output accumulator are a subset; without CP, none of it.
+
+    >>> ring_cp_buffer_bytes(10, 4, 2)
+    1120.0
+    """
+    if cp <= 1:
+        return 0.0
+    return local_tokens * width * (2 * ACT_BYTES * cp + 5 * 4.0)
+
+
+def pp_fsdp2_buffer_bytes(gathered_bytes: float, gathered_params: float) -> float:
+    """FSDP2's buffers with pipelining: every block of the stage stays gathered
+    (``reshard_after_forward`` off; ``gathered_bytes``: their bytes as gathered) and, gradient sync
+    being off until the last micro-batch, FSDP2 accumulates each unsharded gradient in the reduce
+    dtype (``FSDPParam.to_accumulated_grad_if_needed``: fp32 when the gradient is bf16).
+
+    >>> pp_fsdp2_buffer_bytes(200.0, 100.0)
+    600.0
+    """
+    return gathered_bytes + ACCUMULATED_GRAD_BYTES * gathered_params
 
 
 def fsdp2_buffer_bytes(block_params: float, root_params: float, gather_bytes: float) -> float:

@@ -54,26 +54,29 @@ def stage_memory(env: CostEnv, stages: list[StageCost]) -> list[dict[str, float]
 def _one_stage(env: CostEnv, stage: int) -> dict[str, float]:
     lay, model, tr, settings = env.layout, env.model, env.training, env.titan
     held = in_flight_micro_batches(stage, lay.pp, lay.num_micro_batches, lay.vpp)
-    sharded = largest = root = gathered = act = working = logits = 0.0
+    sharded = largest = root = gathered = gathered_bytes = act = working = logits = 0.0
     for block, t, n in stage_runs(model, lay, stage):
         f, d = env.block_facts(block, t), env.degree(t)
         params = f.dense + f.expert
         sharded += n * params / (d.dp_links.size if lay.zero else 1)
+        local_tokens = d.seqs * tr.seq_len / d.cp
         if block in (EMBED, HEAD):
             root += params
         else:
             largest = max(largest, params)
             gathered += n * params
+            gathered_bytes += n * params * f.weight_bytes
             act += n * _layer_activation_bytes(env, block, t) * held
-            working = max(working, f.working)
+            cp_buffers = titan.ring_cp_buffer_bytes(local_tokens, model.num_heads * model.head_dim / t, d.cp)
+            working = max(working, f.working + cp_buffers)
         if block == HEAD:
-            tokens = d.seqs * tr.seq_len / d.cp
-            logits = tokens * (model.hidden_size * titan.ACT_BYTES + titan.LOGIT_BYTES * padded_vocab(model, t) / t)
+            per_entry = titan.loss_logit_bytes(t, settings.compile and settings.compile_loss)
+            logits = local_tokens * (model.hidden_size * titan.ACT_BYTES + per_entry * padded_vocab(model, t) / t)
     gather_bytes = 1.0 if tr.dtype == "fp8" and settings.fsdp_float8_all_gather else 2.0
     if lay.zero == 0:  # replicated: nothing to gather
         buffers = 0.0
-    elif lay.pp > 1 and not lay.reshard_after_forward:  # every block stays gathered, its bf16 gradients unsharded
-        buffers = gathered * 4.0 + root * 2.0
+    elif lay.pp > 1 and not lay.reshard_after_forward:  # every block gathered, its gradient accumulated
+        buffers = titan.pp_fsdp2_buffer_bytes(gathered_bytes + root * titan.ACT_BYTES, gathered + root)
     else:
         buffers = titan.fsdp2_buffer_bytes(largest, root, gather_bytes)
     parts = {
@@ -95,5 +98,6 @@ def _layer_activation_bytes(env: CostEnv, block, t: int) -> float:
         return titan.full_ac_activation_bytes(d.tokens, m.hidden_size, t)
     if lay.recompute == "selective":
         q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-        return titan.op_sac_activation_bytes(d.tokens, m.hidden_size, q, kv, block.ffn or m.ffn_hidden_size, t)
+        saved = titan.op_sac_activation_bytes(d.tokens, m.hidden_size, q, kv, block.ffn or m.ffn_hidden_size, t)
+        return saved + titan.op_sac_lse_bytes(d.tokens, m.num_heads, t)
     return env.block_facts(block, t).act

@@ -14,7 +14,11 @@ from cost_models.titan import (
     fsdp2_buffer_bytes,
     fsdp2_exposed_s,
     full_ac_activation_bytes,
+    loss_logit_bytes,
     op_sac_activation_bytes,
+    op_sac_lse_bytes,
+    pp_fsdp2_buffer_bytes,
+    ring_cp_buffer_bytes,
     op_sac_recompute_s,
     reserved_bytes,
     ring_cp_exposed_s,
@@ -78,11 +82,47 @@ def test_fsdp2_memory_of_llama3_8b_on_8_gpus_by_part():
     assert params == MODELS["llama3-8b"].params_total
     assert parts["weights"] == pytest.approx(params / 8 * 4) and parts["optimizer"] == pytest.approx(params / 8 * 8)
     assert parts["fsdp_buffers"] == pytest.approx(LAYER_PARAMS * 10 + ROOT_PARAMS * 2)
-    # 32 layers of per-op SAC at 16384 tokens, and the logits: 16384 x (4096 x 2 + 128256 x 10)
-    logits = 16384 * (4096 * 2 + 128256 * 10)
-    assert parts["activations"] == pytest.approx(32 * 2 * 16384 * 31744 + logits)
+    # 32 layers of per-op SAC at 16384 tokens with SDPA's fp32 logsumexp (32 heads), and the
+    # compiled loss's logits: 16384 x (4096 x 2 + 128256 x 4)
+    logits = 16384 * (4096 * 2 + 128256 * 4)
+    assert parts["activations"] == pytest.approx(32 * (2 * 16384 * 31744 + 4 * 16384 * 32) + logits)
     allocated = sum(v for k, v in parts.items() if k not in ("allocator_reserve", "runtime_reserved"))
     assert parts["allocator_reserve"] == pytest.approx(0.15 * allocated)
+
+
+def test_the_loss_holds_10_bytes_a_logit_eager_14_under_loss_parallel_4_compiled():
+    assert loss_logit_bytes(1, False) == 2 + 4 + 4  # bf16 logits, fp32 upcast, fused log-softmax output
+    assert loss_logit_bytes(8, False) == 2 + 4 + 4 + 4  # DTensor's decomposed log-softmax: + exp(shifted)
+    assert loss_logit_bytes(1, True) == loss_logit_bytes(8, True) == 2 + 2  # inductor: bf16 logits and gradient
+    eager = TITAN.model_copy(update={"titan": TitanSettings(compile_loss=False)})
+    # Llama 3 8B, 16384 tokens: 6 bytes x 128256 more per token than the compiled loss
+    gap = _fsdp8(eager).memory_breakdown_bytes["activations"] - _fsdp8(TITAN).memory_breakdown_bytes["activations"]
+    assert gap == pytest.approx(16384 * 128256 * 6)
+
+
+def test_sdpa_logsumexp_and_the_ring_cp_buffers_by_hand():
+    assert op_sac_lse_bytes(16384, 32, 1) == 4 * 16384 * 32
+    # Llama 3.1 405B, TP 8 (16 of 128 query heads of 128, KV repeated to them), CP 8, 32768 local
+    # tokens: every chunk's K and V in bf16 (2 x 2 x 8) and five fp32 chunk accumulators (5 x 4)
+    assert ring_cp_buffer_bytes(32768, 2048, 8) == 32768 * 2048 * 52 == 3_489_660_928
+    assert ring_cp_buffer_bytes(32768, 2048, 1) == 0.0
+
+
+def test_pipelined_fsdp2_accumulates_every_unsharded_gradient_in_fp32():
+    # 100 parameters gathered at 1.5 bytes each (float8 GEMM weights, bf16 rest): + 4 bytes each
+    assert pp_fsdp2_buffer_bytes(150.0, 100.0) == 550.0
+
+
+def test_cp_adds_its_gathered_kv_and_fp32_accumulators_to_a_405b_stage():
+    # table H's T6 CP1 32k and CP8 256k: the same 32768 tokens per rank, the same shards (FSDP x CP = 8)
+    rows = {r.label: r for r in TABLE_H}
+
+    def activations(label):
+        r = rows[label]
+        eff = TITAN.model_copy(update={"titan": r.titan})
+        return estimate_step(r.model, r.training, r.layout, r.cluster, eff).memory_breakdown_bytes["activations"]
+
+    assert activations("T6 CP8 256k") - activations("T6 CP1 32k") == pytest.approx(3_489_660_928)
 
 
 def test_titan_settings_change_nothing_under_megatron_and_the_gemm_and_memory_rates_under_torchtitan():
@@ -112,11 +152,10 @@ def test_published_throughput_becomes_step_time_over_the_non_data_parallel_ranks
     assert len(TABLE_H) == 32 and sum(r.memory_gib is not None for r in TABLE_H) == 20
 
 
-@pytest.mark.slow
-def test_table_h_meets_the_goal_step_time_within_10_percent_and_memory_within_15_on_average():
+def test_table_h_meets_the_goal_step_time_within_10_percent_on_average_and_every_peak_within_15():
     from benchmarks.calibration_titan import error_summary, results
 
     res = results()
     step = error_summary([r.step_error for r in res])
-    memory = error_summary([r.memory_error for r in res if r.memory_error is not None])
-    assert step[0] <= 0.10 and memory[0] <= 0.15
+    memory = [r.memory_error for r in res if r.row.memory_is_peak]
+    assert step[0] <= 0.10 and len(memory) == 20 and max(map(abs, memory)) <= 0.15
