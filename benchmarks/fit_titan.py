@@ -83,7 +83,10 @@ def fit_step(rows: list[TitanRow]) -> dict[str, float]:
 
     def residuals(values: np.ndarray) -> np.ndarray:
         constants = dict(zip(STEP_CONSTANTS, values, strict=True))
-        errs = [w * np.log(cost(r, constants).step_time_s / r.measured_step_time_s) for r, w in zip(rows, weights)]
+        errs = [
+            w * np.log(cost(r, constants).step_time_s / r.measured_step_time_s)
+            for r, w in zip(rows, weights, strict=True)
+        ]
         return np.concatenate([errs, np.log(values / prior) * RUN_SCATTER / PRIOR_SPREAD])
 
     x = least_squares(residuals, prior, bounds=(lo, hi), diff_step=1e-3, max_nfev=200).x

@@ -32,6 +32,7 @@ from ntp_planner.cli.options import (
     Recompute,
     RuntimeOpt,
     SeqOpt,
+    attention_kernel_for,
     parse_list,
 )
 from ntp_planner.cli.output import show, show_json
@@ -160,7 +161,7 @@ def estimate(
     precision_aware_optimizer: PrecisionAwareOpt = False,
     fused_cross_entropy: FusedLossOpt = True,
     flash_attention: FlashOpt = True,
-    attention_kernel: AttentionKernelOpt = "cudnn",
+    attention_kernel: AttentionKernelOpt = None,
     moe_capacity_factor: CapacityOpt = None,
     moe_pad_to_capacity: PadOpt = False,
     cuda_graphs: GraphsOpt = False,
@@ -197,7 +198,7 @@ def estimate(
         grad_reduce=grad_reduce,
         precision_aware_optimizer=precision_aware_optimizer,
         fused_cross_entropy=fused_cross_entropy,
-        attention_kernel=attention_kernel,
+        attention_kernel=attention_kernel_for(attention_kernel, runtime),
         moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity,
         cuda_graphs=cuda_graphs,

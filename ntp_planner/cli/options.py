@@ -98,9 +98,30 @@ PrecisionAwareOpt = Annotated[
     ),
 ]
 AttentionKernelOpt = Annotated[
-    AttentionKernel,
-    typer.Option("--attention-kernel", help="Fused attention: cudnn (TE's default) or flash2 (FlashAttention-2)."),
+    AttentionKernel | None,
+    typer.Option(
+        "--attention-kernel",
+        help="Fused attention: cudnn (TE's default) or flash2 (FlashAttention-2). Default: what the runtime runs, "
+        "cudnn for megatron, flash2 for torchtitan (PyTorch SDPA's flash backend).",
+        show_default=False,
+    ),
 ]
+
+
+def attention_kernel_for(kernel: str | None, runtime: str) -> str:
+    """The attention kernel the user named, else the one ``runtime`` runs: torchtitan calls
+    PyTorch's SDPA, whose flash backend is FlashAttention-2; Megatron-Core runs TE's cuDNN kernel.
+
+    >>> attention_kernel_for(None, "torchtitan"), attention_kernel_for(None, "megatron")
+    ('flash2', 'cudnn')
+    >>> attention_kernel_for("cudnn", "torchtitan")
+    'cudnn'
+    """
+    if kernel is not None:
+        return kernel
+    return "flash2" if runtime == "torchtitan" else "cudnn"
+
+
 FusedLossOpt = Annotated[
     bool, typer.Option("--fused-cross-entropy/--unfused-cross-entropy", help="Fused loss kernel (TE) or Megatron's.")
 ]

@@ -30,6 +30,7 @@ from ntp_planner.cli.options import (
     SeedOpt,
     SeqOpt,
     Strategy,
+    attention_kernel_for,
 )
 from ntp_planner.cli.output import show, show_json
 from topologies.errors import InputError
@@ -95,7 +96,7 @@ def plan(
     precision_aware_optimizer: PrecisionAwareOpt = False,
     fused_cross_entropy: FusedLossOpt = True,
     flash_attention: FlashOpt = True,
-    attention_kernel: AttentionKernelOpt = "cudnn",
+    attention_kernel: AttentionKernelOpt = None,
     distributed_optimizer: DistOptOpt = True,
     headroom: HeadroomOpt = 0.1,
     max_zero: MaxZeroOpt = 3,
@@ -145,7 +146,7 @@ def plan(
         grad_reduce=grad_reduce,
         precision_aware_optimizer=precision_aware_optimizer,
         fused_cross_entropy=fused_cross_entropy,
-        attention_kernel=attention_kernel,
+        attention_kernel=attention_kernel_for(attention_kernel, runtime),
     )
     space = SearchSpace(zeros=tuple(range(1, max_zero + 1)) or (0,))
     efficiency = profile_efficiency(profile, inputs[2].gpu.name, runtime)

@@ -47,7 +47,7 @@ def _plan(
         model=model,
         training=training,
         cluster=inputs,
-        inputs_hash=inputs_hash(model, training, inputs, layout),
+        inputs_hash=inputs_hash(model, training, inputs, layout, runtime),
         headroom=headroom,
         layout=layout,
         placement=place_ranks(layout.rank_grid, cluster),

@@ -17,10 +17,10 @@ from cost_models.titan import (
     loss_logit_bytes,
     op_sac_activation_bytes,
     op_sac_lse_bytes,
-    pp_fsdp2_buffer_bytes,
-    ring_cp_buffer_bytes,
     op_sac_recompute_s,
+    pp_fsdp2_buffer_bytes,
     reserved_bytes,
+    ring_cp_buffer_bytes,
     ring_cp_exposed_s,
 )
 from topologies import CLUSTERS, Cluster
