@@ -241,8 +241,10 @@ def ring_cp_buffer_bytes(local_tokens: float, width: float, cp: int) -> float:
 def pp_fsdp2_buffer_bytes(gathered_bytes: float, gathered_params: float) -> float:
     """FSDP2's buffers with pipelining: every block of the stage stays gathered
     (``reshard_after_forward`` off; ``gathered_bytes``: their bytes as gathered) and, gradient sync
-    being off until the last micro-batch, FSDP2 accumulates each unsharded gradient in the reduce
-    dtype (``FSDPParam.to_accumulated_grad_if_needed``: fp32 when the gradient is bf16).
+    being off until the last micro-batch (torch.distributed.pipelining's
+    ``backward_maybe_with_nosync`` calls ``set_requires_gradient_sync(False)`` on an FSDP stage),
+    FSDP2 accumulates each unsharded gradient in the reduce dtype
+    (``FSDPParam.to_accumulated_grad_if_needed``: fp32 when the gradient is bf16).
 
     >>> pp_fsdp2_buffer_bytes(200.0, 100.0)
     600.0
