@@ -25,6 +25,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.calibration_titan import print_table_h  # noqa: E402
 from cost_models import published, published_dgxc, published_moe, published_runs  # noqa: E402
 from cost_models.published import all_tables  # noqa: E402
 from cost_models.step import estimate_step  # noqa: E402
@@ -187,12 +188,15 @@ def markdown(table: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", choices=list(TITLES), help="one table only")
+    parser.add_argument("--table", choices=[*TITLES, "H"], help="one table only (H: torchtitan, calibration_titan)")
     parser.add_argument("--markdown", action="store_true", help="markdown rows for benchmarks/README.md")
     args = parser.parse_args()
-    tables = [args.table] if args.table else list(TITLES)
+    tables = [args.table] if args.table else [*TITLES, "H"]
     console = Console(width=160)
     for table in tables:
+        if table == "H":
+            print_table_h(console, args.markdown)
+            continue
         if args.markdown:
             markdown(table)
         else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from cost_models import collectives as coll
-from cost_models import moe
+from cost_models import moe, titan
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from cost_models.flops import ACT_BYTES, Op, embedding_ops, gemm, head_ops, kv_heads_per_rank, layer_ops, moe_ops
 from cost_models.layout import ParallelLayout, sub_batch
@@ -134,6 +134,14 @@ class CostEnv:
         self.lp_copy_bytes = low_precision_copy_bytes(training.dtype, self.arch, training.fp8_params)
         self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
         self.executor = eff.runtime == "executor"
+        self.titan = eff.titan if eff.runtime == "torchtitan" else None  # torchtitan's costs (cost_models.titan)
+        self.memory_scale = 1.0  # memory-bound passes: uncompiled torchtitan runs them as kernel chains
+        if self.titan is not None:
+            self.memory_scale = 1.0 if self.titan.compile else self.titan.eager_memory_factor
+            self._attention *= self.titan.attention_factor
+            if training.dtype == "fp8" and self.titan.float8_scaling == "rowwise":
+                rate, half = self._gemm[True]
+                self._gemm[True] = (rate * self.titan.rowwise_gemm_fraction, half)
         self.profile = eff.profile
         self.notes: set[str] = set()  # where a profile did not cover what was costed
         self.act_bytes = ACT_BYTES  # bytes of one activation on the wire
@@ -216,7 +224,7 @@ class CostEnv:
             return op.flops / (rate * self.eff.shape_factor(op.m, op.n, op.k, half))
         if op.kind == "flash":  # attention runs in bf16 whatever the GEMM format
             return op.flops / (self.bf16_peak * self._attention)
-        return op.mem_bytes / self.mem_bw
+        return op.mem_bytes / self.mem_bw * self.memory_scale
 
     def ops_pass(self, ops: list[Op]) -> Pass:
         """Forward and backward of ``ops``: each op's cost times its fwd / bwd multiplicity, plus
@@ -386,7 +394,7 @@ class CostEnv:
         tp_fwd, tp_bwd = self._tp_layer_comm(kind, d, ops)
         p.tp_comm = tp_fwd + tp_bwd
         core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
-        cp_fwd, cp_bwd = self._cp_comm(kind, d, core)
+        cp_fwd, cp_bwd = self._titan_cp(kind, d, core) if self.titan else self._cp_comm(kind, d, core)
         p.cp_comm = cp_fwd + cp_bwd
         if kind.moe and lay.ep * d.etp > 1:  # dispatch + combine, forward and backward
             one = self._dispatch_s(d)
@@ -397,6 +405,10 @@ class CostEnv:
             # all-to-alls in ep_comm, the forward's two (dispatch and combine) are half
             p.recompute = p.fwd + tp_fwd + cp_fwd + p.ep_comm / 2
             p.hw_flops += sum(op.flops for op in ops)
+        elif lay.recompute == "selective" and self.titan:  # per-op SAC (cost_models.titan)
+            kv_share = kv_heads_per_rank(m, t) / (m.num_heads / t + 2 * kv_heads_per_rank(m, t))
+            fwd_s = {op.name: op.fwd * (self.op_time(op) + self.eff.kernel_overhead_s) for op in ops}
+            p.recompute = titan.op_sac_recompute_s(fwd_s, kv_share)
         elif lay.recompute == "selective":
             p.recompute = sum(op.fwd * (self.op_time(op) + self.eff.kernel_overhead_s) for op in core)
             p.hw_flops += sum(op.flops for op in core)
@@ -507,6 +519,18 @@ class CostEnv:
         fwd = (d.cp - 1) * max(0.0, send - attn_fwd)
         bwd = (d.cp - 1) * max(0.0, 2 * send - attn_bwd)  # K, V and dK, dV
         return fwd, bwd
+
+    def _titan_cp(self, kind: LayerKind, d: Degree, core: list[Op]) -> tuple[float, float]:
+        """PyTorch's context-parallel SDPA under torchtitan (``titan.ring_cp_exposed_s``): keys and
+        values all-gathered, their fp32 gradients passed round the ring."""
+        if d.cp <= 1 or not kind.attention:
+            return 0.0, 0.0
+        kv_bytes = 2 * self.act_bytes * d.tokens * kv_heads_per_rank(self.model, d.t) * self.model.head_dim
+        gather = self.coll("all_gather", d.cp * kv_bytes, d.cp_links)
+        send = self.coll("send_recv", 2 * kv_bytes, d.cp_links)  # fp32 dK, dV
+        attn_fwd = sum(op.fwd * self.op_time(op) for op in core)
+        attn_bwd = sum(op.bwd * self.op_time(op) for op in core)
+        return titan.ring_cp_exposed_s(gather, send, attn_fwd, attn_bwd, d.cp)
 
     def transition_time(self, t_from: int, t_to: int) -> float:
         """Changing degree between consecutive blocks, per micro-batch. Under sequence

@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cost_models.profile import Profile
+from cost_models.titan import TitanSettings
 from topologies.errors import InputError
 
 A100_BF16_FLOPS_PER_SM = 312e12 / 108  # the reference GPU of gemm_half_dim (A100 datasheet, 108 SMs)
@@ -175,13 +176,19 @@ class Efficiency(BaseModel):
         description="Ranks sharing the cores of a CPU host whose profile is used (`ntp validate`'s processes); "
         "with more ranks than cores each rank computes that much slower. None: the cluster's GPUs on one host.",
     )
-    runtime: Literal["megatron", "executor"] = Field(
+    runtime: Literal["megatron", "executor", "torchtitan"] = Field(
         default="megatron",
         description="What runs the step. 'megatron': Megatron-Core's overlaps (backward TP collectives beside "
         "GEMMs, bucketed gradient reduction, batched pipeline sends). 'executor': ntp-planner's own executor "
         "(`ntp validate`), whose collectives are synchronous: nothing overlaps, gradients are all-reduced one "
         "tensor at a time, the LM head gathers whole logits, context parallelism all-gathers keys and values, "
-        "and a pipeline message is sent by a stage's first rank and broadcast to the rest.",
+        "and a pipeline message is sent by a stage's first rank and broadcast to the rest. 'torchtitan': "
+        "torchtitan's FSDP2, ring-attention CP, per-op SAC, torchao float8, torch.compile and its memory "
+        "(cost_models.titan, with the settings and fitted constants of ``titan``).",
+    )
+    titan: TitanSettings = Field(
+        default_factory=TitanSettings,
+        description="torchtitan's job settings and runtime constants; read only when runtime is 'torchtitan'.",
     )
 
     def with_profile(

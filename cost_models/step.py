@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cost_models import titan_step
 from cost_models.blocks import EMBED, HEAD, Block, CostEnv, pass_cache_key
 from cost_models.data_parallel import exposed_dp_time
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
@@ -180,6 +181,8 @@ def cost_env(
 
 def stage_memory(env: CostEnv, stages: list[StageCost]) -> list[dict[str, float]]:
     """Peak bytes per GPU of each stage, by part, with its in-flight micro-batches."""
+    if env.titan:
+        return titan_step.stage_memory(env, stages)
     lay = env.layout
     return [
         st.memory(in_flight_micro_batches(i, lay.pp, lay.num_micro_batches, lay.vpp)) for i, st in enumerate(stages)
@@ -238,7 +241,8 @@ def cost_from_stages(env: CostEnv, stages: list[StageCost] | None = None) -> Ste
     p2p_per_mb, p2p_fill = pipeline_p2p_s(env)
     stage_time = [s.pass_.total + p2p_per_mb for s in stages]
     pipe = pipeline_time(stage_time, m, lay.vpp if lay.pp > 1 else 1)
-    dp_exposed = dp_exposed_s(lay, stages)
+    # torchtitan: FSDP2's per-block traffic; replicated (ZeRO-0), a bucketed all-reduce as Megatron's
+    dp_exposed = titan_step.dp_exposed_s(env, stages) if env.titan and lay.zero else dp_exposed_s(lay, stages)
     optimizer_s = max(_optimizer_s(env, s) for s in stages)
     s = stages[pipe.bottleneck_stage].pass_
     breakdown = {

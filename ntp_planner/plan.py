@@ -12,8 +12,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from cost_models.efficiency import Efficiency
 from cost_models.layout import ParallelLayout, check_layout
 from cost_models.model import ModelSpec
 from cost_models.step import StepCost
@@ -216,6 +225,27 @@ class Plan(BaseModel):
         max_length=64,
         description="Candidates the inputs ruled out or changed, and why (an odd sequence length, say).",
     )
+    runtime: Literal["megatron", "executor", "torchtitan"] = Field(
+        default="megatron",
+        description="The runtime ``predicted`` was costed for (Efficiency.runtime; `--runtime`). Left out of "
+        "dumps and of inputs_hash while 'megatron', so plans written before it stay byte for byte and keep their "
+        "hash; any other runtime is hashed, so an edited runtime is refused like any edited input.",
+    )
+
+    @property
+    def default_efficiency(self) -> Efficiency:
+        """The cost model's constants (no profile) for the runtime this plan was costed for: what
+        every re-costing of the plan (re-plans, per-layer views) starts from."""
+        from cost_models.efficiency import DEFAULT_EFFICIENCY
+
+        return DEFAULT_EFFICIENCY.with_profile(None, self.runtime)
+
+    @model_serializer(mode="wrap")
+    def _omit_default_runtime(self, handler):
+        data = handler(self)
+        if self.runtime == "megatron" and isinstance(data, dict):
+            data.pop("runtime", None)
+        return data
 
     @field_validator("schema_version", mode="before")
     @classmethod
@@ -249,15 +279,15 @@ class Plan(BaseModel):
         """The prediction belongs to these inputs: an edited model, training, cluster or layout
         changes the hash, and the format must be one the cluster's GPU runs."""
         self.cluster.build().gpu.peak_flops_per_s(self.training.dtype)  # fp8 on an A100: one sentence
-        if inputs_hash(self.model, self.training, self.cluster, self.layout) != self.inputs_hash:
+        if inputs_hash(self.model, self.training, self.cluster, self.layout, self.runtime) != self.inputs_hash:
             if inputs_hash(self.model, self.training, self.cluster, None) == self.inputs_hash:
                 raise EditedPlan(
                     f"was made before inputs_hash covered the layout, so an edit of its layout cannot be told: "
                     f"{RE_PREDICT}"
                 )
             raise EditedPlan(
-                f"was edited after it was predicted (its model, training, cluster or layout no longer give its "
-                f"inputs_hash {self.inputs_hash[:12]}...): {RE_PREDICT}"
+                f"was edited after it was predicted (its model, training, cluster, layout or runtime no longer give "
+                f"its inputs_hash {self.inputs_hash[:12]}...): {RE_PREDICT}"
             )
 
     def _check_layout(self) -> None:
@@ -449,11 +479,17 @@ def _dump_without_later_defaults(spec: ModelSpec | TrainingSpec | ParallelLayout
     return spec.model_dump(mode="json", exclude=skip)
 
 
-def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs, layout: ParallelLayout | None) -> str:
-    """sha256 of what a prediction is computed from: the three inputs and the layout. A cluster
-    field added later is left out while it holds its default, so older plans keep their hash.
-    ``layout=None`` gives the hash of plans made before it covered the layout (to tell them from
-    edited ones)."""
+def inputs_hash(
+    model: ModelSpec,
+    training: TrainingSpec,
+    cluster: ClusterInputs,
+    layout: ParallelLayout | None,
+    runtime: str = "megatron",
+) -> str:
+    """sha256 of what a prediction is computed from: the three inputs, the layout and the runtime
+    that ran the cost model. A field added later is left out while it holds its default (the
+    runtime while 'megatron'), so older plans keep their hash. ``layout=None`` gives the hash of
+    plans made before it covered the layout (to tell them from edited ones)."""
     parts = {
         "model": _dump_without_later_defaults(model),
         "training": _dump_without_later_defaults(training),
@@ -461,6 +497,8 @@ def inputs_hash(model: ModelSpec, training: TrainingSpec, cluster: ClusterInputs
     }
     if layout is not None:
         parts["layout"] = _dump_without_later_defaults(layout)
+    if runtime != "megatron":
+        parts["runtime"] = runtime
     blob = json.dumps(
         parts,
         sort_keys=True,

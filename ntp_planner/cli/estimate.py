@@ -30,7 +30,9 @@ from ntp_planner.cli.options import (
     PrecisionAwareOpt,
     ProfileOpt,
     Recompute,
+    RuntimeOpt,
     SeqOpt,
+    attention_kernel_for,
     parse_list,
 )
 from ntp_planner.cli.output import show, show_json
@@ -159,11 +161,12 @@ def estimate(
     precision_aware_optimizer: PrecisionAwareOpt = False,
     fused_cross_entropy: FusedLossOpt = True,
     flash_attention: FlashOpt = True,
-    attention_kernel: AttentionKernelOpt = "cudnn",
+    attention_kernel: AttentionKernelOpt = None,
     moe_capacity_factor: CapacityOpt = None,
     moe_pad_to_capacity: PadOpt = False,
     cuda_graphs: GraphsOpt = False,
     profile: ProfileOpt = None,
+    runtime: RuntimeOpt = "megatron",
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -195,7 +198,7 @@ def estimate(
         grad_reduce=grad_reduce,
         precision_aware_optimizer=precision_aware_optimizer,
         fused_cross_entropy=fused_cross_entropy,
-        attention_kernel=attention_kernel,
+        attention_kernel=attention_kernel_for(attention_kernel, runtime),
         moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity,
         cuda_graphs=cuda_graphs,
@@ -222,7 +225,7 @@ def estimate(
         recompute_modules=_modules(recompute_modules),
     )
     model_spec, training, cluster_obj = inputs
-    efficiency = profile_efficiency(profile, cluster_obj.gpu.name)
+    efficiency = profile_efficiency(profile, cluster_obj.gpu.name, runtime)
     cost = estimate_step(model_spec, training, layout, cluster_obj, efficiency)
     if output:
         _save_estimate(inputs, layout, cost, output, efficiency)

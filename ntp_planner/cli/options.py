@@ -18,6 +18,7 @@ from topologies.errors import InputError
 Dtype = Literal["fp16", "bf16", "fp8", "mxfp8", "nvfp4"]
 Fp8Recipe = Literal["delayed", "current"]
 AttentionKernel = Literal["cudnn", "flash2"]
+Runtime = Literal["megatron", "torchtitan"]
 GradReduce = Literal["fp32", "bf16"]
 Recompute = Literal["none", "selective", "full"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
@@ -97,9 +98,30 @@ PrecisionAwareOpt = Annotated[
     ),
 ]
 AttentionKernelOpt = Annotated[
-    AttentionKernel,
-    typer.Option("--attention-kernel", help="Fused attention: cudnn (TE's default) or flash2 (FlashAttention-2)."),
+    AttentionKernel | None,
+    typer.Option(
+        "--attention-kernel",
+        help="Fused attention: cudnn (TE's default) or flash2 (FlashAttention-2). Default: what the runtime runs, "
+        "cudnn for megatron, flash2 for torchtitan (PyTorch SDPA's flash backend).",
+        show_default=False,
+    ),
 ]
+
+
+def attention_kernel_for(kernel: str | None, runtime: str) -> str:
+    """The attention kernel the user named, else the one ``runtime`` runs: torchtitan calls
+    PyTorch's SDPA, whose flash backend is FlashAttention-2; Megatron-Core runs TE's cuDNN kernel.
+
+    >>> attention_kernel_for(None, "torchtitan"), attention_kernel_for(None, "megatron")
+    ('flash2', 'cudnn')
+    >>> attention_kernel_for("cudnn", "torchtitan")
+    'cudnn'
+    """
+    if kernel is not None:
+        return kernel
+    return "flash2" if runtime == "torchtitan" else "cudnn"
+
+
 FusedLossOpt = Annotated[
     bool, typer.Option("--fused-cross-entropy/--unfused-cross-entropy", help="Fused loss kernel (TE) or Megatron's.")
 ]
@@ -122,19 +144,29 @@ ProfileOpt = Annotated[
     ),
 ]
 
+RuntimeOpt = Annotated[
+    Runtime,
+    typer.Option(
+        "--runtime",
+        help="What runs the step: megatron (Megatron-Core) or torchtitan (FSDP2, ring-attention CP, per-op SAC, "
+        "torchao float8, torch.compile; cost_models/titan.py). Recorded in the plan.",
+    ),
+]
 
-def profile_efficiency(path: Path | None, gpu_name: str):
-    """The cost model's constants with the profile at ``path`` on top (the defaults when None);
-    InputError when the profile is unreadable or measured on another GPU than ``gpu_name``."""
+
+def profile_efficiency(path: Path | None, gpu_name: str, runtime: str = "megatron"):
+    """The cost model's constants for ``runtime`` with the profile at ``path`` on top (the
+    defaults when None); InputError when the profile is unreadable or measured on another GPU
+    than ``gpu_name``."""
     from cost_models.efficiency import DEFAULT_EFFICIENCY
 
     if path is None:
-        return DEFAULT_EFFICIENCY
+        return DEFAULT_EFFICIENCY if runtime == "megatron" else DEFAULT_EFFICIENCY.with_profile(None, runtime)
     from cost_models.profile import load_profile
 
     profile = load_profile(path)
     profile.check_gpu(gpu_name, f"profile {path}")
-    return DEFAULT_EFFICIENCY.with_profile(profile)
+    return DEFAULT_EFFICIENCY.with_profile(profile, runtime)
 
 
 # ---- failures (replan, sweep, simulate) ---------------------------------------------------

@@ -26,9 +26,11 @@ from ntp_planner.cli.options import (
     PlanArg,
     PrecisionAwareOpt,
     ProfileOpt,
+    RuntimeOpt,
     SeedOpt,
     SeqOpt,
     Strategy,
+    attention_kernel_for,
 )
 from ntp_planner.cli.output import show, show_json
 from topologies.errors import InputError
@@ -94,7 +96,7 @@ def plan(
     precision_aware_optimizer: PrecisionAwareOpt = False,
     fused_cross_entropy: FusedLossOpt = True,
     flash_attention: FlashOpt = True,
-    attention_kernel: AttentionKernelOpt = "cudnn",
+    attention_kernel: AttentionKernelOpt = None,
     distributed_optimizer: DistOptOpt = True,
     headroom: HeadroomOpt = 0.1,
     max_zero: MaxZeroOpt = 3,
@@ -104,6 +106,7 @@ def plan(
     strategy: StrategyOpt = None,
     seed: SeedOpt = 0,
     profile: ProfileOpt = None,
+    runtime: RuntimeOpt = "megatron",
     output: OutOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -143,10 +146,10 @@ def plan(
         grad_reduce=grad_reduce,
         precision_aware_optimizer=precision_aware_optimizer,
         fused_cross_entropy=fused_cross_entropy,
-        attention_kernel=attention_kernel,
+        attention_kernel=attention_kernel_for(attention_kernel, runtime),
     )
     space = SearchSpace(zeros=tuple(range(1, max_zero + 1)) or (0,))
-    efficiency = profile_efficiency(profile, inputs[2].gpu.name)
+    efficiency = profile_efficiency(profile, inputs[2].gpu.name, runtime)
     result = make_plan(
         *inputs,
         headroom=headroom,
@@ -180,7 +183,7 @@ def explain(plan_file: PlanArg, profile: ProfileOpt = None, json_out: JsonOpt = 
     from ntp_planner.views.plan import explain_json, explain_view
 
     p = Plan.load(plan_file)
-    efficiency = profile_efficiency(profile, p.cluster.build().gpu.name)
+    efficiency = profile_efficiency(profile, p.cluster.build().gpu.name, p.runtime)
     if profile is not None:  # the plan, its runners-up and its Megatron projection costed again from the profile
         from cost_models import estimate_step
         from ntp_planner.solver.planner import runner_up

@@ -250,7 +250,17 @@ def warnings_for(plan: Plan, layout: ParallelLayout) -> list[str]:
         (layout.moe_overlap != "none", f"torchtitan has no {layout.moe_overlap} A2A overlap: expect the dispatch "
          "exposed"),
     ]  # fmt: skip
-    return data_parallel(layout)[1] + [text for on, text in notes if on]
+    return data_parallel(layout)[1] + [text for on, text in notes if on] + runtime_warning(plan)
+
+
+def runtime_warning(plan: Plan) -> list[str]:
+    """A plan costed for another runtime than torchtitan's (``Plan.runtime``) says so."""
+    if plan.runtime == "torchtitan":
+        return []
+    return [
+        f"the plan's step time and memory were costed for the {plan.runtime} runtime, not torchtitan's: cost it "
+        "again with `ntp estimate --runtime torchtitan` (or plan with `ntp plan --runtime torchtitan`)"
+    ]
 
 
 def _literal(value) -> str:

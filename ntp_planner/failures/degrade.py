@@ -28,17 +28,18 @@ def degraded_basis(plan: Plan) -> StepCost:
     plan; for a per-layer plan, its layout with every block at the stage width (``layer_tp``
     dropped), its times multiplied by the plan's step time over a re-costing of the plan's own
     layout, so that a plan costed with a measured profile keeps its calibration (the ratio is 1
-    for a plan costed analytically). A per-layer plan whose width cannot run every block (heads
-    or FFN not divisible by it) keeps its own cost."""
+    for a plan costed analytically). Both are costed for the runtime the plan was costed for. A
+    per-layer plan whose width cannot run every block (heads or FFN not divisible by it) keeps its
+    own cost."""
     lay = plan.layout
     if not lay.is_per_layer:
         return plan.predicted
-    cluster = plan.cluster.build()
+    cluster, eff = plan.cluster.build(), plan.default_efficiency
     try:
-        whole = estimate_step(plan.model, plan.training, lay.model_copy(update={"layer_tp": None}), cluster)
+        whole = estimate_step(plan.model, plan.training, lay.model_copy(update={"layer_tp": None}), cluster, eff)
     except InputError:
         return plan.predicted
-    own = estimate_step(plan.model, plan.training, lay, cluster)
+    own = estimate_step(plan.model, plan.training, lay, cluster, eff)
     scale = plan.predicted.step_time_s / own.step_time_s
     return whole.model_copy(update={"time_breakdown_s": {k: v * scale for k, v in whole.time_breakdown_s.items()}})
 

@@ -34,6 +34,7 @@ def _plan(
     headroom: float,
     runners_up: list[RunnerUp],
     source: str,
+    runtime: str = "megatron",
 ) -> Plan:
     inputs = ClusterInputs(
         spec=cluster.spec,
@@ -46,13 +47,14 @@ def _plan(
         model=model,
         training=training,
         cluster=inputs,
-        inputs_hash=inputs_hash(model, training, inputs, layout),
+        inputs_hash=inputs_hash(model, training, inputs, layout, runtime),
         headroom=headroom,
         layout=layout,
         placement=place_ranks(layout.rank_grid, cluster),
         predicted=cost,
         runners_up=runners_up,
         source=source,
+        runtime=runtime,
     )
 
 
@@ -123,6 +125,7 @@ def make_plan(
         headroom,
         [runner_up(c.layout, c.cost) for c in rest],
         "search",
+        efficiency.runtime,
     )
     return plan.model_copy(
         update={
@@ -185,4 +188,4 @@ def plan_from_layout(
 ) -> Plan:
     """A Plan for a layout the user chose (validated and costed, memory not enforced)."""
     cost = estimate_step(model, training, layout, cluster, efficiency)
-    return _plan(model, training, cluster, layout, cost, headroom, [], "user")
+    return _plan(model, training, cluster, layout, cost, headroom, [], "user", efficiency.runtime)

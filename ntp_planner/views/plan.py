@@ -75,14 +75,14 @@ def _fullest(cost: StepCost) -> int:
 
 def degrees_table(plan: Plan, efficiency=None) -> Table | Text:
     """Per-layer degrees as ranges of blocks per stage, with the reason for each deviation
-    (costed with ``efficiency``, e.g. a profile, when given)."""
+    (costed with ``efficiency``, e.g. a profile, when given, else for the plan's runtime)."""
     from ntp_planner.solver.per_layer import block_label, explain_degrees
 
     lay = plan.layout
     if not lay.is_per_layer:
         return Text(f"Every block (embedding, {plan.model.num_layers} layers, LM head) runs at tp={lay.tp}.")
-    extra = () if efficiency is None else (efficiency,)
-    majority, runs = explain_degrees(plan.model, plan.training, lay, plan.cluster.build(), *extra)
+    eff = plan.default_efficiency if efficiency is None else efficiency
+    majority, runs = explain_degrees(plan.model, plan.training, lay, plan.cluster.build(), eff)
     t = Table(title=f"Per-layer TP degrees (stage width {lay.tp}, majority degree {majority})", box=box.SIMPLE_HEAD)
     for col in ("stage", "blocks", "degree", "why it differs"):
         t.add_column(col, justify="right" if col in ("stage", "degree") else "left")

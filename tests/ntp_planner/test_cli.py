@@ -71,6 +71,7 @@ def test_cli_surface_is_frozen():
                 "--seed",
                 "--top",
                 "--profile",
+                "--runtime",
                 "--output",
                 "--json",
             ]
@@ -119,6 +120,7 @@ def test_cli_surface_is_frozen():
                 "--attention-kernel",
                 "--flash-attention",
                 "--profile",
+                "--runtime",
                 "--output",
                 "--json",
             ]

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cost_models import MODELS, ParallelLayout, TrainingSpec
+from cost_models.efficiency import DEFAULT_EFFICIENCY
 from ntp_planner.cli import app
 from ntp_planner.emitters import EXPORT_FILES, export
 from ntp_planner.emitters.torchtitan import MODELS as TITAN_MODELS
@@ -26,11 +27,14 @@ TITAN = pytest.mark.slow
 FROZEN = Path(__file__).parents[1] / "plans"
 
 
+TITAN_RUNTIME = DEFAULT_EFFICIENCY.with_profile(None, "torchtitan")  # plans costed for torchtitan: no runtime warning
+
+
 def _plan(model="llama3-8b", gpus=64, training=None, **layout):
     lay = ParallelLayout(**layout)
     m = MODELS[model] if isinstance(model, str) else model
     t = training or TrainingSpec(seq_len=4096, global_batch=lay.global_batch)
-    return plan_from_layout(m, t, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=gpus), lay)
+    return plan_from_layout(m, t, Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=gpus), lay, efficiency=TITAN_RUNTIME)
 
 
 def _launch_args(script: str) -> list[str]:
@@ -346,3 +350,22 @@ def test_export_imports_neither_torch_nor_torchtitan(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[-1] == "[]" and (tmp_path / "o" / "torchtitan_config.py").exists()
+
+
+def test_a_plan_costed_for_another_runtime_warns_and_the_runtime_survives_a_save(tmp_path):
+    lay = ParallelLayout(tp=8, dp=8, zero=3, global_batch=64, sequence_parallel=True)
+    megatron = plan_from_layout(
+        MODELS["llama3-8b"],
+        TrainingSpec(seq_len=4096, global_batch=64),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64),
+        lay,
+    )
+    assert megatron.runtime == "megatron" and "runtime" not in megatron.model_dump(mode="json")  # old plans unchanged
+    last = export(megatron, "torchtitan").warnings[-1]
+    assert last.startswith("the plan's step time and memory were costed for the megatron runtime, not torchtitan's")
+    titan = _plan("llama3-8b", 64, tp=8, dp=8, zero=3, global_batch=64, sequence_parallel=True)
+    titan.save(tmp_path / "plan.json")
+    from ntp_planner.plan import Plan
+
+    again = Plan.load(tmp_path / "plan.json")
+    assert again.runtime == "torchtitan" and not any("costed for" in w for w in export(again, "torchtitan").warnings)
