@@ -102,6 +102,32 @@ class Efficiency(BaseModel):
         "dropping (TrainingSpec.moe_pad_to_capacity: Megatron's drop_and_pad fixes every count) and "
         "full-iteration CUDA graphs (TrainingSpec.cuda_graphs) remove the stall.",
     )
+    moe_attention_reselect_s: float = Field(
+        default=0.006,
+        ge=0,
+        description="Host seconds per micro-batch of an MoE layer whose attention differs from the previous "
+        "layer's (cost_models.moe.attention_switch_fraction: GPT-OSS alternates a 128-token sliding window with "
+        "full attention). Transformer Engine's DotProductAttention keeps one cached backend choice "
+        "(``_attention_backends['attention_params']``, transformer_engine/pytorch/attention) and re-runs "
+        "``get_attention_backend`` (its Python checks and cuDNN's support query) whenever the parameters, the "
+        "window among them, differ from the last call's: every layer when windows alternate. The MoE "
+        "dispatcher's host sync keeps the host from running more than a layer ahead, so the GPU waits for "
+        "the longer of that sync's stall and this re-selection (CostEnv._host_sync_s takes the larger); full-"
+        "iteration CUDA graphs and padded token dropping (no sync) hide it. Fitted to table G's GPT-OSS runs "
+        "(flat from 6 to 7 ms: mean |error| 14.2% -> 13.1%; fitted on releases <= 26.02.01 alone, 6 ms too).",
+    )
+    attention_exp_head_dim: dict[str, float] = Field(
+        default={"blackwell": 128.0, "hopper": 64.0},
+        description="Head dim below which fused attention is bound by the softmax's exponentials, per "
+        "architecture: the kernel then runs head_dim / this as fast per FLOP (its time per score is the "
+        "exponential's, whatever the head's width). The forward executes 4 d FLOPs per score and one "
+        "exponential: dense bf16 tensor FLOPs per SM and clock over 4 x the SFU's 16 exponentials per SM and "
+        "clock, 8,192 / 64 = 128 on Blackwell (B200: 2.25 PFLOP/s over 148 SMs at 1.9 GHz; 'Inside NVIDIA "
+        "Blackwell Ultra', 2025: 5 TeraExponentials/s), 4,096 / 64 = 64 on Hopper (989 TFLOP/s over 132 SMs "
+        "at 1.83 GHz; 16 MUFU.EX2 per SM and clock): FlashAttention-4's premise. Sourced, applied to the whole "
+        "kernel (the backward re-exponentiates every score): table G's GPT-OSS (head dim 64) on B200 / GB200 "
+        "agrees (mean |error| 13.1% -> 12.8%); no run of tables A-F has a narrower head than this.",
+    )
     attention_speedup: dict[str, float] = Field(
         default={"B300": 2.0, "GB300": 2.0},
         description="Speed-up of fused attention on these GPUs over their architecture's flash_efficiency. "
@@ -195,11 +221,14 @@ class Efficiency(BaseModel):
             update["runtime"] = runtime
         return self.model_copy(update=update)
 
-    def attention_fraction(self, architecture: str, kernel: str, gpu: str = "") -> float:
-        """The fused-attention fraction of ``architecture`` (times ``gpu``'s ``attention_speedup``);
-        no fallback for an architecture not listed."""
+    def attention_fraction(self, architecture: str, kernel: str, gpu: str = "", head_dim: int = 0) -> float:
+        """The fused-attention fraction of ``architecture`` (times ``gpu``'s ``attention_speedup``, and
+        ``head_dim`` / ``attention_exp_head_dim`` for heads narrower than that); no fallback for an
+        architecture not listed."""
         fraction = _lookup(self.flash_efficiency, "flash_efficiency", architecture, kernel)
-        return fraction * self.attention_speedup.get(gpu, 1.0)
+        bound = self.attention_exp_head_dim.get(architecture, 0.0)
+        narrow = head_dim / bound if 0 < head_dim < bound else 1.0
+        return fraction * self.attention_speedup.get(gpu, 1.0) * narrow
 
     def gemm_peak_fraction(self, architecture: str, dtype: str) -> float:
         """The sustained GEMM fraction of ``architecture`` in ``dtype``'s format class. There is

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from cost_models.efficiency import Efficiency
+from cost_models.model import ModelSpec
 from topologies.cluster import GroupLinks
 
 GROUPED = "experts-"  # names of the grouped expert GEMMs (``CostEnv.op_time`` applies their efficiency)
@@ -128,6 +129,20 @@ def grouped_gemm_factor(eff: Efficiency, m: int, n: int, k: int, half: float) ->
     pays its own prologue and epilogue."""
     scale = eff.grouped_gemm_half_dim / eff.gemm_half_dim
     return eff.grouped_gemm_fraction * eff.shape_factor(m, n, k, half * scale)
+
+
+def attention_switch_fraction(model: ModelSpec) -> float:
+    """Fraction of the layers whose attention (its sliding window) differs from the previous
+    layer's: Transformer Engine caches one attention-backend choice and selects again on each of
+    them (``Efficiency.moe_attention_reselect_s``). 0 for a model with one kind of attention; about
+    1 for GPT-OSS, whose layers alternate a 128-token window with full attention (35 of 36).
+
+    >>> from cost_models.catalogue import MODELS
+    >>> attention_switch_fraction(MODELS["qwen3-30b-a3b"]), round(attention_switch_fraction(MODELS["gpt-oss-120b"]), 3)
+    (0.0, 0.972)
+    """
+    windows = [model.attention_window(i) for i in range(model.num_layers)]
+    return sum(a != b for a, b in zip(windows, windows[1:], strict=False)) / model.num_layers
 
 
 # ---- dispatch -------------------------------------------------------------------------------

@@ -159,3 +159,37 @@ def test_blackwell_ultra_runs_fused_attention_twice_as_fast():
     assert envs["B200"].bf16_peak == envs["B300"].bf16_peak
     assert envs["B200"].op_time(core) / envs["B300"].op_time(core) == pytest.approx(2.0, rel=1e-12)
     assert envs["B200"].op_time(core) == pytest.approx(1e12 / (2.25e15 * 0.46), rel=1e-12)
+
+
+def test_narrow_heads_run_exponential_bound_attention():
+    # Blackwell: 8,192 bf16 FLOPs per SM and clock over 4 x 16 exponentials = head dim 128; a 64-wide head
+    # (GPT-OSS) runs at half the FLOP rate. Hopper's bound is 64: a 64-wide head is not slowed.
+    assert EFF.attention_fraction("blackwell", "cudnn", "B200", 64) == pytest.approx(0.46 * 64 / 128, rel=1e-12)
+    assert EFF.attention_fraction("blackwell", "cudnn", "B300", 64) == pytest.approx(0.46 * 2.0 * 0.5, rel=1e-12)
+    assert EFF.attention_fraction("blackwell", "cudnn", "B200", 128) == EFF.attention_fraction("blackwell", "cudnn")
+    assert EFF.attention_fraction("hopper", "cudnn", "H100", 64) == pytest.approx(0.54, rel=1e-12)
+    from cost_models.flops import Op
+
+    core = Op("attention-core", "flash", flops=1e12)
+    b200 = Cluster(spec=CLUSTERS["dgx-b200"], num_gpus=8)
+    oss = CostEnv(MODELS["gpt-oss-120b"], TRAIN, _layout(dp=8), b200)  # head dim 64
+    assert oss.op_time(core) == pytest.approx(1e12 / (2.25e15 * 0.23), rel=1e-12)
+
+
+def test_alternating_attention_reselects_its_backend_on_the_host():
+    # GPT-OSS alternates a 128-token window with full attention: 35 of its 36 layers differ from the
+    # previous one, each re-running Transformer Engine's backend selection (6 ms) when nothing graphs it
+    oss = MODELS["gpt-oss-120b"]
+    assert moe.attention_switch_fraction(oss) == pytest.approx(35 / 36, rel=1e-12)
+    assert moe.attention_switch_fraction(MIXTRAL) == 0.0
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.008, "flex": 0.0}})
+    flex = CostEnv(oss, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)
+    assert flex._host_sync_s(flex.degree(1)) == pytest.approx(0.006 * 35 / 36, rel=1e-12)
+    # the longer of the dispatcher's stall and the re-selection, not their sum
+    a2a = CostEnv(oss, TRAIN, _layout(), H64, sync)
+    assert a2a._host_sync_s(a2a.degree(1)) == 0.008
+    graphed = CostEnv(oss, TRAIN.model_copy(update={"cuda_graphs": True}), _layout(moe_dispatcher="flex"), H64, sync)
+    assert graphed._host_sync_s(graphed.degree(1)) == 0.0
+    kind = oss.layer_kind(1)
+    assert flex.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.006 * 35 / 36, rel=1e-9)
+    assert CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)._host_sync_s(flex.degree(1)) == 0.0
