@@ -131,6 +131,26 @@ def grouped_gemm_factor(eff: Efficiency, m: int, n: int, k: int, half: float) ->
     return eff.grouped_gemm_fraction * eff.shape_factor(m, n, k, half * scale)
 
 
+FUSED_BY_HYBRIDEP = ("permute", "unpermute")  # ``flops.moe_ops``' passes HybridEP's kernels do on the way
+
+
+def flex_backend(domain_size: int, gpus_per_node: int) -> str:
+    """The flex dispatcher's backend on a cluster (the rule of ``ntp_planner.emitters.moe.flex_backend``):
+    HybridEP where one NVLink domain spans several hosts (GB200 / GB300 NVL72), else DeepEP.
+
+    HybridEP permutes while it dispatches and unpermutes while it combines (Megatron-Core's
+    ``fused_a2a.hybrid_ep_dispatch`` calls the buffer's ``dispatch_with_permute`` and
+    ``combine_with_unpermute``: the received rows land in expert order, and the combine sums a
+    token's ``top_k`` rows as it gathers them), so the layer has no separate permute and unpermute
+    memory passes; their bytes ride in the dispatch's. DeepEP dispatches in token order and
+    Megatron permutes after it (``_DeepepManager.get_permuted_hidden_states_by_experts``).
+
+    >>> flex_backend(72, 4), flex_backend(8, 8)
+    ('hybridep', 'deepep')
+    """
+    return "hybridep" if domain_size > gpus_per_node else "deepep"
+
+
 def attention_switch_fraction(model: ModelSpec) -> float:
     """Fraction of the layers whose attention (its sliding window) differs from the previous
     layer's: Transformer Engine caches one attention-backend choice and selects again on each of

@@ -193,3 +193,22 @@ def test_alternating_attention_reselects_its_backend_on_the_host():
     kind = oss.layer_kind(1)
     assert flex.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.006 * 35 / 36, rel=1e-9)
     assert CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)._host_sync_s(flex.degree(1)) == 0.0
+
+
+def test_hybridep_permutes_inside_dispatch_and_combine():
+    # flex on an NVL72 rack is HybridEP (one NVLink domain over 18 hosts): no permute or unpermute pass. Mixtral
+    # at ep 8, 4,096 tokens per GPU, top 2: each pass moves 2 x 2 x 4,096 x 4,096 x (1 + 2) bytes, forward
+    # and backward, at 8 TB/s x 0.85, plus one kernel overhead each way
+    rack = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=64)
+    kind = MIXTRAL.layer_kind(0)
+    passes = {}
+    for dispatcher in ("flex", "alltoall"):
+        env = CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher=dispatcher), rack, EFF)
+        names = {op.name for op in env._moe_layer_ops([], env.degree(1))}
+        assert ("permute" in names, "unpermute" in names) == ((False, False) if dispatcher == "flex" else (True, True))
+        passes[dispatcher] = env.block_pass(kind, 1)
+    one = 2 * 2 * 4096 * 4096 * 3 / (8e12 * 0.85) + 2e-6  # GB200: 8 TB/s
+    assert passes["alltoall"].bwd - passes["flex"].bwd == pytest.approx(2 * one, rel=1e-9)
+    assert moe.flex_backend(8, 8) == "deepep"  # a DGX: DeepEP, which Megatron permutes after
+    dgx = CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher="flex"), H64, EFF)
+    assert "permute" in {op.name for op in dgx._moe_layer_ops([], dgx.degree(1))}
