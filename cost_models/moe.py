@@ -28,8 +28,11 @@ has the load (``imbalance_factor``, ``routed_load``), the grouped GEMMs' efficie
 ``dispatch_time``) and what overlap leaves exposed (``exposed_dispatch``,
 ``unpaired_micro_batches``); ``CostEnv`` (``cost_models.blocks``) composes them per layer, with
 the host sync of ``Efficiency.moe_host_sync_s``, and ``cost_models.step`` adds the unpaired
-micro-batches' dispatch. The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``
-and ``moe_host_sync_s``, fitted to or sourced against table G (``cost_models.published_moe``).
+micro-batches' dispatch. HybridEP (``flex_backend``) permutes inside its dispatch and combine, so
+its layers have no permute or unpermute pass; layers whose attention differs from the previous
+layer's stall the host on Transformer Engine's backend re-selection (``attention_switch_fraction``).
+The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``, ``moe_host_sync_s`` and
+``moe_attention_reselect_s``, fitted to or sourced against table G (``cost_models.published_moe``).
 """
 
 from __future__ import annotations
