@@ -116,9 +116,9 @@ class Efficiency(BaseModel):
         "iteration CUDA graphs and padded token dropping (no sync) hide it. Fitted to table G (GPT-OSS, the "
         "one model there that alternates, decides it): flat from 6 to 7 ms, mean |error| 14.2% -> 13.1% when "
         "added. Hold-out: releases <= 26.02.01 leave it free (their GPT-OSS runs pay the all-to-all's 6 ms "
-        "anyway), and the later releases, predicted, go from 12.7% to 10.7%; fitted without one GPU's runs it "
-        "is 6 ms without B200, B300 or GB200 (each held out improves) and 10 ms without GB300 or H100 (held "
-        "out, worse: 9.3% -> 11.8%, 14.7% -> 18.6%).",
+        "anyway), and the later releases, predicted, go from 13.1% to 11.1%; fitted without one GPU's runs it "
+        "is 6 ms without B200, B300 or GB200 (each held out improves) and 8-10 ms without GB300 or H100 (held "
+        "out, worse: 9.4% -> 10.4%, 14.0% -> 19.2%).",
     )
     attention_exp_head_dim: dict[str, float] = Field(
         default={"blackwell": 128.0, "hopper": 64.0},
@@ -128,9 +128,11 @@ class Efficiency(BaseModel):
         "exponential: dense bf16 tensor FLOPs per SM and clock over 4 x the SFU's 16 exponentials per SM and "
         "clock, 8,192 / 64 = 128 on Blackwell (B200: 2.25 PFLOP/s over 148 SMs at 1.9 GHz; 'Inside NVIDIA "
         "Blackwell Ultra', 2025: 5 TeraExponentials/s), 4,096 / 64 = 64 on Hopper (989 TFLOP/s over 132 SMs "
-        "at 1.83 GHz; 16 MUFU.EX2 per SM and clock): FlashAttention-4's premise. Sourced, applied to the whole "
-        "kernel (the backward re-exponentiates every score): table G's GPT-OSS (head dim 64) on B200 / GB200 "
-        "agrees (mean |error| 13.1% -> 12.8%); no run of tables A-F has a narrower head than this.",
+        "at 1.83 GHz; 16 MUFU.EX2 per SM and clock): FlashAttention-4's premise. The backward executes 10 d "
+        "FLOPs a score with one exponential (it recomputes the probabilities), so it is bound only below 2.5 "
+        "times narrower heads (Efficiency._exp_bound): a 64-wide head on Blackwell runs its forward at half "
+        "rate, the kernel at 3.5 / 4.5. Sourced, not fitted: table G's GPT-OSS (head dim 64) agrees (mean "
+        "|error| 12.14% -> 12.06%, runs over 20% 31 -> 28); no run of tables A-F has a narrower head.",
     )
     attention_speedup: dict[str, float] = Field(
         default={"B300": 2.0, "GB300": 2.0},
@@ -230,9 +232,22 @@ class Efficiency(BaseModel):
         ``head_dim`` / ``attention_exp_head_dim`` for heads narrower than that); no fallback for an
         architecture not listed."""
         fraction = _lookup(self.flash_efficiency, "flash_efficiency", architecture, kernel)
+        return fraction * self.attention_speedup.get(gpu, 1.0) * self._exp_bound(architecture, head_dim)
+
+    def _exp_bound(self, architecture: str, head_dim: int) -> float:
+        """The fused-attention rate left to a ``head_dim``-wide head bound by exponentials: the
+        forward (4 d FLOPs a score, 1 of the kernel's 3.5 units) slows by ``bound / d`` below
+        ``attention_exp_head_dim``; the backward (10 d FLOPs and one exponential a score, 2.5
+        units) only below 2.5 times narrower.
+
+        >>> round(DEFAULT_EFFICIENCY._exp_bound("blackwell", 64), 4), DEFAULT_EFFICIENCY._exp_bound("hopper", 64)
+        (0.7778, 1.0)
+        """
         bound = self.attention_exp_head_dim.get(architecture, 0.0)
-        narrow = head_dim / bound if 0 < head_dim < bound else 1.0
-        return fraction * self.attention_speedup.get(gpu, 1.0) * narrow
+        if not 0 < head_dim < bound:
+            return 1.0
+        fwd, bwd = max(1.0, bound / head_dim), max(1.0, bound / (2.5 * head_dim))
+        return 3.5 / (fwd + 2.5 * bwd)
 
     def gemm_peak_fraction(self, architecture: str, dtype: str) -> float:
         """The sustained GEMM fraction of ``architecture`` in ``dtype``'s format class. There is
