@@ -130,7 +130,10 @@ class CostEnv:
             )
             for flag, fmt in ((True, training.dtype), (False, high))
         }
-        self._attention = eff.attention_fraction(self.arch, training.attention_kernel, gpu.name, model.head_dim)
+        fp8_attention = 2.0 if training.fp8_attention else 1.0  # cuDNN's fp8 attention: its GEMMs at twice the rate
+        self._attention = eff.attention_fraction(
+            self.arch, training.attention_kernel, gpu.name, model.head_dim, fp8_attention
+        )
         self.lp_copy_bytes = low_precision_copy_bytes(training.dtype, self.arch, training.fp8_params)
         self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
         self.executor = eff.runtime == "executor"

@@ -43,6 +43,9 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
 - 26.06 onwards on GB200/GB300 (and Qwen3-30B on B300): full-iteration CUDA graphs, HybridEP with
   the A2A overlap, expert buffers padded to 1.5x the balanced load
   (``moe_expert_rank_capacity_factor``, paged stashing: still dropless); ``TrainingSpec.cuda_graphs``.
+  The same recipes run attention in fp8 (``fp8_dot_product_attention``; ``TrainingSpec.fp8_attention``),
+  all but DeepSeek-V3's on GB200 (v0.5.0 / v0.5.1 ``*_FP8_MX_V1`` / ``_V2``, v0.6.0's
+  ``_enable_*_full_iteration_mxfp8``).
 - DeepSeek-V3 pipeline layouts: the recipe's string where it sets one (``Et*4|(t*4|)*14tmL``), else
   ``set_deepseek_v3_pipeline_model_parallel_layout``'s split for pp * vp chunks (4: 16/16/16/13,
   8: 8 * 7 + 5, 16: 4 * 15 + 1, each with the embedding first and MTP and the loss last; 32, not
@@ -324,6 +327,11 @@ def _graphed(name: str, release: str, system: str) -> bool:
     return release >= "26.06" and (system.startswith("GB") or (name == "qwen3-30b-a3b" and system == "B300"))
 
 
+def _fp8_attention(name: str, release: str, system: str) -> bool:
+    """fp8 attention (``fp8_dot_product_attention``): the full-iteration mxfp8 recipes, but DeepSeek-V3's on GB200."""
+    return _graphed(name, release, system) and not (name == "deepseek-v3" and system == "GB200")
+
+
 def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> MoeRow:
     gpus, batch, mb, seq, tp, pp, cp, vp, ep, tokens, dispatcher, overlap, recompute, layout = cols
     base = MODELS[name]
@@ -349,6 +357,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         moe_capacity_factor=moe.capacity_factor,
         moe_pad_to_capacity=moe.capacity_factor is not None,
         cuda_graphs=_graphed(name, release, system),
+        fp8_attention=_fp8_attention(name, release, system) and dtype == "mxfp8",
     )
     lay = run_layout(
         *(gpus, batch, mb, tp, pp, cp, vp),

@@ -214,3 +214,17 @@ def test_hybridep_permutes_inside_dispatch_and_combine():
     assert moe.flex_backend(8, 8) == "deepep"  # a DGX: DeepEP, which Megatron permutes after
     dgx = CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher="flex"), H64, EFF)
     assert "permute" in {op.name for op in dgx._moe_layer_ops([], dgx.degree(1))}
+
+
+def test_fp8_attention_doubles_the_gemms_but_not_the_exponentials():
+    # Qwen3-30B (head dim 128) on GB200: the forward is bound by its exponentials at fp8 (4 x 128 FLOPs a
+    # score, half of what 2 x 8,192 / 16 needs), the backward is not: 3.5 / (1 + 2.5 / 2) of the bf16 rate
+    qwen = MODELS["qwen3-30b-a3b"]
+    rack = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=8)
+    mx = TrainingSpec(seq_len=4096, global_batch=64, dtype="mxfp8")
+    bf16 = CostEnv(qwen, mx, _layout(dp=8), rack)._attention
+    fp8 = CostEnv(qwen, mx.model_copy(update={"fp8_attention": True}), _layout(dp=8), rack)._attention
+    assert fp8 / bf16 == pytest.approx(3.5 / 2.25, rel=1e-12)
+    assert EFF.attention_fraction("hopper", "cudnn", "H100", 128, 2.0) == pytest.approx(2 * 0.54, rel=1e-12)
+    with pytest.raises(ValueError, match="fp8_attention"):  # pydantic wraps the InputError
+        TrainingSpec(seq_len=4096, global_batch=64, dtype="bf16", fp8_attention=True)
