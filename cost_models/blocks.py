@@ -130,7 +130,10 @@ class CostEnv:
             )
             for flag, fmt in ((True, training.dtype), (False, high))
         }
-        self._attention = eff.attention_fraction(self.arch, training.attention_kernel, gpu.name)
+        fp8_attention = 2.0 if training.fp8_attention else 1.0  # cuDNN's fp8 attention: its GEMMs at twice the rate
+        self._attention = eff.attention_fraction(
+            self.arch, training.attention_kernel, gpu.name, model.head_dim, fp8_attention
+        )
         self.lp_copy_bytes = low_precision_copy_bytes(training.dtype, self.arch, training.fp8_params)
         self.stage_tokens = layout.micro_batch * training.seq_len // layout.cp
         self.executor = eff.runtime == "executor"
@@ -437,6 +440,10 @@ class CostEnv:
         m, s = self.model, self.moe_shape(d)
         old = {op.name for op in moe_ops(m, d.tokens, d.t, self.layout.ep)} | {"main-grad-accumulate"}
         new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load)
+        spec = self.cluster.spec
+        hybridep = moe.flex_backend(spec.domain_size, spec.gpus_per_node) == "hybridep"
+        if self.layout.moe_dispatcher == "flex" and hybridep:  # permuted inside dispatch and combine
+            new = [op for op in new if op.name not in moe.FUSED_BY_HYBRIDEP]
         kept = [op for op in ops if op.name not in old] + new
         gemms = [op for op in kept if op.kind == "gemm" and not op.name.startswith("attention")]
         weights = sum(op.n * op.k * op.batch for op in gemms)
@@ -445,13 +452,16 @@ class CostEnv:
 
     def _host_sync_s(self, d: Degree) -> float:
         """The MoE layer's host stall per micro-batch (``Efficiency.moe_host_sync_s``): the
-        dispatcher's, ``flex_scaleout`` for flex when its group spans NVLink domains."""
+        dispatcher's, ``flex_scaleout`` for flex when its group spans NVLink domains, or, if longer,
+        the attention backend's re-selection on layers whose attention differs from the previous
+        layer's (``Efficiency.moe_attention_reselect_s``, ``moe.attention_switch_fraction``)."""
         dispatcher = self.layout.moe_dispatcher
         if self.training.moe_pad_to_capacity or self.training.cuda_graphs:  # counts known ahead / no host in a graph
             return 0.0
         if dispatcher == "flex" and d.experts.tp_ep.domains > 1:
             dispatcher = "flex_scaleout"
-        return self.eff.moe_host_sync_s.get(dispatcher, 0.0)
+        reselect = self.eff.moe_attention_reselect_s * moe.attention_switch_fraction(self.model)
+        return max(self.eff.moe_host_sync_s.get(dispatcher, 0.0), reselect)
 
     def _dispatch_s(self, d: Degree) -> float:
         """Seconds of one dispatch (combine costs the same) of the layout's dispatcher

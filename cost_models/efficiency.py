@@ -103,6 +103,39 @@ class Efficiency(BaseModel):
         "dropping (TrainingSpec.moe_pad_to_capacity: Megatron's drop_and_pad fixes every count) and "
         "full-iteration CUDA graphs (TrainingSpec.cuda_graphs) remove the stall.",
     )
+    moe_attention_reselect_s: float = Field(
+        default=0.006,
+        ge=0,
+        description="Host seconds per micro-batch of an MoE layer whose attention differs from the previous "
+        "layer's (cost_models.moe.attention_switch_fraction: GPT-OSS alternates a 128-token sliding window with "
+        "full attention). Transformer Engine's DotProductAttention keeps one cached backend choice "
+        "(``_attention_backends['attention_params']``, transformer_engine/pytorch/attention) and re-runs "
+        "``get_attention_backend`` (its Python checks and cuDNN's support query) whenever the parameters, the "
+        "window among them, differ from the last call's: every layer when windows alternate. The MoE "
+        "dispatcher's host sync keeps the host from running more than a layer ahead, so the GPU waits for "
+        "the longer of that sync's stall and this re-selection (CostEnv._host_sync_s takes the larger); full-"
+        "iteration CUDA graphs and padded token dropping (no sync) hide it. Fitted to table G (GPT-OSS, the "
+        "one model there that alternates, decides it): flat from 6 to 7 ms, mean |error| 14.2% -> 13.1% when "
+        "added. Hold-out: releases <= 26.02.01 leave it free (their GPT-OSS runs pay the all-to-all's 6 ms "
+        "anyway), and the later releases, predicted, go from 12.6% to 10.7%; fitted without one GPU's runs it "
+        "is 6 ms without B200, B300 or GB200 (each held out improves) and 8-10 ms without GB300 or H100 (held "
+        "out, worse: 8.6% -> 9.7%, 14.0% -> 19.2%).",
+    )
+    attention_exp_head_dim: dict[str, float] = Field(
+        default={"blackwell": 128.0, "hopper": 64.0},
+        description="Head dim below which fused attention is bound by the softmax's exponentials, per "
+        "architecture: the kernel then runs head_dim / this as fast per FLOP (its time per score is the "
+        "exponential's, whatever the head's width). The forward executes 4 d FLOPs per score and one "
+        "exponential: dense bf16 tensor FLOPs per SM and clock over 4 x the SFU's 16 exponentials per SM and "
+        "clock, 8,192 / 64 = 128 on Blackwell (B200: 2.25 PFLOP/s over 148 SMs at 1.9 GHz; 'Inside NVIDIA "
+        "Blackwell Ultra', 2025: 5 TeraExponentials/s), 4,096 / 64 = 64 on Hopper (989 TFLOP/s over 132 SMs "
+        "at 1.83 GHz; 16 MUFU.EX2 per SM and clock): FlashAttention-4's premise. The backward executes 10 d "
+        "FLOPs a score with one exponential (it recomputes the probabilities), so it is bound only below 2.5 "
+        "times narrower heads (Efficiency._exp_bound): a 64-wide head on Blackwell runs its forward at half "
+        "rate, the kernel at 3.5 / 4.5; fp8 attention doubles the GEMMs' rate, so a 128-wide head's forward is "
+        "bound then. Sourced, not fitted: table G agrees (mean |error| 12.1% -> 11.8%, runs over 20% 27 -> 25, "
+        "with GPT-OSS's 64-wide heads and the fp8-attention runs); no run of tables A-F has a narrower head.",
+    )
     attention_speedup: dict[str, float] = Field(
         default={"B300": 2.0, "GB300": 2.0},
         description="Speed-up of fused attention on these GPUs over their architecture's flash_efficiency. "
@@ -202,11 +235,31 @@ class Efficiency(BaseModel):
             update["runtime"] = runtime
         return self.model_copy(update=update)
 
-    def attention_fraction(self, architecture: str, kernel: str, gpu: str = "") -> float:
-        """The fused-attention fraction of ``architecture`` (times ``gpu``'s ``attention_speedup``);
-        no fallback for an architecture not listed."""
+    def attention_fraction(
+        self, architecture: str, kernel: str, gpu: str = "", head_dim: int = 0, tensor_speedup: float = 1.0
+    ) -> float:
+        """The fused-attention fraction of ``architecture`` (times ``gpu``'s ``attention_speedup``) at
+        ``tensor_speedup`` times the bf16 tensor rate (2 for fp8 attention), less what the softmax's
+        exponentials bind for heads as narrow as ``head_dim`` (``_exp_bound``); no fallback for an
+        architecture not listed."""
         fraction = _lookup(self.flash_efficiency, "flash_efficiency", architecture, kernel)
-        return fraction * self.attention_speedup.get(gpu, 1.0)
+        return fraction * self.attention_speedup.get(gpu, 1.0) * self._exp_bound(architecture, head_dim, tensor_speedup)
+
+    def _exp_bound(self, architecture: str, head_dim: int, tensor_speedup: float = 1.0) -> float:
+        """The fused-attention rate of a ``head_dim``-wide head whose GEMMs run ``tensor_speedup``
+        times the bf16 rate, over the bf16 kernel's unbound: the forward (4 d FLOPs a score, 1 of
+        the kernel's 3.5 units) takes the longer of its GEMMs and ``attention_exp_head_dim / d`` for
+        its exponentials, the backward (10 d FLOPs and one exponential a score, 2.5 units) of its
+        GEMMs and 2.5 times less. fp8 (2x) speeds a 128-wide head on Blackwell by 3.5 / 2.25.
+
+        >>> b = DEFAULT_EFFICIENCY._exp_bound
+        >>> round(b("blackwell", 64), 4), b("hopper", 64), round(b("blackwell", 128, 2.0), 4), b("hopper", 128, 2.0)
+        (0.7778, 1.0, 1.5556, 2.0)
+        """
+        bound = self.attention_exp_head_dim.get(architecture, 0.0)
+        exp = bound / head_dim if head_dim > 0 else 0.0
+        fwd, bwd = max(1.0 / tensor_speedup, exp), max(1.0 / tensor_speedup, exp / 2.5)
+        return 3.5 / (fwd + 2.5 * bwd)
 
     def gemm_peak_fraction(self, architecture: str, dtype: str) -> float:
         """The sustained GEMM fraction of ``architecture`` in ``dtype``'s format class. There is

@@ -28,8 +28,11 @@ has the load (``imbalance_factor``, ``routed_load``), the grouped GEMMs' efficie
 ``dispatch_time``) and what overlap leaves exposed (``exposed_dispatch``,
 ``unpaired_micro_batches``); ``CostEnv`` (``cost_models.blocks``) composes them per layer, with
 the host sync of ``Efficiency.moe_host_sync_s``, and ``cost_models.step`` adds the unpaired
-micro-batches' dispatch. The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``
-and ``moe_host_sync_s``, fitted to or sourced against table G (``cost_models.published_moe``).
+micro-batches' dispatch. HybridEP (``flex_backend``) permutes inside its dispatch and combine, so
+its layers have no permute or unpermute pass; layers whose attention differs from the previous
+layer's stall the host on Transformer Engine's backend re-selection (``attention_switch_fraction``).
+The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``, ``moe_host_sync_s`` and
+``moe_attention_reselect_s``, fitted to or sourced against table G (``cost_models.published_moe``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from cost_models.efficiency import Efficiency
+from cost_models.model import ModelSpec
 from topologies.cluster import GroupLinks
 
 GROUPED = "experts-"  # names of the grouped expert GEMMs (``CostEnv.op_time`` applies their efficiency)
@@ -128,6 +132,40 @@ def grouped_gemm_factor(eff: Efficiency, m: int, n: int, k: int, half: float) ->
     pays its own prologue and epilogue."""
     scale = eff.grouped_gemm_half_dim / eff.gemm_half_dim
     return eff.grouped_gemm_fraction * eff.shape_factor(m, n, k, half * scale)
+
+
+FUSED_BY_HYBRIDEP = ("permute", "unpermute")  # ``flops.moe_ops``' passes HybridEP's kernels do on the way
+
+
+def flex_backend(domain_size: int, gpus_per_node: int) -> str:
+    """The flex dispatcher's backend on a cluster (the rule of ``ntp_planner.emitters.moe.flex_backend``):
+    HybridEP where one NVLink domain spans several hosts (GB200 / GB300 NVL72), else DeepEP.
+
+    HybridEP permutes while it dispatches and unpermutes while it combines (Megatron-Core's
+    ``fused_a2a.hybrid_ep_dispatch`` calls the buffer's ``dispatch_with_permute`` and
+    ``combine_with_unpermute``: the received rows land in expert order, and the combine sums a
+    token's ``top_k`` rows as it gathers them), so the layer has no separate permute and unpermute
+    memory passes; their bytes ride in the dispatch's. DeepEP dispatches in token order and
+    Megatron permutes after it (``_DeepepManager.get_permuted_hidden_states_by_experts``).
+
+    >>> flex_backend(72, 4), flex_backend(8, 8)
+    ('hybridep', 'deepep')
+    """
+    return "hybridep" if domain_size > gpus_per_node else "deepep"
+
+
+def attention_switch_fraction(model: ModelSpec) -> float:
+    """Fraction of the layers whose attention (its sliding window) differs from the previous
+    layer's: Transformer Engine caches one attention-backend choice and selects again on each of
+    them (``Efficiency.moe_attention_reselect_s``). 0 for a model with one kind of attention; about
+    1 for GPT-OSS, whose layers alternate a 128-token window with full attention (35 of 36).
+
+    >>> from cost_models.catalogue import MODELS
+    >>> attention_switch_fraction(MODELS["qwen3-30b-a3b"]), round(attention_switch_fraction(MODELS["gpt-oss-120b"]), 3)
+    (0.0, 0.972)
+    """
+    windows = [model.attention_window(i) for i in range(model.num_layers)]
+    return sum(a != b for a, b in zip(windows, windows[1:], strict=False)) / model.num_layers
 
 
 # ---- dispatch -------------------------------------------------------------------------------

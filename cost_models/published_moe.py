@@ -43,6 +43,9 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
 - 26.06 onwards on GB200/GB300 (and Qwen3-30B on B300): full-iteration CUDA graphs, HybridEP with
   the A2A overlap, expert buffers padded to 1.5x the balanced load
   (``moe_expert_rank_capacity_factor``, paged stashing: still dropless); ``TrainingSpec.cuda_graphs``.
+  The same recipes run attention in fp8 (``fp8_dot_product_attention``; ``TrainingSpec.fp8_attention``),
+  all but DeepSeek-V3's on GB200 (v0.5.0 / v0.5.1 ``*_FP8_MX_V1`` / ``_V2``, v0.6.0's
+  ``_enable_*_full_iteration_mxfp8``).
 - DeepSeek-V3 pipeline layouts: the recipe's string where it sets one (``Et*4|(t*4|)*14tmL``), else
   ``set_deepseek_v3_pipeline_model_parallel_layout``'s split for pp * vp chunks (4: 16/16/16/13,
   8: 8 * 7 + 5, 16: 4 * 15 + 1, each with the embedding first and MTP and the loss last; 32, not
@@ -50,6 +53,15 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
   ``m`` is kept in ``MoeRecipe.pipeline_layout`` and the layer counts leave it out.
 - Qwen3-235B-A22B counts the embedding and the loss as pipeline layers
   (``account_for_*_in_pipeline_split``); the other models split their layers evenly.
+- Two printed cells give way to the release's recipe (v0.2.2 ``workload_base_configs``), each
+  with the evidence: 25.11's GPT-OSS on H100 prints MBS 4 with GA 2, which over its 16
+  data-parallel ranks makes GBS 128, not the printed 512; the recipe's MBS 1 (GA 32) does, and
+  fits in 80 GB (MBS 4 would take 100 GiB). 25.11's GPT-OSS on B200 prints EP 8; the recipe sets
+  EP 64, and its 8,213 tokens/s/GPU is the 8,047 of 26.02's EP 64 run, not the 13,722 of
+  26.02.01's EP 8 one (GPT-OSS gained 0-6% between these releases on every other system). The
+  other printed rows agree with themselves (GBS = dp x MBS x GA) but for 25.11's Qwen3-235B on
+  GB300 (dp 64 x MBS 2 x GA 32 = 4,096, GBS 8,192 printed), kept as printed: a step's time and
+  the model's scale alike with GBS, so its error does not depend on which cell is wrong.
 - GB200 / GB300 runs of 64 GPUs or more use 64 of each NVL72 rack. The 26.06.01 GPT-OSS rows carry
   the summary's note of a cuDNN regression (fixed in 26.08); they are kept as measured.
 """
@@ -175,10 +187,11 @@ _G = {
         ("26.08", "GB300", "mxfp8", 256, 4096, 1, 4096, 1, 2, 1, 8, 32, 6288, "hybridep", True, "", _S16, ""),
     ],
     "gpt-oss-120b": [
-        ("25.11", "B200", "bf16", 64, 512, 4, 4096, 1, 1, 1, 1, 8, 8213, "a2a", False, "ln+act", None, ""),
+        # the recipe's EP 64 and MBS 1 where 25.11 printed EP 8 (B200) and MBS 4 (H100): see the docstring
+        ("25.11", "B200", "bf16", 64, 512, 4, 4096, 1, 1, 1, 1, 64, 8213, "a2a", False, "ln+act", None, ""),
         ("25.11", "GB200", "bf16", 64, 1280, 1, 8192, 1, 1, 1, 1, 64, 15876, "a2a", False, "ln+act", None, ""),
         ("25.11", "GB300", "bf16", 64, 1280, 2, 8192, 1, 1, 1, 1, 64, 18347, "a2a", False, "", None, ""),
-        ("25.11", "H100", "bf16", 64, 512, 4, 4096, 1, 4, 1, 1, 8, 5630, "a2a", False, "ln+act", None, ""),
+        ("25.11", "H100", "bf16", 64, 512, 1, 4096, 1, 4, 1, 1, 8, 5630, "a2a", False, "ln+act", None, ""),
         ("26.02", "B200", "bf16", 64, 1280, 4, 4096, 1, 1, 1, 1, 64, 8047, "a2a", False, "ln+act", None, ""),
         ("26.02", "B300", "bf16", 64, 1280, 4, 4096, 1, 1, 1, 1, 64, 8359, "a2a", False, "", None, ""),
         ("26.02", "GB200", "bf16", 64, 1280, 4, 4096, 1, 1, 1, 1, 64, 15784, "a2a", False, "ln+act", None, ""),
@@ -314,6 +327,11 @@ def _graphed(name: str, release: str, system: str) -> bool:
     return release >= "26.06" and (system.startswith("GB") or (name == "qwen3-30b-a3b" and system == "B300"))
 
 
+def _fp8_attention(name: str, release: str, system: str) -> bool:
+    """fp8 attention (``fp8_dot_product_attention``): the full-iteration mxfp8 recipes, but DeepSeek-V3's on GB200."""
+    return _graphed(name, release, system) and not (name == "deepseek-v3" and system == "GB200")
+
+
 def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> MoeRow:
     gpus, batch, mb, seq, tp, pp, cp, vp, ep, tokens, dispatcher, overlap, recompute, layout = cols
     base = MODELS[name]
@@ -339,6 +357,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         moe_capacity_factor=moe.capacity_factor,
         moe_pad_to_capacity=moe.capacity_factor is not None,
         cuda_graphs=_graphed(name, release, system),
+        fp8_attention=_fp8_attention(name, release, system) and dtype == "mxfp8",
     )
     lay = run_layout(
         *(gpus, batch, mb, tp, pp, cp, vp),

@@ -76,6 +76,12 @@ class TrainingSpec(BaseModel):
         description="Which fused attention runs: cuDNN's (Transformer Engine's default, FlashAttention-3 class on "
         "Hopper) or the FlashAttention-2 package (NeMo 1.x's NVTE_FUSED_ATTN=0), about half as fast on Hopper.",
     )
+    fp8_attention: bool = Field(
+        default=False,
+        description="Fused attention in fp8 (Transformer Engine's fp8_dot_product_attention: cuDNN's fp8 flash "
+        "attention): its two GEMMs at the fp8 tensor rate, the softmax's exponentials as before; needs an fp8 "
+        "format (Megatron-Bridge's full-iteration mxfp8 recipes from 26.06 set it).",
+    )
     moe_capacity_factor: float | None = Field(
         default=None,
         gt=0,
@@ -103,6 +109,11 @@ class TrainingSpec(BaseModel):
             raise InputError(
                 f"low-precision primary weights (fp8_params) need an fp8 or fp4 format, not {self.dtype}; "
                 "set fp8_params false or dtype to fp8, mxfp8 or nvfp4"
+            )
+        if self.fp8_attention and self.dtype not in ("fp8", "mxfp8"):
+            raise InputError(
+                f"fp8 attention (fp8_attention) runs in an fp8 format's recipe, not {self.dtype}; "
+                "set fp8_attention false or dtype to fp8 or mxfp8"
             )
         if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
             raise InputError(

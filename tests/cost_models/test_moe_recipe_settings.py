@@ -159,3 +159,72 @@ def test_blackwell_ultra_runs_fused_attention_twice_as_fast():
     assert envs["B200"].bf16_peak == envs["B300"].bf16_peak
     assert envs["B200"].op_time(core) / envs["B300"].op_time(core) == pytest.approx(2.0, rel=1e-12)
     assert envs["B200"].op_time(core) == pytest.approx(1e12 / (2.25e15 * 0.46), rel=1e-12)
+
+
+def test_narrow_heads_run_exponential_bound_attention():
+    # Blackwell: 8,192 bf16 FLOPs per SM and clock over 4 x 16 exponentials = head dim 128; a 64-wide head
+    # (GPT-OSS) runs its forward (1 of 3.5 units) at half rate, its backward (10 d FLOPs an exponential)
+    # at full: 3.5 / (2 + 2.5). Hopper's bound is 64: a 64-wide head is not slowed.
+    assert EFF.attention_fraction("blackwell", "cudnn", "B200", 64) == pytest.approx(0.46 * 3.5 / 4.5, rel=1e-12)
+    assert EFF.attention_fraction("blackwell", "cudnn", "B300", 64) == pytest.approx(0.46 * 2.0 * 3.5 / 4.5, rel=1e-12)
+    assert EFF.attention_fraction("blackwell", "cudnn", "B200", 32) == pytest.approx(0.46 * 3.5 / (4 + 2.5 * 1.6))
+    assert EFF.attention_fraction("blackwell", "cudnn", "B200", 128) == EFF.attention_fraction("blackwell", "cudnn")
+    assert EFF.attention_fraction("hopper", "cudnn", "H100", 64) == pytest.approx(0.54, rel=1e-12)
+    from cost_models.flops import Op
+
+    core = Op("attention-core", "flash", flops=1e12)
+    b200 = Cluster(spec=CLUSTERS["dgx-b200"], num_gpus=8)
+    oss = CostEnv(MODELS["gpt-oss-120b"], TRAIN, _layout(dp=8), b200)  # head dim 64
+    assert oss.op_time(core) == pytest.approx(1e12 / (2.25e15 * 0.46 * 3.5 / 4.5), rel=1e-12)
+
+
+def test_alternating_attention_reselects_its_backend_on_the_host():
+    # GPT-OSS alternates a 128-token window with full attention: 35 of its 36 layers differ from the
+    # previous one, each re-running Transformer Engine's backend selection (6 ms) when nothing graphs it
+    oss = MODELS["gpt-oss-120b"]
+    assert moe.attention_switch_fraction(oss) == pytest.approx(35 / 36, rel=1e-12)
+    assert moe.attention_switch_fraction(MIXTRAL) == 0.0
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.008, "flex": 0.0}})
+    flex = CostEnv(oss, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)
+    assert flex._host_sync_s(flex.degree(1)) == pytest.approx(0.006 * 35 / 36, rel=1e-12)
+    # the longer of the dispatcher's stall and the re-selection, not their sum
+    a2a = CostEnv(oss, TRAIN, _layout(), H64, sync)
+    assert a2a._host_sync_s(a2a.degree(1)) == 0.008
+    graphed = CostEnv(oss, TRAIN.model_copy(update={"cuda_graphs": True}), _layout(moe_dispatcher="flex"), H64, sync)
+    assert graphed._host_sync_s(graphed.degree(1)) == 0.0
+    kind = oss.layer_kind(1)
+    assert flex.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.006 * 35 / 36, rel=1e-9)
+    assert CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)._host_sync_s(flex.degree(1)) == 0.0
+
+
+def test_hybridep_permutes_inside_dispatch_and_combine():
+    # flex on an NVL72 rack is HybridEP (one NVLink domain over 18 hosts): no permute or unpermute pass. Mixtral
+    # at ep 8, 4,096 tokens per GPU, top 2: each pass moves 2 x 2 x 4,096 x 4,096 x (1 + 2) bytes, forward
+    # and backward, at 8 TB/s x 0.85, plus one kernel overhead each way
+    rack = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=64)
+    kind = MIXTRAL.layer_kind(0)
+    passes = {}
+    for dispatcher in ("flex", "alltoall"):
+        env = CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher=dispatcher), rack, EFF)
+        names = {op.name for op in env._moe_layer_ops([], env.degree(1))}
+        assert ("permute" in names, "unpermute" in names) == ((False, False) if dispatcher == "flex" else (True, True))
+        passes[dispatcher] = env.block_pass(kind, 1)
+    one = 2 * 2 * 4096 * 4096 * 3 / (8e12 * 0.85) + 2e-6  # GB200: 8 TB/s
+    assert passes["alltoall"].bwd - passes["flex"].bwd == pytest.approx(2 * one, rel=1e-9)
+    assert moe.flex_backend(8, 8) == "deepep"  # a DGX: DeepEP, which Megatron permutes after
+    dgx = CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher="flex"), H64, EFF)
+    assert "permute" in {op.name for op in dgx._moe_layer_ops([], dgx.degree(1))}
+
+
+def test_fp8_attention_doubles_the_gemms_but_not_the_exponentials():
+    # Qwen3-30B (head dim 128) on GB200: the forward is bound by its exponentials at fp8 (4 x 128 FLOPs a
+    # score, half of what 2 x 8,192 / 16 needs), the backward is not: 3.5 / (1 + 2.5 / 2) of the bf16 rate
+    qwen = MODELS["qwen3-30b-a3b"]
+    rack = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=8)
+    mx = TrainingSpec(seq_len=4096, global_batch=64, dtype="mxfp8")
+    bf16 = CostEnv(qwen, mx, _layout(dp=8), rack)._attention
+    fp8 = CostEnv(qwen, mx.model_copy(update={"fp8_attention": True}), _layout(dp=8), rack)._attention
+    assert fp8 / bf16 == pytest.approx(3.5 / 2.25, rel=1e-12)
+    assert EFF.attention_fraction("hopper", "cudnn", "H100", 128, 2.0) == pytest.approx(2 * 0.54, rel=1e-12)
+    with pytest.raises(ValueError, match="fp8_attention"):  # pydantic wraps the InputError
+        TrainingSpec(seq_len=4096, global_batch=64, dtype="bf16", fp8_attention=True)

@@ -186,3 +186,24 @@ def test_recipe_settings_per_era():
     assert by[("qwen3-30b-a3b", "25.09", "H100", "fp8-cs", 512)][-1] == "drop"
     assert by[("qwen3-235b-a22b", "26.06", "GB300", "mxfp8", 8192)][13:15] == ("hybridep", True)
     assert by[("deepseek-v3", "25.11", "GB300", "bf16", 4096)][-1] == "no-mtp"
+
+
+def test_table_g_stays_where_the_mechanisms_put_it():
+    # issue 24 item 8: 11.8% mean, 25 runs over 20%, every run fits (the goal, 8% and none over 20%, is
+    # not reached: README "Mixture-of-experts"); bounds a little above, so a change that makes it worse fails
+    from cost_models.step import estimate_step
+
+    costs = [(r, estimate_step(r.model, r.training, r.layout, r.cluster)) for r in g.table_g()]
+    errors = [abs(c.step_time_s / r.measured_step_time_s - 1) for r, c in costs]
+    assert sum(errors) / len(errors) <= 0.12
+    assert sum(e > 0.2 for e in errors) <= 25
+    assert all(c.fits() for _, c in costs)
+
+
+def test_fp8_attention_where_the_full_iteration_mxfp8_recipes_set_it():
+    # fp8_dot_product_attention: every full-iteration mxfp8 recipe (26.06 on) but DeepSeek-V3's on GB200
+    fp8 = {(r.model.name, r.release, r.system) for r in g.table_g() if r.training.fp8_attention}
+    graphed = {(r.model.name, r.release, r.system) for r in g.table_g() if r.training.cuda_graphs}
+    assert fp8 == {k for k in graphed if k[0] != "deepseek-v3" or k[2] != "GB200"}
+    assert ("deepseek-v3", "26.06", "GB300") in fp8 and ("deepseek-v3", "26.06", "B300") not in fp8
+    assert len(fp8) == 21  # 3 DeepSeek-V3, 6 GPT-OSS, 6 Qwen3-235B, 6 Qwen3-30B (model, release, system)
