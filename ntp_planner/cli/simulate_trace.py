@@ -1,0 +1,100 @@
+"""`ntp simulate --trace FILE`, `--trace-out FILE`, `--trace-trial K`: replay a failure log instead
+of random draws, and write the failures of one simulated trial in the same format
+(``ntp_planner.failures.trace``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from topologies.errors import InputError
+
+TraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        help="Replay this failure log (CSV: time_h, unit gpu:G|host:H|domain:D, cause, optional repair_h) "
+        "instead of random draws: one run, through every strategy.",
+    ),
+]
+TraceOutOpt = Annotated[
+    Path | None,
+    typer.Option("--trace-out", help="Write one trial's failures (--trace-trial) as a trace CSV, for --trace."),
+]
+TraceTrialOpt = Annotated[
+    int, typer.Option("--trace-trial", min=0, help="The trial --trace-out writes (0 = the first).")
+]
+
+
+@dataclass
+class TraceIO:
+    """What the trace options ask of one simulation."""
+
+    replay: Path | None
+    out: Path | None
+    trial: int
+    source: object = None  # the event source handed to the simulator
+    recorder: object = None
+    settings: dict = field(default_factory=dict)
+
+
+def check_trace_options(trace, trace_out, trace_trial: int, trials: int, inputs: list) -> TraceIO:
+    """The options checked before any work: --trace-out may be written, --trace-trial is a trial
+    the run simulates (a replay is one trial)."""
+    from ntp_planner.outputs import check_output
+
+    runs = 1 if trace is not None else trials
+    if trace_trial >= runs:
+        what = "a replay is one trial, 0" if trace is not None else f"--trials {trials} numbers them 0..{runs - 1}"
+        raise InputError(f"--trace-trial {trace_trial} is not a trial of this run: {what}")
+    out = None if trace_out is None else check_output(trace_out, "--trace-out", [*inputs, trace], "trace.csv")
+    return TraceIO(trace, out, trace_trial)
+
+
+def prepare(io: TraceIO, plan, cfg, seed: int):
+    """``cfg`` for the run (one trial for a replay) and ``io`` with its event source: the trace's
+    failures, drawn ones, either one recorded for --trace-out."""
+    import numpy as np
+
+    from ntp_planner.failures.events import draw_events
+    from ntp_planner.failures.trace import Placement, Recorder, read_trace, replay
+
+    source = draw_events
+    if io.replay is not None:
+        cfg = cfg.model_copy(update={"trials": 1})
+        events = read_trace(io.replay, Placement.of(plan.cluster.build()), cfg, np.random.default_rng(seed))
+        source = replay(events)
+        io.settings["trace"] = {"path": str(io.replay), "failures": int(events.trial.size)}
+    if io.out is not None:
+        source = io.recorder = Recorder(io.trial, source)
+        io.settings["trace_out"] = {"path": str(io.out), "trial": io.trial}
+    io.source = source
+    return cfg, io
+
+
+def write_trace_out(io: TraceIO, plan, cfg, seed: int) -> None:
+    """Write the recorded trial's failures (after the simulation) through outputs.write_atomic."""
+    if io.recorder is None:
+        return
+    from ntp_planner.failures.trace import Placement, format_trace
+    from ntp_planner.outputs import write_atomic
+
+    origin = f"replay of {io.replay}" if io.replay is not None else f"trial {io.trial} of seed {seed}"
+    note = f"{origin}, {cfg.days:g} days on {plan.cluster.num_gpus:,} GPUs"
+    write_atomic(io.out, format_trace(io.recorder.kept, Placement.of(plan.cluster.build()), cfg.classes, note))
+
+
+def trace_notes(io: TraceIO, json_out: bool) -> list[str]:
+    """Lines under the table (none with --json): the trace replayed, the trace written."""
+    notes: list[str] = []
+    if json_out:
+        return notes
+    if "trace" in io.settings:
+        t = io.settings["trace"]
+        notes.append(f"replayed {t['failures']} failures of {t['path']} (one run; stragglers, if any, drawn)")
+    if io.out is not None:
+        notes.append(f"trace of trial {io.trial} written to {io.out}")
+    return notes
