@@ -25,9 +25,8 @@ from ntp_planner.cli.simulate_trace import (
     TraceOutOpt,
     TraceTrialOpt,
     check_trace_options,
+    finish_trace,
     prepare,
-    trace_notes,
-    write_trace_out,
 )
 from ntp_planner.outputs import check_output_folder
 from topologies.errors import InputError
@@ -196,7 +195,8 @@ def simulate(
     \b
     Example: ntp simulate plan.json --days 30 --trials 1000 \\
                --strategies restart,ntp,ntp-pw --plot out/
-    Replay a failure log: ntp simulate plan.json --days 54 --trace examples/llama3_trace.csv
+    Replay a log: ntp simulate plan.json --days 54 \\
+               --trace examples/llama3_trace.csv
     """
     import numpy as np
 
@@ -246,20 +246,15 @@ def simulate(
     title = f"{p.model.name} on {p.cluster.num_gpus} GPUs"
     if len(pools) > 1:
         _simulate_pools(p, cfg, names, pools, seed, plot, json_out, settings, title, io.source)
-        write_trace_out(io, p, cfg, seed)
-        for line in trace_notes(io, json_out):
-            show(line)
-        return
+        return finish_trace(io, p, cfg, seed, json_out)
     with progress("trials", cfg.trials, json_out) as advance:
         results, series = run_simulation(p, cfg, names, np.random.default_rng(seed), progress=advance, source=io.source)
-    write_trace_out(io, p, cfg, seed)
     if plot is not None:
         plot_simulation(series, results, plot, title)
     _show_simulation(p, results, cfg, sources, settings, json_out)
     if plot is not None and not json_out:
         show(f"plots written to {plot}/")
-    for line in trace_notes(io, json_out):
-        show(line)
+    finish_trace(io, p, cfg, seed, json_out)
 
 
 def _show_simulation(plan, results, cfg, sources, settings, json_out) -> None:

@@ -75,26 +75,22 @@ def prepare(io: TraceIO, plan, cfg, seed: int):
     return cfg, io
 
 
-def write_trace_out(io: TraceIO, plan, cfg, seed: int) -> None:
-    """Write the recorded trial's failures (after the simulation) through outputs.write_atomic."""
-    if io.recorder is None:
-        return
-    from ntp_planner.failures.trace import Placement, format_trace
-    from ntp_planner.outputs import write_atomic
+def finish_trace(io: TraceIO, plan, cfg, seed: int, json_out: bool) -> None:
+    """After the simulation: write the recorded trial's failures (--trace-out) through
+    outputs.write_atomic, and say under the table what was replayed and written."""
+    from ntp_planner.cli.output import show
 
-    origin = f"replay of {io.replay}" if io.replay is not None else f"trial {io.trial} of seed {seed}"
-    note = f"{origin}, {cfg.days:g} days on {plan.cluster.num_gpus:,} GPUs"
-    write_atomic(io.out, format_trace(io.recorder.kept, Placement.of(plan.cluster.build()), cfg.classes, note))
+    if io.recorder is not None:
+        from ntp_planner.failures.trace import Placement, format_trace
+        from ntp_planner.outputs import write_atomic
 
-
-def trace_notes(io: TraceIO, json_out: bool) -> list[str]:
-    """Lines under the table (none with --json): the trace replayed, the trace written."""
-    notes: list[str] = []
+        origin = f"replay of {io.replay}" if io.replay is not None else f"trial {io.trial} of seed {seed}"
+        note = f"{origin}, {cfg.days:g} days on {plan.cluster.num_gpus:,} GPUs"
+        write_atomic(io.out, format_trace(io.recorder.kept, Placement.of(plan.cluster.build()), cfg.classes, note))
     if json_out:
-        return notes
+        return
     if "trace" in io.settings:
         t = io.settings["trace"]
-        notes.append(f"replayed {t['failures']} failures of {t['path']} (one run; stragglers, if any, drawn)")
+        show(f"replayed {t['failures']} failures of {t['path']} (one run; stragglers, if any, drawn)")
     if io.out is not None:
-        notes.append(f"trace of trial {io.trial} written to {io.out}")
-    return notes
+        show(f"trace of trial {io.trial} written to {io.out}")

@@ -45,7 +45,7 @@ UNIT_KINDS = ("gpu", "host", "domain")  # in the order of sampling.BLASTS: one G
 # Llama 3's rate is 17,000.
 MAX_TRACE_ROWS = 10 * MAX_EVENTS_PER_TRIAL
 MAX_LINE_CHARS = 200  # "-8760.000000000001,domain:1000000,host-maintenance,8760.0" is 58
-MAX_TRACE_BYTES = MAX_TRACE_ROWS * MAX_LINE_CHARS // 4 + 2**20  # 2.5 MB of rows plus 1 MB of comments
+MAX_TRACE_BYTES = MAX_TRACE_ROWS * 100 + 2**20  # rows of --trace-out's ~60 characters, with room, and comments
 # Llama 3's categories of unexpected interruptions (arXiv 2407.21783, Table 5; shares in
 # /work/shared/reference/failures.md), mapped onto the simulator's classes: GPU, network, NIC and
 # unplanned host maintenance are hardware (76.4%; the paper says about 78% confirmed or suspected),
@@ -101,7 +101,7 @@ class Placement:
     def unit(self, text: str, where: str) -> tuple[int, int]:
         """(a job GPU of the unit, its blast index) of ``gpu:G``, ``host:H`` or ``domain:D``."""
         kind, _, number = text.partition(":")
-        if kind not in UNIT_KINDS or not number.isdigit() or len(number) > 12:
+        if kind not in UNIT_KINDS or not (number.isascii() and number.isdigit()) or len(number) > 12:
             raise InputError(f"{where}: unit {text!r} must be gpu:G, host:H or domain:D with a whole number")
         k = int(number)
         if kind == "gpu" and k < self.num_gpus:
@@ -129,7 +129,7 @@ class Placement:
 def read_trace(path: Path, placement: Placement, cfg: SimConfig, rng: np.random.Generator) -> Events:
     """The failures of the trace file at ``path`` as one trial's events (see ``parse_trace``)."""
     text = read_text(Path(path), "trace", max_bytes=MAX_TRACE_BYTES)
-    return parse_trace(iter(text.splitlines()), placement, cfg, rng, str(path))
+    return parse_trace(iter(text.splitlines()), placement, cfg, rng, f"trace {path}")
 
 
 def parse_trace(
