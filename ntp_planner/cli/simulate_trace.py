@@ -24,8 +24,9 @@ TraceOutOpt = Annotated[
     Path | None,
     typer.Option("--trace-out", help="Write one trial's failures (--trace-trial) as a trace CSV, for --trace."),
 ]
+LAST_TRIAL = 999_999  # trials are numbered from 0, and --trials is at most 1,000,000
 TraceTrialOpt = Annotated[
-    int, typer.Option("--trace-trial", min=0, help="The trial --trace-out writes (0 = the first).")
+    int, typer.Option("--trace-trial", min=0, max=LAST_TRIAL, help="The trial --trace-out writes (0 = the first).")
 ]
 
 
