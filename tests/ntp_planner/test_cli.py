@@ -230,6 +230,9 @@ def test_cli_surface_is_frozen():
                 "--lemon-factor",
                 "--seed",
                 "--plot",
+                "--trace",
+                "--trace-out",
+                "--trace-trial",
                 "--json",
             ]
         ),
