@@ -21,6 +21,7 @@ from ntp_planner.failures.sim_config import SimConfig
 from ntp_planner.failures.simulator import simulate
 from ntp_planner.failures.trace import (
     LLAMA3_CAUSES,
+    MAX_TRACE_BYTES,
     MAX_TRACE_ROWS,
     Placement,
     Recorder,
@@ -170,7 +171,8 @@ def test_ten_million_rows_are_refused_after_the_cap_not_read_whole(plan_128):
     consumed = itertools.count()
     lines = (f"{next(consumed) * 1e-5:.5f},gpu:1,software,0.001" for _ in range(10**7))
     placement = Placement.of(plan_128.cluster.build())
-    with pytest.raises(InputError, match=f"line {MAX_TRACE_ROWS + 2}: the trace holds more than 50,000 fail"):
+    message = f"line {MAX_TRACE_ROWS + 2}: the trace holds more than {MAX_TRACE_ROWS:,} failures"
+    with pytest.raises(InputError, match=message):
         parse_trace(itertools.chain([HEADER], lines), placement, SimConfig(days=30), np.random.default_rng(0))
     assert next(consumed) == MAX_TRACE_ROWS + 1  # it stopped reading at the first row past the cap
 
@@ -180,7 +182,8 @@ def test_a_file_of_ten_million_rows_is_refused_before_it_is_read(plan_file, tmp_
     with trace.open("wb") as f:
         f.truncate(10**7 * 30)  # sparse: 300 MB that take no disk
     out = run(plan_file, "--days", "4", "--trace", trace, "--json", code=2)
-    assert "holds 3e+08 bytes, more than the 6,048,576 a trace can need" in json.loads(out.stdout)["error"]["message"]
+    message = json.loads(out.stdout)["error"]["message"]
+    assert f"holds 3e+08 bytes, more than the {MAX_TRACE_BYTES:,} a trace can need" in message
 
 
 def test_trace_trial_must_be_a_trial_of_the_run(plan_file, tmp_path):
