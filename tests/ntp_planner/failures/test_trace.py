@@ -70,23 +70,37 @@ def test_a_hand_made_trace_gives_the_goodput_worked_out_by_hand(plan_file, tmp_p
         "2.0,gpu:5,hardware,4.0\n"  # 2 h to 6 h
         "10.5,host:3,software,\n"  # 10.5 h, the software repair law: 3 h, back at 13.5 h
     )
-    # a day in 144 bins of 10 min; checkpoint every 50 min, 10 min writes: 5/6 of the time productive
+    # a day in 144 bins of 10 min; checkpoint every 50 min, 10 min writes (cycles of 3,600 s), and a
+    # final checkpoint at the end: of R seconds of running, floor(R / 3,600) x 3,000 s + max(0, rest - 600 s)
     out = run(plan_file, "--days", "1", "--checkpoint-interval", "50", "--checkpoint-write-s", "600",
               "--strategies", "restart,dp-drop", "--trace", trace, "--json")  # fmt: skip
     got = json.loads(out.stdout)
     # restart (I = 3,000 s, w = 600 s, D = 60 + 600 s), failures at 7,200 s and 37,800 s (the one before the
     # start is replaced hardware): 2 cycles kept (6,000 s); back at 7,860 s, 29,940 s to the next failure hold
-    # 8 cycles (24,000 s); back at 38,460 s, the tail of 47,940 s holds 13 cycles and 1,140 s (40,140 s)
-    assert got["restart"]["goodput"] == pytest.approx((6000 + 24000 + 40140) / 86400, rel=1e-12)
+    # 8 cycles (24,000 s); back at 38,460 s, the tail of 47,940 s holds 13 cycles and 1,140 s, of which
+    # 540 s are work the final checkpoint saves (39,540 s)
+    assert got["restart"]["goodput"] == pytest.approx((6000 + 24000 + 39540) / 86400, rel=1e-12)
     assert got["restart"]["interruptions"] == 2 and got["restart"]["restarts"] == 2
     # dp-drop stands still 60 + 180 s per failure and 180 s per rejoin (1 h, 6 h, 13.5 h): 1,020 s, and runs a
-    # replica short (15/16) while a GPU or host is down: bins 0-6, 12-36 and 63-81, 48 of 144
+    # replica short (15/16) while a GPU or host is down: bins 0-6, 12-36 and 63-81, 48 of 144. It runs
+    # 85,380 s: 23 cycles (69,000 s of work) and 2,580 s, of which 1,980 s are work: 70,980 s kept
     stall = 2 * 240 + 3 * 180
-    assert got["dp-drop"]["goodput"] == pytest.approx((86400 - stall) / 86400 * 5 / 6, rel=1e-12)
-    capacity = (1 - 48 / 144 / 16) * (1 - stall / 86400) * 5 / 6
+    assert got["dp-drop"]["goodput"] == pytest.approx(70980 / 86400, rel=1e-12)
+    capacity = (1 - 48 / 144 / 16) * (1 - stall / 86400) * 70980 / 85380
     assert got["dp-drop"]["capacity_goodput"] == pytest.approx(capacity, rel=1e-12)
     assert got["dp-drop"]["reconfigurations"] == 2 + 3
     assert got["settings"]["trace"] == {"path": str(trace), "failures": 3}
+
+
+def test_a_trace_without_failures_gives_every_strategy_the_same_goodput(plan_file, tmp_path):
+    trace = tmp_path / "none.csv"
+    trace.write_text(f"{HEADER}\n")
+    got = json.loads(run(plan_file, "--days", "2", "--checkpoint-interval", "39.8", "--trace", trace, "--json").stdout)
+    # 172,800 s of cycles of 2,388 + 300 s: 64 (152,832 s of work) and 768 s, 468 s of work then the final
+    # write: 153,300 s (restart kept all 768 s, 0.8889; the others I / (I + w) = 0.8884)
+    for s in ("restart", "dp-drop", "spares", "ntp", "ntp-pw"):
+        assert got[s]["goodput"] == pytest.approx(153_300 / 172_800, rel=1e-12), s
+    assert got["settings"]["trace"]["failures"] == 0
 
 
 def test_trace_out_then_trace_gives_the_same_result(plan_file, tmp_path):
