@@ -267,7 +267,7 @@ def _show_simulation(plan, results, cfg, sources, settings, json_out) -> None:
     from ntp_planner.views.simulate import simulation_table
 
     show(params_line(plan.model))
-    show(simulation_table(results, cfg, sources))
+    show(simulation_table(results, cfg, sources, settings.get("trace")))
 
 
 def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, title, source) -> None:
@@ -298,7 +298,7 @@ def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, tit
     from ntp_planner.views.simulate import pool_table
 
     show(params_line(plan.model))
-    show(pool_table(rows, cfg, settings["recovery_sources"]))
+    show(pool_table(rows, cfg, settings["recovery_sources"], settings.get("trace")))
     if plot is not None:
         show(f"plot written to {Path(plot) / 'spares.png'}")
 

@@ -68,7 +68,8 @@ def prepare(io: TraceIO, plan, cfg, seed: int):
         cfg = cfg.model_copy(update={"trials": 1})
         events = read_trace(io.replay, Placement.of(plan.cluster.build()), cfg, np.random.default_rng(seed))
         source = replay(events)
-        io.settings["trace"] = {"path": str(io.replay), "failures": int(events.trial.size)}
+        io.settings["trace"] = trace_settings(io.replay, events, cfg.days * 24)
+        io.settings["start"] = "trace"  # the trace, not --start, says what is in repair at the start
     if io.out is not None:
         source = io.recorder = Recorder(io.trial, source)
         io.settings["trace_out"] = {"path": str(io.out), "trial": io.trial}
@@ -76,9 +77,24 @@ def prepare(io: TraceIO, plan, cfg, seed: int):
     return cfg, io
 
 
+def trace_settings(path: Path, events, run_h: float) -> dict:
+    """``settings.trace`` of a replay: the file, its failures during the run and the hours they
+    span, the failures still in repair at the start (negative times), the hours replayed."""
+    during = events.start_h[events.start_h >= 0]
+    return {
+        "path": str(path),
+        "name": path.name,
+        "failures": int(during.size),
+        "in_repair_at_start": int(events.start_h.size - during.size),
+        "first_failure_h": float(during.min()) if during.size else None,
+        "last_failure_h": float(during.max()) if during.size else None,
+        "run_h": run_h,
+    }
+
+
 def finish_trace(io: TraceIO, plan, cfg, seed: int, json_out: bool) -> None:
     """After the simulation: write the recorded trial's failures (--trace-out) through
-    outputs.write_atomic, and say under the table what was replayed and written."""
+    outputs.write_atomic, and say under the table where it went (the table says what was replayed)."""
     from ntp_planner.cli.output import show
 
     if io.recorder is not None:
@@ -90,8 +106,5 @@ def finish_trace(io: TraceIO, plan, cfg, seed: int, json_out: bool) -> None:
         write_atomic(io.out, format_trace(io.recorder.kept, Placement.of(plan.cluster.build()), cfg.classes, note))
     if json_out:
         return
-    if "trace" in io.settings:
-        t = io.settings["trace"]
-        show(f"replayed {t['failures']} failures of {t['path']} (one run; stragglers, if any, drawn)")
     if io.out is not None:
         show(f"trace of trial {io.trial} written to {io.out}")

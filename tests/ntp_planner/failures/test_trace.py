@@ -89,18 +89,46 @@ def test_a_hand_made_trace_gives_the_goodput_worked_out_by_hand(plan_file, tmp_p
     capacity = (1 - 48 / 144 / 16) * (1 - stall / 86400) * 70980 / 85380
     assert got["dp-drop"]["capacity_goodput"] == pytest.approx(capacity, rel=1e-12)
     assert got["dp-drop"]["reconfigurations"] == 2 + 3
-    assert got["settings"]["trace"] == {"path": str(trace), "failures": 3}
+    assert got["settings"]["trace"] == {
+        "path": str(trace),
+        "name": "t.csv",
+        "failures": 2,  # during the run; the third was in repair at the start
+        "in_repair_at_start": 1,
+        "first_failure_h": 2.0,
+        "last_failure_h": 10.5,
+        "run_h": 24.0,
+    }
+    assert got["settings"]["start"] == "trace"
 
 
-def test_a_trace_without_failures_gives_every_strategy_the_same_goodput(plan_file, tmp_path):
-    trace = tmp_path / "none.csv"
-    trace.write_text(f"{HEADER}\n")
-    got = json.loads(run(plan_file, "--days", "2", "--checkpoint-interval", "39.8", "--trace", trace, "--json").stdout)
-    # 172,800 s of cycles of 2,388 + 300 s: 64 (152,832 s of work) and 768 s, 468 s of work then the final
-    # write: 153,300 s (restart kept all 768 s, 0.8889; the others I / (I + w) = 0.8884)
-    for s in ("restart", "dp-drop", "spares", "ntp", "ntp-pw"):
-        assert got[s]["goodput"] == pytest.approx(153_300 / 172_800, rel=1e-12), s
-    assert got["settings"]["trace"]["failures"] == 0
+HAND_MADE = f"{HEADER}\n-1,gpu:100,hardware,2\n2.0,gpu:5,hardware,4.0\n10.5,host:3,software,\n"
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())  # rich wraps titles and footers at the terminal's width
+
+
+def test_a_replays_table_says_it_is_one_run_of_the_trace(plan_file, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(HAND_MADE)
+    out = _words(run(plan_file, "--days", "1", "--checkpoint-interval", "50", "--trace", trace).output)
+    assert "Goodput over 1 days (24 h), replay of t.csv: 2 failures at 2.0-10.5 h" in out
+    assert "failures from the trace, 1 in repair at the start, 0 spare domains;" in out
+    assert out.endswith("spares needed: fewest spare domains that keep a fixed batch without pausing")
+    for said_of_draws in ("trials", "[", "steady start", "per GPU-hour", "worst trial"):
+        assert said_of_draws not in out, said_of_draws  # one run: no ranges, no rate, no --start
+    # Daly's interval, when the run asks for it, comes from --failure-rate: the footer says so
+    out = _words(run(plan_file, "--days", "1", "--failure-rate", "1e-4", "--trace", trace).output)
+    assert "failures from the trace (Daly's interval for 0.0001 per GPU-hour), 1 in repair" in out
+
+
+def test_a_replays_spares_sweep_says_it_is_one_run_of_the_trace(plan_file, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(HAND_MADE)
+    out = _words(run(plan_file, "--days", "1", "--strategies", "ntp", "--spares", "0,8", "--trace", trace).output)
+    assert "Spare domains over 1 days (24 h), replay of t.csv: 2 failures at 2.0-10.5 h, flexible batch" in out
+    assert "failures from the trace (Daly's interval for 1.97e-05 per GPU-hour), 1 in repair at the start" in out
+    assert "[" not in out and "trials" not in out and "steady start" not in out
 
 
 def test_trace_out_then_trace_gives_the_same_result(plan_file, tmp_path):
