@@ -158,6 +158,7 @@ SimPlotOpt = Annotated[Path | None, typer.Option("--plot", help="Folder for PNG 
 
 
 def simulate(
+    ctx: typer.Context,
     plan_file: PlanArg,
     days: DaysOpt = 30,
     trials: TrialsOpt = 1000,
@@ -233,7 +234,7 @@ def simulate(
         down_threshold=down_threshold,
     )
     check_pool_sweep(pools, cfg, len(names))
-    io = check_trace_options(trace, trace_out, trace_trial, trials, [plan_file, recovery_from])
+    io = check_trace_options(trace, trace_out, trace_trial, trials, [plan_file, recovery_from], ctx)
     need_matplotlib(plot)
     if plot is not None:
         from ntp_planner.views.plots import SIMULATION_PLOTS

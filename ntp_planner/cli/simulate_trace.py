@@ -30,6 +30,19 @@ TraceTrialOpt = Annotated[
 ]
 
 
+# The options that shape random draws, and why a replay has no use for them: refused when given
+# with --trace (the trace decides), so that nobody reads a replay as what they asked for.
+NOT_FOR_A_REPLAY = {
+    "start": ("--start", "the trace's negative times say what is in repair at the start"),
+    "failure_dist": ("--failure-dist", "the trace's times are the arrivals"),
+    "weibull_shape": ("--weibull-shape", "the trace's times are the arrivals"),
+    "hw_blast": ("--hw-blast", "each line's unit (gpu:G, host:H, domain:D) says what a failure takes down"),
+    "sw_blast": ("--sw-blast", "each line's unit (gpu:G, host:H, domain:D) says what a failure takes down"),
+    "lemon_fraction": ("--lemon-fraction", "the trace's units say which hosts fail"),
+    "lemon_factor": ("--lemon-factor", "the trace's units say which hosts fail"),
+}
+
+
 @dataclass
 class TraceIO:
     """What the trace options ask of one simulation."""
@@ -42,17 +55,36 @@ class TraceIO:
     settings: dict = field(default_factory=dict)
 
 
-def check_trace_options(trace, trace_out, trace_trial: int, trials: int, inputs: list) -> TraceIO:
+def check_trace_options(trace, trace_out, trace_trial: int, trials: int, inputs: list, ctx=None) -> TraceIO:
     """The options checked before any work: --trace-out may be written, --trace-trial is a trial
-    the run simulates (a replay is one trial)."""
+    the run simulates (a replay is one trial), no option that shapes random draws comes with
+    --trace (``ctx``, the command's context, says which were given)."""
     from ntp_planner.outputs import check_output
 
+    if trace is not None and ctx is not None:
+        _refuse_draw_options(ctx, trials)
     runs = 1 if trace is not None else trials
     if trace_trial >= runs:
         what = "a replay is one trial, 0" if trace is not None else f"--trials {trials} numbers them 0..{runs - 1}"
         raise InputError(f"--trace-trial {trace_trial} is not a trial of this run: {what}")
     out = None if trace_out is None else check_output(trace_out, "--trace-out", [*inputs, trace], "trace.csv")
     return TraceIO(trace, out, trace_trial)
+
+
+def _refuse_draw_options(ctx: typer.Context, trials: int) -> None:
+    """With --trace, refuse in one sentence an option given (on the command line or from the
+    environment) that only shapes random draws (``NOT_FOR_A_REPLAY``), and --trials above 1: a
+    replay is one run."""
+
+    def given(name: str) -> bool:
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name != "DEFAULT"
+
+    if given("trials") and trials > 1:
+        raise InputError(f"--trials {trials} does not apply to --trace: a replay is one run of the trace's failures")
+    for name, (option, why) in NOT_FOR_A_REPLAY.items():
+        if given(name):
+            raise InputError(f"{option} does not apply to --trace: {why}")
 
 
 def prepare(io: TraceIO, plan, cfg, seed: int):

@@ -131,12 +131,52 @@ def test_a_replays_spares_sweep_says_it_is_one_run_of_the_trace(plan_file, tmp_p
     assert "[" not in out and "trials" not in out and "steady start" not in out
 
 
+@pytest.mark.parametrize(
+    ("option", "why"),
+    [
+        (["--trials", "2"], "--trials 2 does not apply to --trace: a replay is one run of the trace's failures."),
+        (["--start", "healthy"], "--start does not apply to --trace: the trace's negative times say what is in"),
+        (["--failure-dist", "poisson"], "--failure-dist does not apply to --trace: the trace's times are the arrivals"),
+        (["--weibull-shape", "0.7"], "--weibull-shape does not apply to --trace: the trace's times are the arrivals."),
+        (["--hw-blast", "gpu"], "--hw-blast does not apply to --trace: each line's unit (gpu:G, host:H, domain:D)"),
+        (["--sw-blast", "node"], "--sw-blast does not apply to --trace: each line's unit"),
+        (["--lemon-fraction", "0"], "--lemon-fraction does not apply to --trace: the trace's units say which hosts"),
+        (["--lemon-factor", "3"], "--lemon-factor does not apply to --trace: the trace's units say which hosts"),
+    ],
+)
+def test_an_option_for_random_draws_is_refused_with_trace_naming_it(plan_file, tmp_path, option, why):
+    trace = tmp_path / "t.csv"
+    trace.write_text(HAND_MADE)
+    out = run(plan_file, "--days", "1", "--trace", trace, *option, code=2)  # given, even at its default value
+    assert out.output.startswith(f"error: {why}") and out.output.count("\n") == 1, out.output
+    run(plan_file, "--days", "1", *option)  # without --trace it is the draws' option
+
+
+def test_trials_1_is_what_a_replay_is_and_accepted(plan_file, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(HAND_MADE)
+    base = [plan_file, "--days", "1", "--trace", trace, "--json"]
+    assert json.loads(run(*base, "--trials", "1").stdout) == json.loads(run(*base).stdout)
+
+
+def test_a_trace_without_failures_gives_every_strategy_the_same_goodput(plan_file, tmp_path):
+    trace = tmp_path / "none.csv"
+    trace.write_text(f"{HEADER}\n")
+    got = json.loads(run(plan_file, "--days", "2", "--checkpoint-interval", "39.8", "--trace", trace, "--json").stdout)
+    # 172,800 s of cycles of 2,388 + 300 s: 64 (152,832 s of work) and 768 s, 468 s of work then the final
+    # write: 153,300 s (restart kept all 768 s, 0.8889; the others I / (I + w) = 0.8884)
+    for s in ("restart", "dp-drop", "spares", "ntp", "ntp-pw"):
+        assert got[s]["goodput"] == pytest.approx(153_300 / 172_800, rel=1e-12), s
+    assert got["settings"]["trace"]["failures"] == 0
+
+
 def test_trace_out_then_trace_gives_the_same_result(plan_file, tmp_path):
     """A run of one trial, written with --trace-out and replayed (another seed: nothing is drawn)."""
     out = tmp_path / "drawn.csv"
     base = ["--days", "4", "--failure-rate", "2e-3", "--hw-blast", "node", "--sw-blast", "domain", "--json"]
     original = json.loads(run(plan_file, *base, "--trials", "1", "--seed", "3", "--trace-out", out).stdout)
-    replayed = json.loads(run(plan_file, *base, "--trace", out, "--seed", "99").stdout)
+    replay = [x for x in base if x not in ("--hw-blast", "node", "--sw-blast", "domain")]  # the units say it
+    replayed = json.loads(run(plan_file, *replay, "--trace", out, "--seed", "99").stdout)
     lines = [x for x in out.read_text().splitlines() if not x.startswith("#")]
     units = {x.split(",")[1].split(":")[0] for x in lines[1:]}
     assert units == {"host", "domain"} and len(lines) > 20  # hosts and domains both round-trip
