@@ -154,9 +154,14 @@ def elastic_row(
     if batch.stalls is None:  # the same for every elastic strategy
         batch.stalls = elastic_stalls(cfg, batch, run_s)
     stall = batch.stalls
-    running_s = np.clip(run_s - stall - paused_s, 0, None)  # the job keeps its state: one checkpoint clock
-    work_s = kept_work_s(running_s, interval_s, cfg.checkpoint_write_s)
-    good = work_s / run_s
+    write_s = cfg.checkpoint_write_s
+    # the job keeps its state through stalls and pauses: one checkpoint clock over the time it runs
+    good = kept_work_s(np.clip(run_s - stall - paused_s, 0, None), interval_s, write_s) / run_s
+    # capacity: the throughput per bin (0 while paused) out of the stalls, of which the share of the
+    # time it runs that is kept work; that time as the same product, so that a stall charged inside
+    # a pause (a known bias) does not zero a job that ran for hours before pausing for the rest
+    running_s = np.clip(run_s - stall, 0, None) * (1 - paused_s / run_s)
+    work_s = kept_work_s(running_s, interval_s, write_s)
     productive = np.divide(work_s, running_s, out=np.zeros(size), where=running_s > 0)
     cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
     needed = spares_needed(tables, strategy, states)[inverse].max(axis=1)

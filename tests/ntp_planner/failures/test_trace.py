@@ -159,6 +159,22 @@ def test_trials_1_is_what_a_replay_is_and_accepted(plan_file, tmp_path):
     assert json.loads(run(*base, "--trials", "1").stdout) == json.loads(run(*base).stdout)
 
 
+def test_a_job_that_ran_an_hour_then_paused_keeps_that_hours_capacity(plan_file, tmp_path):
+    """A fixed batch pauses from the first failure (1 h) to the end; 31 failures in the pause cost
+    31 x 240 s of stalls, which the time accounting charges on top of the 23 h paused (a known
+    bias: more than the day, so time goodput is 0). Capacity counts the running time as the
+    product (86,400 - 7,440 s) x 1/24 = 3,290 s, of which 2,690 s are kept work (no whole cycle of
+    3,600 s: 3,290 - 600 s, the final write)."""
+    trace = tmp_path / "pause.csv"
+    rows = [f"{1 + 0.5 * i},gpu:{i},hardware,100" for i in range(31)]
+    trace.write_text("\n".join([HEADER, *rows]) + "\n")
+    out = run(plan_file, "--days", "1", "--batch", "fixed", "--strategies", "dp-drop", "--checkpoint-interval", "50",
+              "--checkpoint-write-s", "600", "--trace", trace, "--json")  # fmt: skip
+    got = json.loads(out.stdout)["dp-drop"]
+    assert got["hours_paused"] == 23 and got["goodput"] == 0
+    assert got["capacity_goodput"] == pytest.approx(1 / 24 * (86400 - 7440) / 86400 * 2690 / 3290, rel=1e-12)
+
+
 def test_a_trace_without_failures_gives_every_strategy_the_same_goodput(plan_file, tmp_path):
     trace = tmp_path / "none.csv"
     trace.write_text(f"{HEADER}\n")
