@@ -20,6 +20,14 @@ from ntp_planner.cli.options import (
     parse_list,
 )
 from ntp_planner.cli.output import progress, show, show_json
+from ntp_planner.cli.simulate_trace import (
+    TraceOpt,
+    TraceOutOpt,
+    TraceTrialOpt,
+    check_trace_options,
+    finish_trace,
+    prepare,
+)
 from ntp_planner.outputs import check_output_folder
 from topologies.errors import InputError
 
@@ -150,6 +158,7 @@ SimPlotOpt = Annotated[Path | None, typer.Option("--plot", help="Folder for PNG 
 
 
 def simulate(
+    ctx: typer.Context,
     plan_file: PlanArg,
     days: DaysOpt = 30,
     trials: TrialsOpt = 1000,
@@ -177,6 +186,9 @@ def simulate(
     lemon_factor: LemonFactorOpt = 1.0,
     seed: SeedOpt = 0,
     plot: SimPlotOpt = None,
+    trace: TraceOpt = None,
+    trace_out: TraceOutOpt = None,
+    trace_trial: TraceTrialOpt = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Goodput of the run under failures, per fault-handling strategy (Monte Carlo).
@@ -184,6 +196,8 @@ def simulate(
     \b
     Example: ntp simulate plan.json --days 30 --trials 1000 \\
                --strategies restart,ntp,ntp-pw --plot out/
+    Replay a log: ntp simulate plan.json --days 54 \\
+               --trace examples/llama3_trace.csv
     """
     import numpy as np
 
@@ -220,25 +234,28 @@ def simulate(
         down_threshold=down_threshold,
     )
     check_pool_sweep(pools, cfg, len(names))
+    io = check_trace_options(trace, trace_out, trace_trial, trials, [plan_file, recovery_from], ctx)
     need_matplotlib(plot)
     if plot is not None:
         from ntp_planner.views.plots import SIMULATION_PLOTS
 
         pngs = ["spares.png"] if len(pools) > 1 else list(SIMULATION_PLOTS)
-        check_output_folder(plot, "--plot", pngs, [plan_file, recovery_from])  # before the trials, not after
+        check_output_folder(plot, "--plot", pngs, [plan_file, recovery_from, trace])  # before the trials
     p = Plan.load(plan_file)
-    settings = _settings_json(cfg, sources, recovery_from)
+    cfg, io = prepare(io, p, cfg, seed)
+    settings = {**_settings_json(cfg, sources, recovery_from), **io.settings}
     title = f"{p.model.name} on {p.cluster.num_gpus} GPUs"
     if len(pools) > 1:
-        _simulate_pools(p, cfg, names, pools, seed, plot, json_out, settings, title)
-        return
-    with progress("trials", trials, json_out) as advance:
-        results, trace = run_simulation(p, cfg, names, np.random.default_rng(seed), progress=advance)
+        _simulate_pools(p, cfg, names, pools, seed, plot, json_out, settings, title, io.source)
+        return finish_trace(io, p, cfg, seed, json_out)
+    with progress("trials", cfg.trials, json_out) as advance:
+        results, series = run_simulation(p, cfg, names, np.random.default_rng(seed), progress=advance, source=io.source)
     if plot is not None:
-        plot_simulation(trace, results, plot, title)
+        plot_simulation(series, results, plot, title)
     _show_simulation(p, results, cfg, sources, settings, json_out)
     if plot is not None and not json_out:
         show(f"plots written to {plot}/")
+    finish_trace(io, p, cfg, seed, json_out)
 
 
 def _show_simulation(plan, results, cfg, sources, settings, json_out) -> None:
@@ -251,10 +268,10 @@ def _show_simulation(plan, results, cfg, sources, settings, json_out) -> None:
     from ntp_planner.views.simulate import simulation_table
 
     show(params_line(plan.model))
-    show(simulation_table(results, cfg, sources))
+    show(simulation_table(results, cfg, sources, settings.get("trace")))
 
 
-def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, title) -> None:
+def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, title, source) -> None:
     """One simulation per pool size, each on the same failures (the same seed): per-GPU
     throughput, hours paused and goodput against the spare domains."""
     import numpy as np
@@ -265,8 +282,9 @@ def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, tit
     runs = {}
     with progress("trials", cfg.trials * len(pools), json_out) as advance:
         for k in pools:
+            k_cfg = cfg.model_copy(update={"spares": k})
             runs[k], _ = run_simulation(
-                plan, cfg.model_copy(update={"spares": k}), names, np.random.default_rng(seed), progress=advance
+                plan, k_cfg, names, np.random.default_rng(seed), progress=advance, source=source
             )
     from ntp_planner.views.model import params_json, params_line
 
@@ -281,7 +299,7 @@ def _simulate_pools(plan, cfg, names, pools, seed, plot, json_out, settings, tit
     from ntp_planner.views.simulate import pool_table
 
     show(params_line(plan.model))
-    show(pool_table(rows, cfg, settings["recovery_sources"]))
+    show(pool_table(rows, cfg, settings["recovery_sources"], settings.get("trace")))
     if plot is not None:
         show(f"plot written to {Path(plot) / 'spares.png'}")
 

@@ -33,9 +33,11 @@ class Events:
     end_h: np.ndarray  # repair time
     gpu: np.ndarray
     blast: np.ndarray  # index into BLASTS: 0 = one GPU, 1 = a host, 2 = an NVLink domain
+    cause: np.ndarray | None = None  # index into SimConfig.classes (failures only), for traces
 
     def take(self, mask: np.ndarray) -> Events:
-        return Events(self.trial[mask], self.start_h[mask], self.end_h[mask], self.gpu[mask], self.blast[mask])
+        cause = None if self.cause is None else self.cause[mask]
+        return Events(self.trial[mask], self.start_h[mask], self.end_h[mask], self.gpu[mask], self.blast[mask], cause)
 
 
 def arrivals(
@@ -77,7 +79,7 @@ def draw_events(cfg: SimConfig, num_gpus: int, gpus_per_host: int, rng: np.rando
         gpu = rng.integers(0, num_gpus, size=n)
     blast = np.array([BLASTS.index(c.blast) for c in cfg.classes])[cls]
     keep = end > 0
-    return Events(trial[keep], start[keep], end[keep], gpu[keep], blast[keep])
+    return Events(trial[keep], start[keep], end[keep], gpu[keep], blast[keep], cls[keep])
 
 
 def _lemon_weighted_gpus(

@@ -10,7 +10,9 @@ statistics over all trials.
   another's recovery joins it), keeps its state
   from the surviving replicas (no rollback) and runs at the re-planned throughput; with a fixed
   batch it pauses while the re-planned throughput is 0.
-Every strategy pays checkpoint writes: interval / (interval + write) of the time is productive.
+Every strategy pays checkpoint writes: of the time it runs, it keeps ``renewal.kept_work_s`` (whole
+cycles of interval + write, then a final checkpoint at the run's end), so with no failure every
+strategy's goodput is the same W(run) / run (over a long run, interval / (interval + write)).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ntp_planner.failures.events import Events
-from ntp_planner.failures.renewal import covered_share, restart_work, stall_seconds
+from ntp_planner.failures.renewal import covered_share, kept_work_s, restart_work, stall_seconds
 from ntp_planner.failures.states import FailureStates
 
 if TYPE_CHECKING:
@@ -144,7 +146,6 @@ def elastic_row(
     size, bins, bin_h = batch.trials, batch.slow.shape[1], batch.bin_h
     states, inverse = batch.states.states, batch.states.inverse
     run_s = cfg.days * 86400
-    productive = interval_s / (interval_s + cfg.checkpoint_write_s)
     failures, repairs = batch.failures, batch.repairs
     tp, idle = tables.arrays(strategy, cfg.batch, states)
     tput = tp[inverse] * batch.slow
@@ -153,7 +154,15 @@ def elastic_row(
     if batch.stalls is None:  # the same for every elastic strategy
         batch.stalls = elastic_stalls(cfg, batch, run_s)
     stall = batch.stalls
-    good = np.clip(run_s - stall - paused_s, 0, None) * productive / run_s
+    write_s = cfg.checkpoint_write_s
+    # the job keeps its state through stalls and pauses: one checkpoint clock over the time it runs
+    good = kept_work_s(np.clip(run_s - stall - paused_s, 0, None), interval_s, write_s) / run_s
+    # capacity: the throughput per bin (0 while paused) out of the stalls, of which the share of the
+    # time it runs that is kept work; that time as the same product, so that a stall charged inside
+    # a pause (a known bias) does not zero a job that ran for hours before pausing for the rest
+    running_s = np.clip(run_s - stall, 0, None) * (1 - paused_s / run_s)
+    work_s = kept_work_s(running_s, interval_s, write_s)
+    productive = np.divide(work_s, running_s, out=np.zeros(size), where=running_s > 0)
     cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
     needed = spares_needed(tables, strategy, states)[inverse].max(axis=1)
     row = dict(

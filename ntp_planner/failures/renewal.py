@@ -6,6 +6,10 @@ while a recovery is under way joins it; the recovery already on its way takes th
 GPUs' replacement along and ends when it would have. So a burst of failures costs one recovery,
 not one each, and the time lost is the union of recoveries that start on a running job.
 
+Checkpoints (``kept_work_s``): a job that runs for ``R`` seconds computes ``I``, writes a checkpoint
+for ``w``, and so on, and writes a final checkpoint at the end, inside ``R``: work is kept only if
+a checkpoint follows it. Every strategy keeps this much of its running time.
+
 Checkpoint-restart (``restart_work``): the job computes ``I`` seconds, writes a checkpoint for
 ``w``, and so on. A failure throws away the work since the last completed checkpoint (a write in
 progress is lost too), the job recovers for ``D`` = detection + restart, and the checkpoint clock
@@ -38,6 +42,27 @@ def renewal_goodput(rate_per_s: float, interval_s: float, write_s: float, recove
         return interval_s / (interval_s + write_s)
     q = math.exp(-rate_per_s * (interval_s + write_s))
     return interval_s * q / -math.expm1(-rate_per_s * (interval_s + write_s)) / (recovery_s + 1 / rate_per_s)
+
+
+def kept_work_s(running_s, interval_s: float, write_s: float) -> np.ndarray:
+    """Work kept by a job running ``running_s`` seconds (an array) without a failure: ``k`` whole
+    cycles of ``I + w`` (k = floor(R / (I + w))), then in the rest ``r = R - k (I + w)`` (less than
+    ``I + w``) it computes ``r - w`` and writes the final checkpoint, or, with ``r <= w``, keeps
+    nothing more. W(R) = k I + max(0, r - w); over a long run W(R) / R tends to I / (I + w).
+
+    R = 86,400 s, I = 3,000 s, w = 300 s: 26 cycles (85,800 s, 78,000 s of work) and 600 s in which
+    300 s of work and the final write fit: 78,300 s, 0.90625 of the day. A checkpoint interval of the
+    whole run (``checkpoint_interval.interval_s`` without failures) keeps R - w.
+
+    >>> kept_work_s(np.array([86_400.0, 10_000, 150]), 3000, 300).tolist()
+    [78300.0, 9000.0, 0.0]
+    >>> kept_work_s(np.array([86_400.0]), 86_400, 300).tolist()
+    [86100.0]
+    """
+    cycle = interval_s + write_s
+    running = np.clip(np.asarray(running_s, dtype=float), 0, None)
+    k = np.floor(running / cycle)
+    return k * interval_s + np.clip(running - k * cycle - write_s, 0, None)
 
 
 def recovery_windows(trial: np.ndarray, start_s: np.ndarray, duration_s: np.ndarray, trials: int):
@@ -90,16 +115,18 @@ def restart_work(
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[float, float]]]:
     """Checkpoint-restart over a run of ``run_s``: per trial the compute time kept and the
     restarts, and trial 0's kept spans ``(start, end)`` (each a whole number of checkpoint
-    cycles, or the run's tail), for its throughput trace. The job starts fresh at time 0.
+    cycles, or the run's tail), for its throughput trace. The job starts fresh at time 0; the tail
+    after the last restart keeps ``kept_work_s`` of it (a final checkpoint at the run's end).
 
     Two failures an hour apart, I = 1,000 s, w = 200 s, D = 300 s over 10,000 s: from 0 to
     3,600 s, 3 cycles of 1,200 s complete (3,000 s kept, nothing lost); the job is back at
     3,900 s, 2 cycles complete before 7,200 s (2,000 s kept, 900 s lost); back at 7,500 s, the
-    tail of 2,500 s holds 2 cycles and 100 s of compute (2,100 s kept): 7,100 s in all.
+    tail of 2,500 s holds 2 cycles and 100 s, too short for work and the final write of 200 s
+    (2,000 s kept): 7,000 s in all.
 
     >>> work, restarts, spans = restart_work(np.zeros(2, int), np.array([3600.0, 7200]), 1, 10_000, 1000, 200, 300)
     >>> work.tolist(), restarts.tolist(), spans
-    ([7100.0], [2.0], [(0.0, 3600.0), (3900.0, 6300.0), (7500.0, 10000.0)])
+    ([7000.0], [2.0], [(0.0, 3600.0), (3900.0, 6300.0), (7500.0, 10000.0)])
     """
     heads, _ = recovery_windows(trial, fail_s, np.full(fail_s.shape, recovery_s), trials)
     t, f = trial[heads], fail_s[heads]
@@ -114,9 +141,7 @@ def restart_work(
     restarts = np.bincount(t, minlength=trials).astype(float)
     last = np.zeros(trials)  # when the tail begins: D after the last restart, 0 without one
     last[t] = f + recovery_s  # the latest failure of each trial wins (sorted by time)
-    tail = np.clip(run_s - last, 0, None)
-    k = np.floor(tail / cycle)
-    work += k * interval_s + np.minimum(tail - k * cycle, interval_s)
+    work += kept_work_s(run_s - last, interval_s, write_s)
     zero = t == 0
     spans = [(float(b), float(b + n * cycle)) for b, n in zip(begin[zero], done[zero], strict=True)]
     if last[0] < run_s:

@@ -74,10 +74,12 @@ def pool_rows(plan: Plan, runs: dict[int, dict[str, StrategyResult]]) -> list[di
 
 
 def simulate(
-    plan: Plan, cfg: SimConfig, strategies: list[str], rng: np.random.Generator, progress=None
+    plan: Plan, cfg: SimConfig, strategies: list[str], rng: np.random.Generator, progress=None, source=draw_events
 ) -> tuple[dict[str, StrategyResult], Trace]:
     """Simulate ``cfg.trials`` runs of ``plan``; statistics per strategy and one trial's trace.
-    ``rng`` draws every event; ``progress(k)`` hears of each batch of k trials done."""
+    ``rng`` draws every event; ``progress(k)`` hears of each batch of k trials done. ``source``
+    gives each batch's failures (``draw_events``' arguments): a replayed trace or a recorder
+    (``trace``) stands in for the draws."""
     check_strategies(strategies)
     n = plan.cluster.num_gpus
     check_workload(cfg, n, len(strategies))
@@ -90,7 +92,7 @@ def simulate(
     rows: dict[str, list[dict[str, np.ndarray]]] = {s: [] for s in strategies}
     trace = Trace(cfg.bin_h, np.zeros(0), {}, {})
     for first in range(0, cfg.trials, CHUNK):
-        batch = _draw_batch(plan, cfg, tables, min(CHUNK, cfg.trials - first), rng)
+        batch = _draw_batch(plan, cfg, tables, min(CHUNK, cfg.trials - first), rng, source)
         over = (batch.states.gpus_down / n > cfg.down_threshold).mean(axis=1)
         for s in strategies:
             if s == "restart":
@@ -112,11 +114,13 @@ def simulate(
     return results, trace
 
 
-def _draw_batch(plan: Plan, cfg: SimConfig, tables: ThroughputTables, size: int, rng: np.random.Generator) -> Batch:
+def _draw_batch(
+    plan: Plan, cfg: SimConfig, tables: ThroughputTables, size: int, rng: np.random.Generator, source=draw_events
+) -> Batch:
     """Events, failure states and straggler slowdown of ``size`` trials (draws in this order)."""
     part = cfg.model_copy(update={"trials": size})
     n, cluster = plan.cluster.num_gpus, tables.cluster
-    ev = draw_events(part, n, plan.cluster.spec.gpus_per_node, rng)
+    ev = source(part, n, plan.cluster.spec.gpus_per_node, rng)
     used = cluster.used_per_domain
     domains = Domains(used=used, node=tables.node, idle=cluster.spec.domain_size - used)
     states = failure_states(ev, size, cfg.bins, cfg.bin_h, domains)

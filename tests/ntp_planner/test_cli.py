@@ -251,6 +251,9 @@ def test_cli_surface_is_frozen():
                 "--lemon-factor",
                 "--seed",
                 "--plot",
+                "--trace",
+                "--trace-out",
+                "--trace-trial",
                 "--json",
             ]
         ),

@@ -53,6 +53,7 @@ FILE_OUTPUTS = {
     "validate": (["validate", "{in}", "--profile", "none.json", "--record", "{out}"], "--record"),
     "calibrate": (["calibrate", "{in}", "--profile", "none.json", "-o", "{out}"], "--output"),
     "profile": (["profile", "--device", "cpu", "-m", "{in}", "-o", "{out}"], "--output"),
+    "simulate": (["simulate", "{in}", "--days", "1", "--trials", "2", "--trace-out", "{out}"], "--trace-out"),
 }
 # What a bad output path is made of, and the words of the refusal that names it.
 BAD = {

@@ -7,7 +7,13 @@ import pytest
 from scipy.optimize import minimize_scalar
 
 from ntp_planner.failures.checkpoint_interval import daly_interval_s
-from ntp_planner.failures.renewal import recovery_windows, renewal_goodput, restart_work, stall_seconds
+from ntp_planner.failures.renewal import (
+    kept_work_s,
+    recovery_windows,
+    renewal_goodput,
+    restart_work,
+    stall_seconds,
+)
 from ntp_planner.failures.sim_config import LLAMA3_RATE_PER_GPU_HOUR
 
 RECOVERY_S, WRITE_S, RUN_S = 660.0, 300.0, 30 * 86400.0  # detection 60 s + restart 600 s; 5-minute writes; 30 days
@@ -56,11 +62,12 @@ def test_dalys_interval_is_the_renewal_optimum(gpus, times_llama3):
 def test_a_burst_of_failures_costs_one_recovery():
     # failures at 1,000 s, 1,100 s (inside the first recovery, which ends at 1,660 s) and 5,000 s; I = 400 s,
     # w = 100 s: 2 cycles kept before 1,000 s (800 s of work), then back at 1,660 s, 6 cycles of 500 s
-    # before 5,000 s (2,400 s), back at 5,660 s, a tail of 4,340 s = 8 cycles + 340 s (3,540 s): 6,740 s
+    # before 5,000 s (2,400 s), back at 5,660 s, a tail of 4,340 s = 8 cycles + 340 s, in which 240 s of
+    # work and the final write of 100 s fit (3,440 s): 6,640 s
     work, restarts, spans = restart_work(
         np.zeros(3, int), np.array([1100.0, 1000.0, 5000.0]), 1, 10_000, 400, 100, RECOVERY_S
     )
-    assert (work.tolist(), restarts.tolist()) == ([6740.0], [2.0])
+    assert (work.tolist(), restarts.tolist()) == ([6640.0], [2.0])
     assert spans == [(0.0, 1000.0), (1660.0, 4660.0), (5660.0, 10000.0)]
 
 
@@ -90,12 +97,37 @@ def test_recovery_windows_agree_with_the_rule_applied_one_event_at_a_time():
     assert 0 < (~heads).sum() < 400
 
 
-def test_a_run_without_failures_keeps_every_cycle():
-    # 10,000 s of cycles of 1,200 s: 8 cycles (8,000 s of compute) and a tail of 400 s of compute
+def test_a_run_without_failures_keeps_every_cycle_and_the_work_the_final_checkpoint_saves():
+    # 10,000 s of cycles of 1,200 s: 8 cycles (8,000 s of compute) and a tail of 400 s: 200 s of compute,
+    # then the final checkpoint's 200 s write
     none = np.zeros(0, dtype=int)
     work, restarts, spans = restart_work(none, np.zeros(0), 2, 10_000, 1000, 200, 300)
-    assert (work.tolist(), restarts.tolist(), spans) == ([8400.0, 8400.0], [0.0, 0.0], [(0.0, 10000.0)])
+    assert (work.tolist(), restarts.tolist(), spans) == ([8200.0, 8200.0], [0.0, 0.0], [(0.0, 10000.0)])
     assert stall_seconds(none, np.zeros(0), np.zeros(0), 2, 10_000).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("run_s", "interval_s", "write_s", "kept_s"),
+    [
+        (86_400, 3000, 300, 78_300),  # 26 cycles of 3,300 s (78,000 s of work), 600 s left: 300 s and the write
+        (86_400, 3300, 300, 79_200),  # 24 whole cycles, nothing left: the last regular checkpoint is the final one
+        (86_400, 3000, 3000, 42_000),  # 14 cycles (42,000 s of work), 2,400 s left: shorter than a write
+        (10_000, 1000, 200, 8200),  # 8 cycles, 400 s left: 200 s of work, the 200 s final write
+        (10_000, 1000, 0, 10_000),  # free writes: all of it
+        (2_592_000, 2_592_000, 300, 2_591_700),  # the whole run as the interval (no failures): one write at the end
+        (100, 1000, 300, 0),  # shorter than a write: nothing saved
+    ],
+)
+def test_kept_work_is_whole_cycles_then_the_work_the_final_checkpoint_saves(run_s, interval_s, write_s, kept_s):
+    assert kept_work_s(np.array([float(run_s)]), interval_s, write_s).tolist() == [kept_s]
+
+
+def test_kept_work_tends_to_interval_over_interval_plus_write():
+    # W(R) / R -> I / (I + w): within w / R of it for any R
+    run_s = np.linspace(1e6, 2e6, 1001)
+    share = kept_work_s(run_s, 2388.0, 300) / run_s
+    assert np.all(np.abs(share - 2388 / 2688) <= 300 / run_s)
+    assert share.max() <= 2388 / 2688 + 1e-15  # never above it: a partial cycle pays a whole write
 
 
 @pytest.mark.slow
