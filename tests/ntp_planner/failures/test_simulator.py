@@ -345,7 +345,9 @@ def test_simulate_refuses_runs_of_hours_with_the_arithmetic(plan_16k):
 def test_results_are_pinned_for_a_seed():
     """Refactors must keep every draw in its order: these figures come from the simulator as it
     stood before it was split into events, states and goodput (10 days, 40 trials, seed 7); restart's
-    since it became a renewal process (failures inside a recovery join it)."""
+    since it became a renewal process (failures inside a recovery join it); ntp's since a state counts
+    every single-GPU failure of a domain (18 of its 57,600 trial-bins hold three in one domain, which
+    had counted as two singles and a pair: 0.9881093792697339 before)."""
     results, trace = simulate(
         _nvl72_plan(None), SimConfig(days=10, trials=40), ["restart", "ntp"], np.random.default_rng(7)
     )
@@ -354,7 +356,7 @@ def test_results_are_pinned_for_a_seed():
     assert trace.failed_fraction.sum() == PINNED["failed"]
 
 
-PINNED = {"restart": 0.9772837724692411, "ntp": 0.9881093792697339, "failed": 4.3828125}
+PINNED = {"restart": 0.9772837724692411, "ntp": 0.988104551411697, "failed": 4.3828125}
 
 
 def test_sweep_refuses_samples_beyond_the_bound(plan_16k):
