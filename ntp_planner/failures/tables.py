@@ -24,8 +24,9 @@ class ThroughputTables:
 
     def failed(self, state: tuple[int, ...]) -> tuple[frozenset[int], frozenset[int]]:
         """(failed GPUs, domains lost whole) of a state = failed units (one GPU, a host, a domain,
-        two GPUs of a domain), each unit in its own NVLink domain; a failed domain is every GPU
-        the job uses there, and its idle GPUs."""
+        then k = 2, 3, ... GPUs of a domain: ``failure_states``' columns), each unit in its own
+        NVLink domain, its GPUs the domain's first; a failed domain is every GPU the job uses
+        there, and its idle GPUs."""
         if state in self.states:
             return self.states[state]
         c = self.cluster
@@ -33,13 +34,17 @@ class ThroughputTables:
         for kind, count in enumerate(state):
             for _ in range(count):
                 if d < c.num_domains:
-                    width = min((1, self.node, c.used_per_domain, 2)[kind], c.used_in_domain(d))
+                    width = min(self.width(kind), c.used_in_domain(d))
                     failed.update(range(d * c.used_per_domain, d * c.used_per_domain + width))
                     if kind == 2:
                         down.add(d)
                 d += 1
         self.states[state] = (frozenset(failed), frozenset(down))
         return self.states[state]
+
+    def width(self, kind: int) -> int:
+        """GPUs one unit of column ``kind`` of a state fails: 1, a host, a domain, then k = kind - 1."""
+        return (1, self.node, self.cluster.used_per_domain)[kind] if kind < 3 else kind - 1
 
     def get(self, strategy: str, batch: str, state: tuple[int, ...]) -> tuple[float, int]:
         """Throughput and idle GPUs of ``state`` (see ``failed``) with the pool of ``cfg.spares``."""
@@ -59,6 +64,6 @@ class ThroughputTables:
         return self.needs[key]
 
     def arrays(self, strategy: str, batch: str, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Throughput and idle GPUs for each row of ``states`` ([n, 4] unit counts)."""
+        """Throughput and idle GPUs for each row of ``states`` (unit counts, ``FailureStates.states``)."""
         pairs = [self.get(strategy, batch, tuple(int(x) for x in row)) for row in states]
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs], dtype=float)

@@ -367,7 +367,9 @@ def test_results_are_pinned_for_a_seed():
     """Refactors must keep every draw in its order: these figures come from the simulator as it
     stood before it was split into events, states and goodput (10 days, 40 trials, seed 7); restart's
     since it became a renewal process (failures inside a recovery join it); both goodputs since every
-    strategy keeps only checkpointed work, with a final checkpoint at the end (renewal.kept_work_s)."""
+    strategy keeps only checkpointed work, with a final checkpoint at the end (renewal.kept_work_s);
+    ntp's since a state counts every single-GPU failure of a domain (18 of its 57,600 trial-bins hold
+    three in one domain, which had counted as two singles and a pair)."""
     results, trace = simulate(
         _nvl72_plan(None), SimConfig(days=10, trials=40), ["restart", "ntp"], np.random.default_rng(7)
     )
@@ -376,7 +378,7 @@ def test_results_are_pinned_for_a_seed():
     assert trace.failed_fraction.sum() == PINNED["failed"]
 
 
-PINNED = {"restart": 0.9769396047922448, "ntp": 0.9879133587872542, "failed": 4.3828125}
+PINNED = {"restart": 0.9769396047922448, "ntp": 0.9879085319236474, "failed": 4.3828125}
 
 
 def test_sweep_refuses_samples_beyond_the_bound(plan_16k):
