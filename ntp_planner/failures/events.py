@@ -93,21 +93,6 @@ def _lemon_weighted_gpus(
     return host * gpus_per_host + rng.integers(0, gpus_per_host, size=n)
 
 
-def pair_overlaps(ev: Events, domain_size: int) -> Events:
-    """Intervals during which two single-GPU failures share an NVLink domain (consecutive
-    failures of one domain that overlap in time; rarer triple overlaps count as pairs)."""
-    single = ev.take(ev.blast == 0)
-    if single.trial.size < 2:
-        return single.take(np.zeros(single.trial.size, dtype=bool))
-    domain = single.gpu // domain_size
-    order = np.lexsort((single.start_h, domain, single.trial))
-    t, d, a, b = single.trial[order], domain[order], single.start_h[order], single.end_h[order]
-    same = (t[1:] == t[:-1]) & (d[1:] == d[:-1]) & (a[1:] < b[:-1])
-    start, end = a[1:][same], np.minimum(b[:-1], b[1:])[same]
-    zeros = np.zeros(start.size, dtype=np.int64)
-    return Events(t[1:][same], start, end, zeros, zeros)
-
-
 def straggler_share(cfg: SimConfig, num_gpus: int, bins: int, bin_h: float, rng: np.random.Generator) -> np.ndarray:
     """[trial, bin] 1 while at least one straggler episode (Poisson, fixed length) is under way, else 0."""
     if cfg.straggler_rate_per_gpu_hour == 0 or cfg.straggler_hours == 0:
