@@ -121,6 +121,26 @@ class Efficiency(BaseModel):
         "is 6 ms without B200, B300 or GB200 (each held out improves) and 8-10 ms without GB300 or H100 (held "
         "out, worse: 8.6% -> 9.7%, 14.0% -> 19.2%).",
     )
+    grouped_gemm_launch_s: float = Field(
+        default=1e-5,
+        ge=0,
+        description="Host seconds per expert GEMM issued one expert at a time (cost_models.moe.grouped_gemm_launch_s: "
+        "Transformer Engine's GroupedLinear loops over the local experts on the host, one cuBLAS GEMM each, "
+        "with its descriptors and heuristic query; 6 per local expert per micro-batch), on the GPU's critical "
+        "path since the MoE layer's host syncs keep the host from running ahead; none in a full-iteration CUDA "
+        "graph. Prior: 5-20 us (a cublasLt heuristic query and launch). Fitted to table G "
+        "(cost_models.published_moe) with moe_overlap_host_s: 10 us.",
+    )
+    moe_overlap_host_s: float = Field(
+        default=0.012,
+        ge=0,
+        description="Host seconds of one MoE layer's forward and backward pair under Megatron's combined 1F1B "
+        "A2A overlap without CUDA graphs (cost_models.moe.overlap_host_floor_s: some ten ScheduleNode calls, "
+        "each a stream switch under an event wait, each backward its own autograd-engine call); a layer with "
+        "less GPU work waits for the host. Fitted to table G (cost_models.published_moe) with "
+        "grouped_gemm_launch_s: 12 ms, set by Qwen3-30B-A3B on H100 (1.8x slower with the overlap than "
+        "without); a layer of the larger models has more GPU work than that and pays nothing.",
+    )
     attention_exp_head_dim: dict[str, float] = Field(
         default={"blackwell": 128.0, "hopper": 64.0},
         description="Head dim below which fused attention is bound by the softmax's exponentials, per "
