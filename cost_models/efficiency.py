@@ -89,7 +89,7 @@ class Efficiency(BaseModel):
         "noise is left, so this is a sourced figure, not a fitted one.",
     )
     moe_host_sync_s: dict[str, float] = Field(
-        default={"alltoall": 0.006, "allgather": 0.006, "flex": 0.0, "flex_scaleout": 0.004},
+        default={"alltoall": 0.003, "allgather": 0.003, "flex": 0.0, "flex_scaleout": 0.003},
         description="Seconds an MoE layer stalls per micro-batch on its device-to-host syncs, per dispatcher "
         "(``flex_scaleout``: flex when its group spans NVLink domains). The dropless all-to-all and all-gather "
         "dispatchers take each peer's and each expert's row count on the host (the all-to-all's split sizes, "
@@ -122,7 +122,7 @@ class Efficiency(BaseModel):
         "out, worse: 8.6% -> 9.7%, 14.0% -> 19.2%).",
     )
     grouped_gemm_launch_s: float = Field(
-        default=1e-5,
+        default=1.5e-5,
         ge=0,
         description="Host seconds per expert GEMM issued one expert at a time (cost_models.moe.grouped_gemm_launch_s: "
         "Transformer Engine's GroupedLinear loops over the local experts on the host, one cuBLAS GEMM each, "

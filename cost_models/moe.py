@@ -138,7 +138,7 @@ FUSED_BY_HYBRIDEP = ("permute", "unpermute")  # ``flops.moe_ops``' passes Hybrid
 
 
 def flex_backend(domain_size: int, gpus_per_node: int) -> str:
-    """The flex dispatcher's backend on a cluster (the rule of ``ntp_planner.emitters.moe.flex_backend``):
+    """The flex dispatcher's backend on a cluster (``ntp_planner.emitters.moe.flex_backend`` asks it):
     HybridEP where one NVLink domain spans several hosts (GB200 / GB300 NVL72), else DeepEP.
 
     HybridEP permutes while it dispatches and unpermutes while it combines (Megatron-Core's

@@ -140,7 +140,7 @@ def test_recompute_modules_round_trip_and_stay_out_of_dumps_when_empty():
 
 
 def test_cuda_graphs_run_moe_layers_without_host_syncs():
-    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.004, "allgather": 0.004, "flex": 0.0}})
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.004, "flex": 0.0}, "grouped_gemm_launch_s": 1e-5})
     graphed = CostEnv(MIXTRAL, TRAIN.model_copy(update={"cuda_graphs": True}), _layout(), H64, sync)
     eager = CostEnv(MIXTRAL, TRAIN, _layout(), H64, sync)
     kind = MIXTRAL.layer_kind(0)
@@ -186,7 +186,7 @@ def test_alternating_attention_reselects_its_backend_on_the_host():
     oss = MODELS["gpt-oss-120b"]
     assert moe.attention_switch_fraction(oss) == pytest.approx(35 / 36, rel=1e-12)
     assert moe.attention_switch_fraction(MIXTRAL) == 0.0
-    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.008, "flex": 0.0}})
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.008, "flex": 0.0}, "grouped_gemm_launch_s": 1e-5})
     flex = CostEnv(oss, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)
     assert flex._host_sync_s(flex.degree(1)) == pytest.approx(0.006 * 35 / 36, rel=1e-12)
     # the longer of the dispatcher's stall and the re-selection, not their sum
