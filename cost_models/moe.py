@@ -27,12 +27,15 @@ has the load (``imbalance_factor``, ``routed_load``), the grouped GEMMs' efficie
 (``grouped_gemm_factor``), the bytes and time of dispatch per dispatcher (``dispatch_bytes``,
 ``dispatch_time``) and what overlap leaves exposed (``exposed_dispatch``,
 ``unpaired_micro_batches``); ``CostEnv`` (``cost_models.blocks``) composes them per layer, with
-the host sync of ``Efficiency.moe_host_sync_s``, and ``cost_models.step`` adds the unpaired
+the host sync of ``Efficiency.moe_host_sync_s``, the expert GEMMs launched one at a time
+(``grouped_gemm_launch_s``) and the combined 1F1B schedule's host floor
+(``overlap_host_floor_s``), and ``cost_models.step`` adds the unpaired
 micro-batches' dispatch. HybridEP (``flex_backend``) permutes inside its dispatch and combine, so
 its layers have no permute or unpermute pass; layers whose attention differs from the previous
 layer's stall the host on Transformer Engine's backend re-selection (``attention_switch_fraction``).
-The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``, ``moe_host_sync_s`` and
-``moe_attention_reselect_s``, fitted to or sourced against table G (``cost_models.published_moe``).
+The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``, ``moe_host_sync_s``,
+``moe_attention_reselect_s`` and ``moe_overlap_host_s``, fitted to or sourced against table G
+(``cost_models.published_moe``).
 """
 
 from __future__ import annotations
