@@ -314,8 +314,8 @@ def overlap_host_floor_s(overlap: str, cuda_graphs: bool, host_s: float, gpu_s: 
     forward and backward) waits ``host_s - gpu_s`` for the host. Without the overlap (a layer is
     one autograd graph) or in a CUDA graph (no host), nothing.
 
-    >>> overlap_host_floor_s("1f1b", False, 0.012, 0.009), overlap_host_floor_s("1f1b", False, 0.012, 0.02)
-    (0.003, 0.0)
+    >>> overlap_host_floor_s("1f1b", False, 0.012, 0.008), overlap_host_floor_s("1f1b", False, 0.012, 0.02)
+    (0.004, 0.0)
     >>> overlap_host_floor_s("none", False, 0.012, 0.009), overlap_host_floor_s("1f1b", True, 0.012, 0.009)
     (0.0, 0.0)
     """
