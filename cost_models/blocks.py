@@ -392,8 +392,8 @@ class CostEnv:
         if kind.moe:
             ops = self._moe_layer_ops(ops, d)
         p = self.compute_pass(kind, t, ops)
-        if kind.moe and not self.executor:  # the experts' host sync (Efficiency.moe_host_sync_s)
-            p.fwd += self._host_sync_s(d)
+        if kind.moe and not self.executor:  # the experts' host costs (Efficiency.moe_host_sync_s, ...)
+            p.fwd += self._moe_host_s(d, p.fwd + p.bwd)
         tp_fwd, tp_bwd = self._tp_layer_comm(kind, d, ops)
         p.tp_comm = tp_fwd + tp_bwd
         core = [op for op in ops if op.name.startswith(("attention", "softmax"))]
@@ -449,6 +449,19 @@ class CostEnv:
         weights = sum(op.n * op.k * op.batch for op in gemms)
         grad = self.training.grad_bytes
         return kept + [Op("main-grad-accumulate", "memory", mem_bytes=2 * grad * weights, fwd=0.0, bwd=1.0)]
+
+    def _moe_host_s(self, d: Degree, gpu_s: float) -> float:
+        """Host time an MoE layer's GPU waits for per micro-batch: the host sync
+        (``_host_sync_s``), the experts' GEMMs launched one at a time
+        (``moe.grouped_gemm_launch_s``) and, under the combined 1F1B overlap, the host work of
+        the layer pair beyond ``gpu_s`` and the other two (``moe.overlap_host_floor_s``)."""
+        tr, eff = self.training, self.eff
+        waits = self._host_sync_s(d)
+        waits += moe.grouped_gemm_launch_s(
+            self.moe_shape(d).experts_per_rank, eff.grouped_gemm_launch_s, tr.cuda_graphs
+        )
+        floor = moe.overlap_host_floor_s(self.layout.moe_overlap, tr.cuda_graphs, eff.moe_overlap_host_s, gpu_s + waits)
+        return waits + floor
 
     def _host_sync_s(self, d: Degree) -> float:
         """The MoE layer's host stall per micro-batch (``Efficiency.moe_host_sync_s``): the

@@ -89,17 +89,19 @@ class Efficiency(BaseModel):
         "noise is left, so this is a sourced figure, not a fitted one.",
     )
     moe_host_sync_s: dict[str, float] = Field(
-        default={"alltoall": 0.006, "allgather": 0.006, "flex": 0.0, "flex_scaleout": 0.004},
+        default={"alltoall": 0.003, "allgather": 0.003, "flex": 0.0, "flex_scaleout": 0.003},
         description="Seconds an MoE layer stalls per micro-batch on its device-to-host syncs, per dispatcher "
         "(``flex_scaleout``: flex when its group spans NVLink domains). The dropless all-to-all and all-gather "
         "dispatchers take each peer's and each expert's row count on the host (the all-to-all's split sizes, "
         "``tokens_per_expert`` for the grouped GEMM, in Megatron-Core's token dispatchers), which drains the "
         "CPU's launch queue, so the GPU then waits for the launches of the rest of the layer; DeepEP's internode "
         "kernels wait on the host for the received counts alike; inside one domain DeepEP and HybridEP hand "
-        "the counts over on the GPU. Fitted to table G (cost_models.published_moe) with the grouped-GEMM "
-        "constants, the padded token-drop runs and the CUDA-graphed runs without a stall (their inputs say so): "
-        "alltoall 6 ms (mean error 15.0% against 15.2% at 5 ms and 15.9% at 7 ms), flex 0, flex_scaleout 4 ms "
-        "(flat from 3 to 4 ms). allgather has no run in table G and takes alltoall's figure. Padded token "
+        "the counts over on the GPU. Fitted to table G (cost_models.published_moe), the padded token-drop runs "
+        "and the CUDA-graphed runs without a stall (their inputs say so): first (issue 24 round 1) alltoall 6 ms, "
+        "flex 0, flex_scaleout 4 ms; refitted (round 2, 2026-12-06) beside grouped_gemm_launch_s, whose launches "
+        "the old figures had stood for in part: alltoall 3 ms and flex_scaleout 3 ms (table G 9.7%; the surface "
+        "is flat, 9.7-9.9% for 1-3 ms with 15-20 us launches; 10.8% back at 6 and 4 ms). allgather has no run "
+        "in table G and takes alltoall's figure. Padded token "
         "dropping (TrainingSpec.moe_pad_to_capacity: Megatron's drop_and_pad fixes every count) and "
         "full-iteration CUDA graphs (TrainingSpec.cuda_graphs) remove the stall.",
     )
@@ -120,6 +122,30 @@ class Efficiency(BaseModel):
         "anyway), and the later releases, predicted, go from 12.6% to 10.7%; fitted without one GPU's runs it "
         "is 6 ms without B200, B300 or GB200 (each held out improves) and 8-10 ms without GB300 or H100 (held "
         "out, worse: 8.6% -> 9.7%, 14.0% -> 19.2%).",
+    )
+    grouped_gemm_launch_s: float = Field(
+        default=1.5e-5,
+        ge=0,
+        description="Host seconds per expert GEMM issued one expert at a time (cost_models.moe.grouped_gemm_launch_s: "
+        "Transformer Engine's GroupedLinear loops over the local experts on the host, one cuBLAS GEMM each, "
+        "with its descriptors and heuristic query; 6 per local expert per micro-batch), on the GPU's critical "
+        "path since the MoE layer's host syncs keep the host from running ahead; none in a full-iteration CUDA "
+        "graph. Prior: 5-20 us (a cublasLt heuristic query and launch). Fitted to table G "
+        "(cost_models.published_moe, 2026-12-06) with moe_overlap_host_s and moe_host_sync_s: 15 us (table G "
+        "11.2% without it). Out of sample: fitted on releases <= 26.02.01 it is 20 us, and the later releases "
+        "go 10.7% -> 10.6% (over 20%: 10 -> 5); leaving one GPU out it is 15-20 us.",
+    )
+    moe_overlap_host_s: float = Field(
+        default=0.012,
+        ge=0,
+        description="Host seconds of one MoE layer's forward and backward pair under Megatron's combined 1F1B "
+        "A2A overlap without CUDA graphs (cost_models.moe.overlap_host_floor_s: some ten ScheduleNode calls, "
+        "each a stream switch under an event wait, each backward its own autograd-engine call); a layer with "
+        "less GPU work waits for the host. Fitted to table G (cost_models.published_moe, 2026-12-06) with "
+        "grouped_gemm_launch_s: 12 ms (table G 10.6% without it), set by Qwen3-30B-A3B on H100 (1.8x slower "
+        "with the overlap than without) and GPT-OSS on GB200; a layer of the larger models has more GPU work "
+        "than that and pays nothing. Out of sample: 12 ms on releases <= 26.02.01 alone; 12-14 ms leaving any "
+        "one GPU or model out.",
     )
     attention_exp_head_dim: dict[str, float] = Field(
         default={"blackwell": 128.0, "hopper": 64.0},

@@ -27,12 +27,15 @@ has the load (``imbalance_factor``, ``routed_load``), the grouped GEMMs' efficie
 (``grouped_gemm_factor``), the bytes and time of dispatch per dispatcher (``dispatch_bytes``,
 ``dispatch_time``) and what overlap leaves exposed (``exposed_dispatch``,
 ``unpaired_micro_batches``); ``CostEnv`` (``cost_models.blocks``) composes them per layer, with
-the host sync of ``Efficiency.moe_host_sync_s``, and ``cost_models.step`` adds the unpaired
+the host sync of ``Efficiency.moe_host_sync_s``, the expert GEMMs launched one at a time
+(``grouped_gemm_launch_s``) and the combined 1F1B schedule's host floor
+(``overlap_host_floor_s``), and ``cost_models.step`` adds the unpaired
 micro-batches' dispatch. HybridEP (``flex_backend``) permutes inside its dispatch and combine, so
 its layers have no permute or unpermute pass; layers whose attention differs from the previous
 layer's stall the host on Transformer Engine's backend re-selection (``attention_switch_fraction``).
-The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``, ``moe_host_sync_s`` and
-``moe_attention_reselect_s``, fitted to or sourced against table G (``cost_models.published_moe``).
+The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``, ``moe_host_sync_s``,
+``moe_attention_reselect_s`` and ``moe_overlap_host_s``, fitted to or sourced against table G
+(``cost_models.published_moe``).
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ FUSED_BY_HYBRIDEP = ("permute", "unpermute")  # ``flops.moe_ops``' passes Hybrid
 
 
 def flex_backend(domain_size: int, gpus_per_node: int) -> str:
-    """The flex dispatcher's backend on a cluster (the rule of ``ntp_planner.emitters.moe.flex_backend``):
+    """The flex dispatcher's backend on a cluster (``ntp_planner.emitters.moe.flex_backend`` asks it):
     HybridEP where one NVLink domain spans several hosts (GB200 / GB300 NVL72), else DeepEP.
 
     HybridEP permutes while it dispatches and unpermutes while it combines (Megatron-Core's
@@ -166,6 +169,27 @@ def attention_switch_fraction(model: ModelSpec) -> float:
     """
     windows = [model.attention_window(i) for i in range(model.num_layers)]
     return sum(a != b for a, b in zip(windows, windows[1:], strict=False)) / model.num_layers
+
+
+GROUPED_GEMMS_PER_EXPERT = 6  # fc1 and fc2 forward; their dgrad and wgrad backward
+
+
+def grouped_gemm_launch_s(experts_per_rank: int, launch_s: float, cuda_graphs: bool) -> float:
+    """Host seconds per micro-batch of one MoE layer's expert GEMMs issued one expert at a time
+    (``Efficiency.grouped_gemm_launch_s``), forward and backward together.
+
+    Transformer Engine's ``GroupedLinear`` runs the local experts through
+    ``general_grouped_gemm``, whose cuBLAS path (``nvte_multi_stream_cublas_gemm``) loops on the
+    host over the experts, one ``cublas_gemm`` each (matrix descriptors, a
+    ``cublasLtMatmulAlgoGetHeuristic`` query, the launch) spread over a few streams: fc1 and fc2
+    forward, each one's data and weight gradient backward, ``GROUPED_GEMMS_PER_EXPERT`` = 6 per
+    local expert. The MoE layer's device-to-host syncs keep the host from running ahead, so the
+    GPU waits for them. A full-iteration CUDA graph replays the launches without the host: 0.
+
+    >>> round(grouped_gemm_launch_s(16, 1e-5, False), 6), grouped_gemm_launch_s(16, 1e-5, True)
+    (0.00096, 0.0)
+    """
+    return 0.0 if cuda_graphs else GROUPED_GEMMS_PER_EXPERT * experts_per_rank * launch_s
 
 
 # ---- dispatch -------------------------------------------------------------------------------
@@ -273,3 +297,28 @@ def unpaired_micro_batches(overlap: str, pp: int, micro_batches: int) -> int:
         return 0
     alone = pp if overlap == "1f1b" else max(1, pp // 2)
     return min(micro_batches, alone)
+
+
+def overlap_host_floor_s(overlap: str, cuda_graphs: bool, host_s: float, gpu_s: float) -> float:
+    """Seconds the combined 1F1B schedule adds to one MoE layer's forward-and-backward pair when
+    its host work outlasts its GPU work (``Efficiency.moe_overlap_host_s``).
+
+    With ``overlap_moe_expert_parallel_comm`` Megatron-Core no longer runs a layer as one module:
+    ``TransformerLayerSchedulePlan.run`` (``models/common/model_chunk_schedule_plan.py``) issues,
+    for the forward of one micro-batch and the backward of another, some ten ``ScheduleNode``
+    calls (pre-dispatch compute, dispatch, experts, combine, each forward; their backwards and the
+    delayed weight gradients), each switching stream under a CUDA event wait and record, and each
+    backward a separate autograd-engine call (``Variable._execution_engine.run_backward`` on the
+    node's detached inputs, ``pipeline_parallel/utils.py``). The host time of one such layer pair
+    is ``host_s``; the pair takes at least that, so a layer with less GPU work (``gpu_s``, its
+    forward and backward) waits ``host_s - gpu_s`` for the host. Without the overlap (a layer is
+    one autograd graph) or in a CUDA graph (no host), nothing.
+
+    >>> overlap_host_floor_s("1f1b", False, 0.012, 0.008), overlap_host_floor_s("1f1b", False, 0.012, 0.02)
+    (0.004, 0.0)
+    >>> overlap_host_floor_s("none", False, 0.012, 0.009), overlap_host_floor_s("1f1b", True, 0.012, 0.009)
+    (0.0, 0.0)
+    """
+    if overlap == "none" or cuda_graphs:
+        return 0.0
+    return max(0.0, host_s - gpu_s)

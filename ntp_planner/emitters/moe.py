@@ -7,6 +7,7 @@ own (``megatron.FLAGS``) or drops the ones it cannot run, with a note (``UNSUPPO
 
 from __future__ import annotations
 
+from cost_models import moe
 from cost_models.layout import ParallelLayout
 from cost_models.model import ModelSpec
 from ntp_planner.plan import Plan
@@ -25,9 +26,10 @@ MLA_NOTE = (
 def flex_backend(plan: Plan) -> str:
     """The flex dispatcher's backend: HybridEP where one NVLink domain spans several hosts (GB200 /
     GB300 NVL72, what it was written for: it dispatches over the multi-node NVLink), else DeepEP
-    (NVLink inside a host, RDMA across hosts, one copy of a token per host)."""
+    (NVLink inside a host, RDMA across hosts, one copy of a token per host): the cost model's rule,
+    ``cost_models.moe.flex_backend``."""
     spec = plan.cluster.spec
-    return "hybridep" if spec.domain_size > spec.gpus_per_node else "deepep"
+    return moe.flex_backend(spec.domain_size, spec.gpus_per_node)
 
 
 def overlap_refusal(plan: Plan, layout: ParallelLayout) -> str | None:

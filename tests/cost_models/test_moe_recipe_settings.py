@@ -140,11 +140,13 @@ def test_recompute_modules_round_trip_and_stay_out_of_dumps_when_empty():
 
 
 def test_cuda_graphs_run_moe_layers_without_host_syncs():
-    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.004, "allgather": 0.004, "flex": 0.0}})
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.004, "flex": 0.0}, "grouped_gemm_launch_s": 1e-5})
     graphed = CostEnv(MIXTRAL, TRAIN.model_copy(update={"cuda_graphs": True}), _layout(), H64, sync)
     eager = CostEnv(MIXTRAL, TRAIN, _layout(), H64, sync)
     kind = MIXTRAL.layer_kind(0)
-    assert eager.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.004, rel=1e-9)
+    # the sync and, eager, the expert GEMMs launched one at a time: 8 experts over ep 8, one local
+    # expert, 6 GEMMs of 10 us (moe.grouped_gemm_launch_s)
+    assert eager.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.004 + 6e-5, rel=1e-9)
     assert graphed.block_pass(kind, 1).bwd == eager.block_pass(kind, 1).bwd
 
 
@@ -184,7 +186,7 @@ def test_alternating_attention_reselects_its_backend_on_the_host():
     oss = MODELS["gpt-oss-120b"]
     assert moe.attention_switch_fraction(oss) == pytest.approx(35 / 36, rel=1e-12)
     assert moe.attention_switch_fraction(MIXTRAL) == 0.0
-    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.008, "flex": 0.0}})
+    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.008, "flex": 0.0}, "grouped_gemm_launch_s": 1e-5})
     flex = CostEnv(oss, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)
     assert flex._host_sync_s(flex.degree(1)) == pytest.approx(0.006 * 35 / 36, rel=1e-12)
     # the longer of the dispatcher's stall and the re-selection, not their sum
@@ -193,7 +195,11 @@ def test_alternating_attention_reselects_its_backend_on_the_host():
     graphed = CostEnv(oss, TRAIN.model_copy(update={"cuda_graphs": True}), _layout(moe_dispatcher="flex"), H64, sync)
     assert graphed._host_sync_s(graphed.degree(1)) == 0.0
     kind = oss.layer_kind(1)
-    assert flex.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(0.006 * 35 / 36, rel=1e-9)
+    # and, eager, 128 / 8 = 16 local experts' 6 GEMMs launched one at a time at 10 us: 0.96 ms
+    launches = 6 * 16 * 1e-5
+    assert flex.block_pass(kind, 1).fwd - graphed.block_pass(kind, 1).fwd == pytest.approx(
+        0.006 * 35 / 36 + launches, rel=1e-9
+    )
     assert CostEnv(MIXTRAL, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)._host_sync_s(flex.degree(1)) == 0.0
 
 
@@ -228,3 +234,36 @@ def test_fp8_attention_doubles_the_gemms_but_not_the_exponentials():
     assert EFF.attention_fraction("hopper", "cudnn", "H100", 128, 2.0) == pytest.approx(2 * 0.54, rel=1e-12)
     with pytest.raises(ValueError, match="fp8_attention"):  # pydantic wraps the InputError
         TrainingSpec(seq_len=4096, global_batch=64, dtype="bf16", fp8_attention=True)
+
+
+def test_expert_gemms_launched_one_at_a_time_cost_six_launches_per_local_expert():
+    # Mixtral at ep 2: 8 / 2 = 4 local experts, fc1 and fc2 forward, their dgrad and wgrad
+    # backward: 24 GEMMs issued by Transformer Engine's host loop, 10 us each = 0.24 ms; none graphed
+    assert moe.grouped_gemm_launch_s(4, 1e-5, False) == pytest.approx(2.4e-4, rel=1e-12)
+    assert moe.grouped_gemm_launch_s(4, 1e-5, True) == 0.0
+    quiet = EFF.model_copy(update={"moe_host_sync_s": {}, "grouped_gemm_launch_s": 1e-5})
+    kind = MIXTRAL.layer_kind(0)
+    eager = CostEnv(MIXTRAL, TRAIN, _layout(ep=2), H64, quiet).block_pass(kind, 1)
+    graphed = CostEnv(MIXTRAL, TRAIN.model_copy(update={"cuda_graphs": True}), _layout(ep=2), H64, quiet).block_pass(
+        kind, 1
+    )
+    assert eager.fwd - graphed.fwd == pytest.approx(2.4e-4, rel=1e-9)
+    assert eager.bwd == graphed.bwd
+
+
+def test_a2a_overlap_holds_a_layer_pair_to_the_host_time_of_its_schedule_nodes():
+    # the combined 1F1B schedule: a layer's forward and backward take at least moe_overlap_host_s
+    # of host time (no host syncs or launches here, to isolate it): 1 s against a few ms of GPU
+    quiet = EFF.model_copy(update={"moe_host_sync_s": {}, "grouped_gemm_launch_s": 0.0, "moe_overlap_host_s": 1.0})
+    kind = MIXTRAL.layer_kind(0)
+    plain = CostEnv(MIXTRAL, TRAIN, _layout(), H64, quiet).block_pass(kind, 1)
+    assert plain.fwd + plain.bwd < 0.1
+    paired = CostEnv(MIXTRAL, TRAIN, _layout(moe_overlap="1f1b"), H64, quiet).block_pass(kind, 1)
+    assert paired.fwd + paired.bwd == pytest.approx(1.0, rel=1e-12)
+    assert paired.bwd == plain.bwd
+    graphed_train = TRAIN.model_copy(update={"cuda_graphs": True})
+    graphed = CostEnv(MIXTRAL, graphed_train, _layout(moe_overlap="1f1b"), H64, quiet).block_pass(kind, 1)
+    assert graphed.fwd + graphed.bwd == pytest.approx(plain.fwd + plain.bwd, rel=1e-12)
+    # GPU work above the host time: nothing added
+    assert moe.overlap_host_floor_s("1f1b", False, 0.012, 0.015) == 0.0
+    assert moe.overlap_host_floor_s("dualpipe", False, 0.012, 0.005) == pytest.approx(0.007, rel=1e-12)
