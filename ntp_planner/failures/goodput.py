@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ntp_planner.failures.events import Events
-from ntp_planner.failures.renewal import covered_share, kept_work_s, restart_work, stall_seconds
+from ntp_planner.failures.renewal import covered_share, kept_work_s, restart_work, stall_windows
 from ntp_planner.failures.states import FailureStates
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Batch:
     slow: np.ndarray  # [trial, bin] speed under stragglers (1 = full speed)
     run_h: float
     bin_h: float
-    stalls: np.ndarray | None = None  # [trial] seconds elastic strategies stand still, once computed
+    stalls: tuple | None = None  # (trial, start s, seconds): the windows elastic strategies stand still
 
     @property
     def trials(self) -> int:
@@ -151,19 +151,20 @@ def elastic_row(
     tput = tp[inverse] * batch.slow
     paused = (tp[inverse] == 0) if cfg.batch == "fixed" else np.zeros((size, bins), dtype=bool)
     paused_s = paused.sum(axis=1) * bin_h * 3600
-    if batch.stalls is None:  # the same for every elastic strategy
+    if batch.stalls is None:  # the same windows for every elastic strategy
         batch.stalls = elastic_stalls(cfg, batch, run_s)
-    stall = batch.stalls
+    stall = running_stalls(batch.stalls, paused, bin_h, size)
     write_s = cfg.checkpoint_write_s
     # the job keeps its state through stalls and pauses: one checkpoint clock over the time it runs
-    good = kept_work_s(np.clip(run_s - stall - paused_s, 0, None), interval_s, write_s) / run_s
-    # capacity: the throughput per bin (0 while paused) out of the stalls, of which the share of the
-    # time it runs that is kept work; that time as the same product, so that a stall charged inside
-    # a pause (a known bias) does not zero a job that ran for hours before pausing for the rest
-    running_s = np.clip(run_s - stall, 0, None) * (1 - paused_s / run_s)
+    running_s = np.clip(run_s - stall - paused_s, 0, None)
     work_s = kept_work_s(running_s, interval_s, write_s)
+    good = work_s / run_s
+    # capacity: the throughput per bin (0 while paused), less the stalls' share of the time it is
+    # not paused, of which the share of the time it runs that is kept work
+    unpaused_s = run_s - paused_s
+    stalled = np.divide(stall, unpaused_s, out=np.zeros(size), where=unpaused_s > 0)
     productive = np.divide(work_s, running_s, out=np.zeros(size), where=running_s > 0)
-    cap = tput.mean(axis=1) * np.clip(1 - stall / run_s, 0, None) * productive
+    cap = tput.mean(axis=1) * np.clip(1 - stalled, 0, None) * productive
     needed = spares_needed(tables, strategy, states)[inverse].max(axis=1)
     row = dict(
         goodput=good,
@@ -179,10 +180,10 @@ def elastic_row(
     return row, tput[0]
 
 
-def elastic_stalls(cfg: SimConfig, batch: Batch, run_s: float) -> np.ndarray:
-    """Per trial, the time an elastic job stands still: detection + reconfiguration after each
-    failure, reconfiguration when a repaired GPU rejoins; one that lands inside another's
-    recovery joins it (``renewal.recovery_windows``)."""
+def elastic_stalls(cfg: SimConfig, batch: Batch, run_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows (trial, start s, seconds) in which an elastic job stands still: detection +
+    reconfiguration after each failure, reconfiguration when a repaired GPU rejoins; one that lands
+    inside another's recovery joins it (``renewal.recovery_windows``)."""
     ev = batch.events
     fails, rejoins = batch.in_run, (ev.end_h >= 0) & (ev.end_h < batch.run_h)
     trial = np.concatenate([ev.trial[fails], ev.trial[rejoins]])
@@ -190,7 +191,23 @@ def elastic_stalls(cfg: SimConfig, batch: Batch, run_s: float) -> np.ndarray:
     duration = np.concatenate(
         [np.full(int(fails.sum()), cfg.detection_s + cfg.reconfigure_s), np.full(int(rejoins.sum()), cfg.reconfigure_s)]
     )
-    return stall_seconds(trial, start, duration, batch.trials, run_s)
+    return stall_windows(trial, start, duration, batch.trials, run_s)
+
+
+def running_stalls(windows, paused: np.ndarray, bin_h: float, trials: int) -> np.ndarray:
+    """Per trial, the seconds of the stall windows that start in a bin where the job runs: a job
+    paused for GPUs loses nothing more to a recovery then (it reconfigures while it waits).
+
+    >>> w = (np.array([0, 0, 1]), np.array([100.0, 4000.0, 100.0]), np.array([60.0, 60.0, 30.0]))
+    >>> paused = np.array([[False, True], [False, False]])
+    >>> running_stalls(w, paused, bin_h=1.0, trials=2).tolist()
+    [60.0, 30.0]
+    """
+    trial, start_s, lost_s = windows
+    bins = paused.shape[1]
+    b = np.clip((start_s // (bin_h * 3600)).astype(np.int64), 0, bins - 1)
+    keep = ~paused[trial, b]
+    return np.bincount(trial[keep], weights=lost_s[keep], minlength=trials).astype(float)
 
 
 def spares_needed(tables: ThroughputTables, strategy: str, states: np.ndarray) -> np.ndarray:

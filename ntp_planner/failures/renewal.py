@@ -99,9 +99,14 @@ def recovery_windows(trial: np.ndarray, start_s: np.ndarray, duration_s: np.ndar
 
 def stall_seconds(trial, start_s, duration_s, trials: int, run_s: float) -> np.ndarray:
     """Per trial, the time the job stands still in recoveries (their union), within the run."""
+    t, _, lost = stall_windows(trial, start_s, duration_s, trials, run_s)
+    return np.bincount(t, weights=lost, minlength=trials).astype(float)  # int when empty
+
+
+def stall_windows(trial, start_s, duration_s, trials: int, run_s: float):
+    """The recoveries' union as windows: each window's trial, start and seconds within the run."""
     heads, ends = recovery_windows(trial, start_s, duration_s, trials)
-    lost = np.clip(ends[heads], None, run_s) - start_s[heads]
-    return np.bincount(trial[heads], weights=lost, minlength=trials).astype(float)  # int when empty
+    return trial[heads], start_s[heads], np.clip(ends[heads], None, run_s) - start_s[heads]
 
 
 def restart_work(

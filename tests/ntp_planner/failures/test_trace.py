@@ -159,20 +159,36 @@ def test_trials_1_is_what_a_replay_is_and_accepted(plan_file, tmp_path):
     assert json.loads(run(*base, "--trials", "1").stdout) == json.loads(run(*base).stdout)
 
 
-def test_a_job_that_ran_an_hour_then_paused_keeps_that_hours_capacity(plan_file, tmp_path):
-    """A fixed batch pauses from the first failure (1 h) to the end; 31 failures in the pause cost
-    31 x 240 s of stalls, which the time accounting charges on top of the 23 h paused (a known
-    bias: more than the day, so time goodput is 0). Capacity counts the running time as the
-    product (86,400 - 7,440 s) x 1/24 = 3,290 s, of which 2,690 s are kept work (no whole cycle of
-    3,600 s: 3,290 - 600 s, the final write)."""
+def test_a_job_that_ran_an_hour_then_paused_keeps_that_hours_work(plan_file, tmp_path):
+    """A fixed batch pauses from the first failure (1 h) to the end; the 31 failures' recoveries
+    (240 s each) all start in the pause, where the job waits for GPUs and loses nothing more to
+    them. It ran 3,600 s, of which 3,000 s are kept work (no whole cycle of 3,600 s + 600 s: 3,600 s
+    less the final write of 600 s): time and capacity goodput are both 3,000 / 86,400."""
     trace = tmp_path / "pause.csv"
     rows = [f"{1 + 0.5 * i},gpu:{i},hardware,100" for i in range(31)]
     trace.write_text("\n".join([HEADER, *rows]) + "\n")
     out = run(plan_file, "--days", "1", "--batch", "fixed", "--strategies", "dp-drop", "--checkpoint-interval", "50",
               "--checkpoint-write-s", "600", "--trace", trace, "--json")  # fmt: skip
     got = json.loads(out.stdout)["dp-drop"]
-    assert got["hours_paused"] == 23 and got["goodput"] == 0
-    assert got["capacity_goodput"] == pytest.approx(1 / 24 * (86400 - 7440) / 86400 * 2690 / 3290, rel=1e-12)
+    assert got["hours_paused"] == 23
+    assert got["goodput"] == pytest.approx(3000 / 86400, rel=1e-12)
+    assert got["capacity_goodput"] == pytest.approx(3000 / 86400, rel=1e-12)
+
+
+def test_a_stall_before_a_pause_is_charged_and_capacity_never_exceeds_time(plan_file, tmp_path):
+    """One failure at 0.25 h that the job rides out at reduced size (no pause) costs its 240 s of
+    detection and reconfiguration: it runs 86,160 s in cycles of 3,000 s of work and a 600 s write,
+    23 of them (69,000 s of work) and 3,360 s, of which 2,760 s are work before the final write:
+    71,760 s. Capacity goodput, the throughput (at most 1) over the time not stalled, is never
+    above time goodput."""
+    trace = tmp_path / "one.csv"
+    trace.write_text(f"{HEADER}\n0.25,gpu:0,hardware,100\n")
+    out = run(plan_file, "--days", "1", "--checkpoint-interval", "50", "--checkpoint-write-s", "600",
+              "--trace", trace, "--json")  # fmt: skip
+    for s in ("dp-drop", "ntp", "ntp-pw"):
+        got = json.loads(out.stdout)[s]
+        assert got["goodput"] == pytest.approx(71_760 / 86_400, rel=1e-12), s
+        assert got["capacity_goodput"] <= got["goodput"] + 1e-12, s
 
 
 def test_a_trace_without_failures_gives_every_strategy_the_same_goodput(plan_file, tmp_path):
