@@ -53,8 +53,9 @@ def simulation_table(results, cfg, sources: dict[str, str] | None = None, trace:
     ):
         t.add_column(col, justify="left" if col == "strategy" else "right")
 
-    def spread(x: float, a: float, b: float, f: str) -> str:
-        return escape(f"{x:{f}}" if trace else f"{x:{f}} [{a:{f}}-{b:{f}}]")
+    def spread(x: float, a: float, b: float, f: str, fx: str | None = None) -> str:
+        fx = fx or f
+        return escape(f"{x:{fx}}" if trace else f"{x:{fx}} [{a:{f}}-{b:{f}}]")
 
     for name, r in results.items():
         m, lo, hi = r.mean, r.p5, r.p95
@@ -65,7 +66,7 @@ def simulation_table(results, cfg, sources: dict[str, str] | None = None, trace:
             f"{m.throughput_loss:.1%}",
             f"{m.hours_paused:.1f}",
             f"{m.interruptions:.0f}",
-            spread(m.spares_needed, lo.spares_needed, hi.spares_needed, ".0f"),
+            spread(m.spares_needed, lo.spares_needed, hi.spares_needed, ".0f", ".0f" if trace else ".1f"),
             f"{m.idle_gpu_hours:,.0f}",
         )
     first = next(iter(results.values()))
