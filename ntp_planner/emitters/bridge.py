@@ -100,8 +100,8 @@ def emit(
     warnings += notes + differs
     model = {k: list(v) if isinstance(v, tuple) else v for k, v in mcore_fields(plan, layout).items() if v is not None}
     model["seq_length"] = plan.training.seq_len  # Bridge asserts it equals dataset.seq_length
-    if notes:  # another model's recipe: its QK layernorm (Qwen3's) is not this model's
-        model["qk_layernorm"] = False
+    if notes:  # another model's recipe: its QK layernorm (Qwen3's) is not this model's (MLA's latent norms are)
+        model["qk_layernorm"] = model.get("qk_layernorm", False)
     for key in PIPELINE_KEYS:  # the recipe's own split (DeepSeek-V3's layout string) would clash with the plan's
         model.setdefault(key, False if key.startswith("account_for") else None)
     ddp = sharding_fields(layout)

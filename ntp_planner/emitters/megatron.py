@@ -97,6 +97,7 @@ FLAGS = {
     "window_size": "--window-size",
     "window_attn_skip_freq": "--window-attn-skip-freq",
     "softmax_type": "--softmax-type",
+    "qk_layernorm": "--qk-layernorm",
     # the model as its authors wrote it (emitters.moe.model_fields)
     "rotary_base": "--rotary-base",
     "rope_scaling": "--use-rope-scaling",
@@ -197,6 +198,8 @@ def megatron_args(
     ]
     args += [flag for flag, on in switches if on]
     args += flags(sharding_fields(layout))
+    if layout.zero >= 2:  # Megatron-FSDP saves only this format ("requires the fsdp_dtensor checkpointing format")
+        args += ["--ckpt-format", "fsdp_dtensor"]
     if m.num_kv_heads < m.num_heads:
         args += ["--num-query-groups", str(m.num_kv_heads)]
     args += PRECISION[t.dtype] + flags(low_precision_fields(plan))
@@ -224,6 +227,20 @@ def user_value(flag: str, value: str) -> list[str]:
     return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
 
 
+def connections(args: list[str]) -> list[str]:
+    """The CUDA_DEVICE_MAX_CONNECTIONS line: 1 (one hardware queue, so TP/CP communication kernels
+    start in issue order, which Megatron-LM asserts before Blackwell), except under Megatron-FSDP,
+    whose overlapped gathers need several queues ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or
+    unset"): then it is unset, and Megatron-LM only warns when TP or CP is on as well.
+
+    >>> connections([]), connections(["--use-megatron-fsdp"])
+    (['export CUDA_DEVICE_MAX_CONNECTIONS=1'], ['unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP needs several'])
+    """
+    if "--use-megatron-fsdp" in args:
+        return ["unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP needs several"]
+    return ["export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+
+
 def launch_script(plan: Plan, args: list[str]) -> str:
     """torchrun on every host, then ``args`` as they are: every one is shell-quoted, so the
     program receives exactly this argument vector whatever a value holds (``;``, ``$(...)``,
@@ -238,7 +255,7 @@ def launch_script(plan: Plan, args: list[str]) -> str:
         comment_safe(header),
         "# Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.",
         "set -euo pipefail",
-        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        *connections(args),
         f"NNODES=${{NNODES:-{hosts}}}",
         "NODE_RANK=${NODE_RANK:-0}",
         "MASTER_ADDR=${MASTER_ADDR:-localhost}",

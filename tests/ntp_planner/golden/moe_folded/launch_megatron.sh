@@ -55,6 +55,7 @@ torchrun --nproc_per_node 8 --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --qk-head-dim 128 \
     --qk-pos-emb-head-dim 64 \
     --v-head-dim 128 \
+    --qk-layernorm \
     --mtp-num-layers 1 \
     --mock-data \
     --save checkpoints/deepseek-v3 \
