@@ -110,6 +110,15 @@ FLAGS = {
 }
 
 
+# Megatron-LM's command line gates the MLP with SiLU (--swiglu) or with quick GELU (--quick-geglu,
+# x * sigmoid(1.702 x)); megatron-core's GELU gate (activation_func) has no flag
+GEGLU_NOTE = (
+    "Megatron-LM's command line has no GELU-gated MLP (GeGLU, {name}'s); the export asks for --quick-geglu, the "
+    "same weights gated with x * sigmoid(1.702 x) instead of tanh-approximated GELU: set activation_func to "
+    "GELU in pretrain_gpt.py's model provider to train the model exactly as written"
+)
+
+
 def flags(fields: dict) -> list[str]:
     """Megatron-LM arguments for megatron-core config fields: True -> the switch, False/None ->
     nothing, a value -> the flag and the value, a list as the Python list its parser evaluates
@@ -187,7 +196,8 @@ def megatron_args(
     ]
     switches = [
         ("--group-query-attention", m.num_kv_heads < m.num_heads),
-        ("--swiglu", m.gated_mlp),
+        ("--swiglu", m.gated_mlp and m.gate_activation == "silu"),
+        ("--quick-geglu", m.gated_mlp and m.gate_activation == "gelu"),  # GEGLU_NOTE
         ("--disable-bias-linear", not m.bias),
         ("--untie-embeddings-and-output-weights", not m.tie_embeddings),
         ("--sequence-parallel", layout.sequence_parallel),
@@ -361,6 +371,8 @@ def emit(
 ) -> Export:
     layout, warnings = expressible_layout(plan, "Megatron-LM")
     warnings += sharding_warnings(layout, "Megatron-LM") + moe_warnings(plan, layout, "Megatron-LM")
+    if plan.model.gated_mlp and plan.model.gate_activation == "gelu":
+        warnings.append(GEGLU_NOTE.format(name=plan.model.name))
     args = megatron_args(plan, layout, data_path, save_dir)
     out = Export(warnings=warnings)
     out.files["launch_megatron.sh"] = launch_script(plan, args)

@@ -38,7 +38,7 @@ def emit(
         "encoder_seq_length": t.seq_len,
         "max_position_embeddings": max(m.max_position_embeddings, t.seq_len),
         "normalization": m.norm,
-        "activation": "fast-swiglu" if m.gated_mlp else "gelu",
+        "activation": ("fast-geglu" if m.gate_activation == "gelu" else "fast-swiglu") if m.gated_mlp else "gelu",
         "bias": m.bias,
         "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
         "share_embeddings_and_output_weights": m.tie_embeddings,

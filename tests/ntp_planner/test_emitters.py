@@ -912,3 +912,29 @@ def test_nonuniform_tp_file_holds_megatrons_config_fields_and_loads_with_tuple_k
     assert (config.tp_base, config.tp_spares, config.num_reduced_tp_dp_ranks) == (8, 1, 1)
     assert sorted(config.non_active_ranks_per_dp) == [(0, 0, 0), (0, 0, 1)]
     assert all(isinstance(k, tuple) and all(isinstance(i, int) for i in k) for k in config.non_active_ranks_per_dp)
+
+
+def test_gemmas_gelu_gate_is_not_exported_as_swiglu():
+    """Gemma's GeGLU (issue 25): Megatron-LM's command line gates with quick GELU (said in a
+    warning), NeMo 1 with its fast-geglu; a SwiGLU model keeps --swiglu and fast-swiglu."""
+    from cost_models.hf_config import model_from_hf_config
+
+    cfg = {
+        "model_type": "gemma", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 4096,
+        "hidden_act": "gelu_pytorch_tanh",
+    }  # fmt: skip
+    gemma = model_from_hf_config(cfg, "gemma-tiny")
+    silu = model_from_hf_config({**cfg, "hidden_act": "silu"}, "silu-tiny")
+    assert (gemma.gate_activation, silu.gate_activation) == ("gelu", "silu")
+    lay = dict(tp=1, pp=1, dp=8, global_batch=8)
+    for m, flag, other, act in (
+        (gemma, "--quick-geglu", "--swiglu", "fast-geglu"),
+        (silu, "--swiglu", "--quick-geglu", "fast-swiglu"),
+    ):
+        plan = make(m, 8, **lay)
+        out = export(plan, "megatron")
+        args = json.loads(out.files["megatron_args.json"])
+        assert flag in args and other not in args
+        assert any("no GELU-gated MLP" in w for w in out.warnings) == (m is gemma)
+        assert yaml.safe_load(export(plan, "nemo").files["nemo_config.yaml"])["model"]["activation"] == act

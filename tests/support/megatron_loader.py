@@ -48,7 +48,7 @@ FIELDS = (
     "rotary_base", "use_rope_scaling", "layernorm_epsilon", "add_qkv_bias", "add_bias_linear", "swiglu",
     "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "bf16", "fp16", "fp8", "fp8_recipe",
     "use_distributed_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy", "ckpt_format",
-    "overlap_p2p_comm", "multi_latent_attention", "mtp_num_layers", "recompute_granularity",
+    "quick_geglu", "overlap_p2p_comm", "multi_latent_attention", "mtp_num_layers", "recompute_granularity",
     "pipeline_model_parallel_layout",
 )  # fmt: skip
 

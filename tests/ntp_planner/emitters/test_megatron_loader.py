@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.catalogue import MODELS
+from cost_models.hf_config import model_from_hf_config
 from cost_models.training import TrainingSpec
 from ntp_planner.emitters import export
 from ntp_planner.emitters.common import expressible_layout
@@ -43,9 +44,32 @@ def _per_layer_plan():
     )  # fmt: skip
 
 
+# config.json files as their authors publish them (Gemma 2 9B, Qwen2.5 7B), for what the catalogue lacks:
+# a GELU-gated MLP with sliding windows, and QKV-only biases
+HF_CONFIGS = {
+    "gemma2-9b": {
+        "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
+        "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096,
+        "max_position_embeddings": 8192,
+    },
+    "qwen2.5-7b": {
+        "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    },
+}  # fmt: skip
+
+
+def _hf_plan(name: str):
+    m = model_from_hf_config(HF_CONFIGS[name], name)
+    return make(m, 8, tp=2, pp=2, dp=2, global_batch=8, sequence_parallel=True, distributed_optimizer=True)
+
+
 def _variants() -> dict:
     """name -> (plan, re-plan or None): every catalogue model, then each variant of the issue."""
     plans = {f"catalogue:{name}": (_catalogue_plan(name), None) for name in MODELS}
+    plans |= {f"hf:{name}": (_hf_plan(name), None) for name in HF_CONFIGS}
     dense = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
     plans |= {
         "vpp": (make("llama3-8b", 16, **{**dense, "vpp": 2}), None),
@@ -81,7 +105,7 @@ def _case(name: str, plan, replan) -> dict:
     return {
         "name": name, "args": json.loads(files["megatron_args.json"]), "env": _environment(files["launch_megatron.sh"]),
         "world_size": plan.layout.world_size, "device": DEVICES[str(GPUS[plan.cluster.spec.gpu].architecture)],
-        "build": name.startswith("catalogue:"),
+        "build": name.startswith(("catalogue:", "hf:")),
     }  # fmt: skip
 
 
@@ -127,7 +151,8 @@ def test_every_variant_is_accepted_by_megatron_and_keeps_the_plan(loaded):
             "use_megatron_fsdp": lay.zero >= 2, "multi_latent_attention": m.is_mla,
             "ckpt_format": "fsdp_dtensor" if lay.zero >= 2 else "torch_dist",
             "add_bias_linear": m.bias, "add_qkv_bias": m.bias or m.qkv_bias,  # Megatron: biases imply QKV ones
-            "untie_embeddings_and_output_weights": not m.tie_embeddings, "swiglu": m.gated_mlp,
+            "untie_embeddings_and_output_weights": not m.tie_embeddings,
+            "swiglu": m.gated_mlp and m.gate_activation == "silu", "quick_geglu": m.gate_activation == "gelu",
         }  # fmt: skip
         if m.position == "rope":
             want["rotary_base"] = int(m.rope_theta or 10000)  # unset in the catalogue: Megatron's default
@@ -152,12 +177,25 @@ def test_megatron_builds_the_model_ntp_counts(loaded):
     spec) has the parameters ntp counts for it, MTP modules included (Megatron builds them):
     shapes, gating, biases, tying, MLA with its latent norms, MTP."""
     plans, results = loaded
-    built = {n: results[n]["built"]["params_total"] for n in plans if n.startswith("catalogue:")}
+    built = {n: results[n]["built"]["params_total"] for n in plans if n.startswith(("catalogue:", "hf:"))}
     ours = {n: plans[n].model.params_total + plans[n].model.mtp_params + _router_bias(plans[n].model) for n in built}
     assert built == ours
     assert built["catalogue:llama3-8b"] == 8_030_261_248  # Meta's model card: 8.03B
     assert built["catalogue:deepseek-v3"] - plans["catalogue:deepseek-v3"].model.mtp_params == 671_026_404_352
     assert _router_bias(plans["catalogue:gpt-oss-20b"].model) == 24 * 32
+    # Gemma 2 9B: 9,241,705,984 in transformers, whose layers add two norms (2 x 3584 x 42) ntp leaves out
+    assert built["hf:gemma2-9b"] == 9_241_705_984 - 2 * 3584 * 42
+    assert built["hf:qwen2.5-7b"] == 7_615_616_512  # Qwen's model card: 7.61B, QKV biases included
+
+
+def test_megatron_gates_each_mlp_as_its_authors_wrote(loaded):
+    """SwiGLU for Llama, a GELU gate for Gemma (Megatron-LM's only one on its command line is quick
+    GELU: the export says so), a plain GELU MLP for GPT-3."""
+    _, results = loaded
+    gates = {n: (results[n]["built"]["gated_linear_unit"], results[n]["built"]["activation"])
+             for n in ("catalogue:llama3-8b", "hf:gemma2-9b", "catalogue:gpt3-175b")}  # fmt: skip
+    assert gates == {"catalogue:llama3-8b": (True, "silu"), "hf:gemma2-9b": (True, "quick_gelu"),
+                     "catalogue:gpt3-175b": (False, "gelu")}  # fmt: skip
 
 
 def test_fp8_plans_get_megatrons_fp8_recipe(loaded):
