@@ -109,7 +109,8 @@ def _fields(cfg) -> dict:
         "add_qkv_bias", "add_bias_linear", "gated_linear_unit", "share_embeddings_and_output_weights",
         "moe_aux_loss_coeff", "recompute_granularity", "bf16", "fp16", "fp8", "fp8_recipe", "params_dtype",
         "pipeline_dtype", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "mtp_num_layers",
-        "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "qk_layernorm",
+        "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "qk_layernorm", "normalization",
+        "position_embedding_type",
     )  # fmt: skip
     out = {k: getattr(m, k, None) for k in names}
     out.update(
@@ -123,6 +124,7 @@ def _fields(cfg) -> dict:
         ckpt_format=cfg.checkpoint.ckpt_format,
         grad_reduce_in_fp32=cfg.ddp.grad_reduce_in_fp32,
         mixed_precision=type(mp).__name__,
+        activation=getattr(m.activation_func, "__name__", str(m.activation_func)),
     )
     return {k: (str(v) if k.endswith("dtype") or k == "fp8_recipe" else v) for k, v in out.items()}
 

@@ -48,13 +48,15 @@ def _per_layer_plan():
 # a GELU-gated MLP with sliding windows, and QKV-only biases
 HF_CONFIGS = {
     "gemma2-9b": {
-        "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
         "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096,
         "max_position_embeddings": 8192,
     },
     "qwen2.5-7b": {
-        "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
         "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "hidden_act": "silu",
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
     },
