@@ -30,6 +30,7 @@ RECIPES = {
     "gpt-oss-20b": "gpt_oss.gpt_oss_20b_pretrain_config",
     "gpt-oss-120b": "gpt_oss.gpt_oss_120b_pretrain_config",
 }
+VERSIONS = "Megatron-Bridge 0.3 recipes, which NeMo 3 (nemo-toolkit 3.0) trains LLMs with"
 # The recipe a model without one of its own starts from: one whose MLP is gated as the model's is.
 # Bridge puts the recipe's callables (activation_func) back after merging an override, so the
 # activation comes from the recipe whatever the YAML says; the override sets the rest of the model.
@@ -158,6 +159,6 @@ def emit(
             warnings.append(GPT3_OVERLAP_NOTE)
     header = (
         comment_safe(f"# ntp-planner plan {plan.inputs_hash[:12]}: {plan.model.name}, {layout.describe()}")
-        + f"\n# apply to megatron.bridge.recipes.{recipe}() with process_config_with_overrides\n"
+        + f"\n# for {VERSIONS}\n# apply to megatron.bridge.recipes.{recipe}() with process_config_with_overrides\n"
     )
     return Export(files={"bridge_override.yaml": header + yaml.safe_dump(config, sort_keys=False)}, warnings=warnings)

@@ -25,6 +25,7 @@ from ntp_planner.emitters.moe import attention_fields, model_fields, moe_fields,
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
+VERSIONS = "Megatron-LM's pretrain_gpt.py (flags as megatron-core 0.19.2's megatron/training/arguments.py reads them)"
 PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16"], "mxfp8": ["--bf16"], "nvfp4": ["--bf16"]}
 # The optimisation settings of the launch, which a Plan does not hold (it plans parallelism, not
 # training): a starting point to edit, not a recommendation for the model at hand. They are the
@@ -263,6 +264,7 @@ def launch_script(plan: Plan, args: list[str]) -> str:
     lines = [
         "#!/usr/bin/env bash",
         comment_safe(header),
+        f"# for {VERSIONS}",
         "# Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.",
         "set -euo pipefail",
         *connections(args),

@@ -939,3 +939,35 @@ def test_gemmas_gelu_gate_is_not_exported_as_swiglu():
         assert flag in args and other not in args
         assert any("no GELU-gated MLP" in w for w in out.warnings) == (m is gemma)
         assert yaml.safe_load(export(plan, "nemo").files["nemo_config.yaml"])["model"]["activation"] == act
+
+
+def test_each_target_says_which_versions_it_is_for(tmp_path):
+    """Issue 25 item 3: every export's header and `ntp export --help` name the versions; NeMo 2.x
+    (nemo.collections.llm) stops at nemo-toolkit 2.7, NeMo 3 is Megatron-Bridge."""
+    plan, _ = frozen("dense_pp_interleaved")
+    heads = {fmt: "\n".join(next(iter(export(plan, fmt).files.values())).splitlines()[:6]) for fmt in FORMATS}
+    assert "megatron-core 0.19.2" in heads["megatron"]
+    assert "NeMo 1.x (nemo-toolkit 1.x" in heads["nemo"] and "NeMo 3: --format bridge" in heads["nemo"]
+    assert "nemo-toolkit 2.0 to 2.7" in heads["nemo2"] and "NeMo 3: --format bridge" in heads["nemo2"]
+    assert "Megatron-Bridge 0.3 recipes, which NeMo 3 (nemo-toolkit 3.0)" in heads["bridge"]
+    assert "torchtitan 0.3" in heads["torchtitan"]
+    help_text = CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "120"}).output
+    for line in (
+        "nemo        NeMo 1.x",
+        "nemo2       NeMo 2.x (nemo-toolkit 2.0 to 2.7",
+        "NeMo 3 (nemo-toolkit 3.0)",
+    ):
+        assert line in help_text
+
+
+def test_nemo1_refuses_fsdp_with_pipeline_parallelism(tmp_path):
+    """NeMo 1.x asserts that FSDP runs without pipeline parallelism: the export says so in one
+    sentence (exit 2), and the same plan at pp 1 exports."""
+    bad = make("llama3-8b", 16, tp=2, pp=2, dp=4, global_batch=16, zero=3)
+    with pytest.raises(InputError, match=r"NeMo 1.x runs FSDP \(this plan's ZeRO-3\) only without pipeline"):
+        export(bad, "nemo")
+    bad.save(tmp_path / "plan.json")
+    out = CliRunner().invoke(app, ["export", str(tmp_path / "plan.json"), "--format", "nemo", "-o", str(tmp_path)])
+    assert out.exit_code == 2 and "has pp 2" in out.output and "Traceback" not in out.output
+    good = make("llama3-8b", 16, tp=2, pp=1, dp=8, global_batch=16, zero=3)
+    assert yaml.safe_load(export(good, "nemo").files["nemo_config.yaml"])["model"]["fsdp"] is True
