@@ -134,6 +134,13 @@ def emit(
     warnings += notes + differs
     model = {k: list(v) if isinstance(v, tuple) else v for k, v in mcore_fields(plan, layout).items() if v is not None}
     model["seq_length"] = plan.training.seq_len  # Bridge asserts it equals dataset.seq_length
+    model["vocab_size"] = plan.model.vocab_size  # another model's recipe reads its own from its config.json
+    m, seq = plan.model, plan.training.seq_len
+    if m.position == "learned" and m.max_position_embeddings != seq:
+        warnings.append(
+            f"Megatron-Bridge's GPT provider sizes learned position embeddings by seq_length ({seq}), not by the "
+            f"model's {m.max_position_embeddings} positions: its checkpoints hold {seq} rows"
+        )
     model |= structure_fields(plan.model)
     if notes:  # another model's recipe: its QK layernorm (Qwen3's) is not this model's (MLA's latent norms are)
         model["qk_layernorm"] = model.get("qk_layernorm", False)

@@ -784,7 +784,8 @@ def test_nemo2_and_bridge_model_keys_are_megatron_core_config_fields(variant):
     }
     plan = _moe_plan(model=models[variant], moe_dispatcher="flex", moe_overlap="1f1b")
     bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])["model"]
-    provider = {"seq_length", "position_embedding_type", "share_embeddings_and_output_weights"}  # GPTModelProvider's
+    # GPTModelProvider's own fields, beside TransformerConfig's
+    provider = {"seq_length", "position_embedding_type", "share_embeddings_and_output_weights", "vocab_size"}
     assert set(bridge) - names == provider, set(bridge) - names
     recipe = export(plan, "nemo2").files["nemo2_recipe.py"]
     compile(recipe, "nemo2_recipe.py", "exec")

@@ -109,10 +109,11 @@ def loaded(tmp_path_factory):
         override.write_text(export(plan, "bridge").files["bridge_override.yaml"])
         device = DEVICES[str(GPUS[plan.cluster.spec.gpu].architecture)]
         world = plan.layout.world_size
+        build = name.startswith(("catalogue:", "hf:")) and name != "hf:gemma2-9b"  # Gemma 2: its own layer spec
         cases.append({"name": name, "recipe": recipe_of(plan)[0], "override": str(override), "world_size": world,
-                      "device": device})  # fmt: skip
+                      "device": device, "build": build, "vocab_size": plan.model.vocab_size})  # fmt: skip
     vpp = next(c for c in cases if c["name"] == "vpp")
-    cases.append({**vpp, "name": "broken", "override": str(folder / "broken.yaml")})
+    cases.append({**vpp, "name": "broken", "override": str(folder / "broken.yaml"), "build": False})
     broken = (
         export(plans["vpp"], "bridge")
         .files["bridge_override.yaml"]
@@ -190,3 +191,22 @@ def test_a_model_on_another_models_recipe_loses_that_recipes_qk_norm(loaded):
     _, results = loaded
     assert results["catalogue:mixtral-8x7b"]["fields"]["qk_layernorm"] is False
     assert results["catalogue:qwen3-30b-a3b"]["fields"]["qk_layernorm"] is True
+
+
+def test_bridge_builds_the_model_ntp_counts(loaded):
+    """The model Bridge's provider builds from each export (``provide()`` on the meta device, local
+    layers, no MTP module) has ntp's parameter count plus what ntp's count leaves out: Qwen3's QK
+    norms (its recipe keeps them), GPT-OSS's router biases; and learned positions for seq_length,
+    not the model's (the export warns). Gemma 2's provider
+    has its own layer spec (post-norms), which the local layers do not build: not counted here."""
+    plans, results = loaded
+    built = {n: r["params_total"] for n, r in results.items() if "params_total" in r}
+    want = {}
+    for n in built:
+        m, fields = plans[n].model, results[n]["fields"]
+        qk_norms = m.num_layers * 2 * m.head_dim if fields["qk_layernorm"] and not m.is_mla else 0
+        router_bias = m.num_layers * m.num_experts if m.is_moe and m.bias else 0
+        positions = (plans[n].training.seq_len - m.max_position_embeddings) * m.hidden_size  # Bridge: seq_length rows
+        want[n] = m.params_total + qk_norms + router_bias + (positions if m.position == "learned" else 0)
+    assert len(built) == len(MODELS) + 1 and built == want
+    assert built["catalogue:llama3-8b"] == 8_030_261_248 and built["hf:qwen2.5-7b"] == 7_615_616_512
