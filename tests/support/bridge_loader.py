@@ -15,7 +15,8 @@ What is patched, and only that: GPU detection and the CUDA-only packages. The CU
 Bridge imports at module level and this machine cannot install (``STUBBED``) import as empty
 stand-ins, so no fused kernel exists; ``torch.cuda.get_device_properties``, which the MoE recipes
 ask which dispatcher the GPU runs, answers with the case's GPU (``device``: name, major, minor);
-``transformer_engine.pytorch.optimizers.FusedAdam`` is a stand-in with TE 2.x's keyword
+the stand-in ``transformer_engine`` says it is ``TE_VERSION``, which megatron-core's fp8 checks
+ask; ``transformer_engine.pytorch.optimizers.FusedAdam`` is a stand-in with TE 2.x's keyword
 arguments, which megatron-core inspects before it allows the precision-aware optimizer.
 No Bridge or megatron-core function is replaced.
 
@@ -40,6 +41,7 @@ import types
 
 # CUDA builds (transformer_engine, mamba_ssm, causal_conv1d, flash-linear-attention), and
 # packages for multimodal data and experiment logging that the recipe modules import
+TE_VERSION = "2.10.0"  # the stand-in TE's version, which megatron-core's fp8 checks ask (NGC PyTorch 25.11's)
 MARK = "ntp-bridge-result "  # Bridge prints to stdout too: result lines carry this prefix
 
 STUBBED = (
@@ -92,7 +94,7 @@ class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         module = _StandIn(spec.name)
         module.__path__ = []
-        module.__version__ = "0.0"
+        module.__version__ = TE_VERSION if spec.name == "transformer_engine" else "0.0"
         return module
 
     def exec_module(self, module):

@@ -17,7 +17,7 @@ from cost_models.catalogue import MODELS
 from cost_models.training import TrainingSpec
 from ntp_planner.emitters import export
 from ntp_planner.emitters.bridge import precision_of, recipe_of
-from tests.ntp_planner.emitters.test_megatron_loader import HF_CONFIGS, _hf_plan
+from tests.ntp_planner.emitters.test_megatron_loader import HF_CONFIGS, _catalogue_variants, _hf_plan
 from tests.ntp_planner.test_emitters import _catalogue_plan, _plan, frozen, make
 from topologies.gpus import GPUS
 
@@ -80,6 +80,7 @@ def _hub_cache(folder: Path) -> Path:
 def _variants() -> dict:
     plans = {f"catalogue:{name}": _catalogue_plan(name) for name in MODELS}
     plans |= {f"hf:{name}": _hf_plan(name) for name in HF_CONFIGS}
+    plans |= {key: plan for name in MODELS for key, plan in _catalogue_variants(name).items()}
     dense = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
     plans |= {
         "vpp": make("llama3-8b", 16, **{**dense, "vpp": 2}),

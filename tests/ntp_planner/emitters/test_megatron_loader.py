@@ -20,7 +20,7 @@ from cost_models.training import TrainingSpec
 from ntp_planner.emitters import export
 from ntp_planner.emitters.common import expressible_layout
 from ntp_planner.failures.replan import Replanner
-from ntp_planner.solver.planner import make_plan
+from ntp_planner.solver.planner import make_plan, plan_from_layout
 from ntp_planner.solver.search import SearchSpace
 from tests.ntp_planner.test_emitters import _catalogue_plan, _plan, frozen, make
 from topologies import CLUSTERS, Cluster
@@ -68,10 +68,28 @@ def _hf_plan(name: str):
     return make(m, 8, tp=2, pp=2, dp=2, global_batch=8, sequence_parallel=True, distributed_optimizer=True)
 
 
+def _catalogue_variants(name: str) -> dict:
+    """The catalogue plan of ``name`` interleaved (vpp 2), with context parallelism (cp 2), with
+    ZeRO-3 (Megatron-FSDP) and in fp8: the issue's variants for every model."""
+    base = _catalogue_plan(name)
+    lay = base.layout
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=lay.world_size)
+    kw = dict(tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, etp=lay.etp, global_batch=lay.global_batch,
+              sequence_parallel=lay.sequence_parallel, distributed_optimizer=True)  # fmt: skip
+    fp8 = TrainingSpec(seq_len=2048, global_batch=lay.global_batch, dtype="fp8", fp8_recipe="current")
+    return {
+        f"vpp:{name}": make(name, lay.world_size, seq=2048, **kw, vpp=2),
+        f"cp:{name}": make(name, lay.world_size, seq=2048, **{**kw, "pp": 1, "dp": lay.dp}, cp=2),
+        f"zero3:{name}": make(name, lay.world_size, seq=2048, **{**kw, "pp": 1, "dp": 2 * lay.dp}, zero=3),
+        f"fp8:{name}": plan_from_layout(base.model, fp8, cluster, lay),
+    }
+
+
 def _variants() -> dict:
     """name -> (plan, re-plan or None): every catalogue model, then each variant of the issue."""
     plans = {f"catalogue:{name}": (_catalogue_plan(name), None) for name in MODELS}
     plans |= {f"hf:{name}": (_hf_plan(name), None) for name in HF_CONFIGS}
+    plans |= {key: (plan, None) for name in MODELS for key, plan in _catalogue_variants(name).items()}
     dense = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
     plans |= {
         "vpp": (make("llama3-8b", 16, **{**dense, "vpp": 2}), None),
