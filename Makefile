@@ -31,7 +31,8 @@ BRIDGE_PKGS := megatron-bridge==0.3.1 transformers==4.57.6 tokenizers==0.22.2 hu
 # wheel asks for Python >= 3.12, but its code imports on 3.11 with one shim (tests/support/megatron_loader.py
 # lists it and what it patches), and the CPU torch here is for 3.11 only, so it goes, without its
 # dependencies, into a folder of its own that only those tests put first on PYTHONPATH. What it imports
-# beyond the main environment is triton, which TORCHTITAN_DEPS installs.
+# beyond the main environment is triton, which TORCHTITAN_DEPS installs; like torchtitan, it needs Python
+# 3.11 (on 3.10 it is not installed and its tests skip).
 MEGATRON_DIR := $(VENV)/megatron
 MEGATRON_PKGS := megatron-core==0.19.2
 
@@ -57,8 +58,9 @@ $(VENV)/.bridge: $(VENV)/.installed
 	touch $@
 
 $(VENV)/.megatron: $(VENV)/.torchtitan
-	$(BIN)/python -m pip install --quiet --no-deps --target $(MEGATRON_DIR) --python-version 3.12 \
-		--implementation cp --only-binary=:all: --ignore-requires-python $(MEGATRON_PKGS)
+	if $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
+		$(BIN)/python -m pip install --quiet --no-deps --target $(MEGATRON_DIR) --python-version 3.12 \
+			--implementation cp --only-binary=:all: --ignore-requires-python $(MEGATRON_PKGS); fi
 	touch $@
 
 demo: venv
