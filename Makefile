@@ -26,6 +26,15 @@ TORCHTITAN_DEPS := tyro==1.0.17 "datasets>=3.6.0,<4.8.0" tensorboard einops trit
 BRIDGE_DIR := $(VENV)/bridge
 BRIDGE_PKGS := megatron-bridge==0.3.1 transformers==4.57.6 tokenizers==0.22.2 huggingface_hub==0.36.2 \
 	six==1.17.0 hydra-core==1.3.2 antlr4-python3-runtime==4.9.3 accelerate==1.16.0
+# megatron-core 0.19.2: the slow tests read the Megatron-LM exports with Megatron-LM's own parse_args and
+# validate_args, which the wheel ships (megatron/training) from 0.19; the main environment keeps 0.16. The
+# wheel asks for Python >= 3.12, but its code imports on 3.11 with one shim (tests/support/megatron_loader.py
+# lists it and what it patches), and the CPU torch here is for 3.11 only, so it goes, without its
+# dependencies, into a folder of its own that only those tests put first on PYTHONPATH. What it imports
+# beyond the main environment is triton, which TORCHTITAN_DEPS installs; like torchtitan, it needs Python
+# 3.11 (on 3.10 it is not installed and its tests skip).
+MEGATRON_DIR := $(VENV)/megatron
+MEGATRON_PKGS := megatron-core==0.19.2
 
 .PHONY: demo test test-slow venv lint bench clean
 
@@ -48,6 +57,12 @@ $(VENV)/.bridge: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --no-deps --target $(BRIDGE_DIR) $(BRIDGE_PKGS)
 	touch $@
 
+$(VENV)/.megatron: $(VENV)/.torchtitan
+	if $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
+		$(BIN)/python -m pip install --quiet --no-deps --target $(MEGATRON_DIR) --python-version 3.12 \
+			--implementation cp --only-binary=:all: --ignore-requires-python $(MEGATRON_PKGS); fi
+	touch $@
+
 demo: venv
 	mkdir -p $(DEMO_DIR)
 	$(BIN)/ntp plan --model llama3-70b --cluster dgx-h100 --gpus 1024 --seq-len 8192 --global-batch 1024 \
@@ -60,8 +75,8 @@ test: venv
 
 # the slowest multi-process cases (a rank killed, hung or raising; torchrun; cases another fast test
 # already covers in part): CI runs them after `make test`
-test-slow: venv $(VENV)/.torchtitan $(VENV)/.bridge
-	NTP_BRIDGE_PATH=$(BRIDGE_DIR) $(BIN)/python -m pytest -m slow
+test-slow: venv $(VENV)/.torchtitan $(VENV)/.bridge $(VENV)/.megatron
+	NTP_BRIDGE_PATH=$(BRIDGE_DIR) NTP_MEGATRON_PATH=$(MEGATRON_DIR) $(BIN)/python -m pytest -m slow
 
 lint: venv
 	$(BIN)/ruff check topologies cost_models ntp_planner tests benchmarks

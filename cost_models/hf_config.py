@@ -360,6 +360,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
     arch = _attention_fields(cfg, layers, where)
     head_dim = arch.pop("head_dim", head_dim)
     exported = _exported_fields(cfg, where, keys)
+    if gated and "gelu" in act.lower():  # Gemma's GeGLU (gelu_pytorch_tanh): the exports gate with GELU
+        exported["gate_activation"] = "gelu"
     default_bias = traits.get("bias", not gated if kind is None else False)  # a typeless file: as before
     bias = _flag(cfg, "attention_bias", where, _flag(cfg, "bias", where, default_bias))
     dropout = cfg.get("attention_dropout")

@@ -141,6 +141,9 @@ class ModelSpec(BaseModel):
     moe_router_score_function: Literal["softmax", "sigmoid"] = Field(
         default="softmax", description="Router scores: softmax, or sigmoid (DeepSeek-V3)."
     )
+    gate_activation: Literal["silu", "gelu"] = Field(
+        default="silu", description="A gated MLP's activation: SiLU (SwiGLU) or GELU (GeGLU, Gemma); unused ungated."
+    )
     moe_router_expert_bias: bool = Field(
         default=False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
     )

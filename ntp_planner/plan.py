@@ -461,6 +461,7 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
             "moe_aux_loss_coeff",
             "moe_router_score_function",
             "moe_router_expert_bias",
+            "gate_activation",
         }
     ),
     "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),

@@ -11,7 +11,8 @@ from ntp_planner.cli.options import Format, JsonOpt, PlanArg
 from ntp_planner.cli.output import show, show_json
 
 FormatOpt = Annotated[
-    Format, typer.Option("--format", help="Megatron-LM, NeMo 1.x, NeMo 2.0, Megatron-Bridge, torchtitan 0.3 or JSON.")
+    Format,
+    typer.Option("--format", help="Megatron-LM, NeMo 1.x, NeMo 2.x, Megatron-Bridge (NeMo 3), torchtitan 0.3 or JSON."),
 ]
 FolderOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder to write into.")]
 ExportReplanOpt = Annotated[
@@ -30,7 +31,16 @@ def export_cmd(
     save_dir: SaveDirOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write launch files for Megatron-LM, NeMo 1.x, NeMo 2.0, Megatron-Bridge or torchtitan 0.3.
+    """Write launch files for Megatron-LM, NeMo 1.x, NeMo 2.x, Megatron-Bridge or torchtitan 0.3.
+
+    \b
+    Which versions each format is for:
+      megatron    Megatron-LM pretrain_gpt.py (megatron-core 0.19.2's flags)
+      nemo        NeMo 1.x (nemo-toolkit 1.x: megatron_gpt_pretraining.py)
+      nemo2       NeMo 2.x (nemo-toolkit 2.0 to 2.7: nemo.collections.llm)
+      bridge      Megatron-Bridge 0.3: NeMo 3 (nemo-toolkit 3.0) trains with it
+      torchtitan  torchtitan 0.3
+      json        the plan's layout, for any other tool
 
     \b
     Example: ntp export plan.json --format megatron -o launch/

@@ -30,7 +30,16 @@ RECIPES = {
     "gpt-oss-20b": "gpt_oss.gpt_oss_20b_pretrain_config",
     "gpt-oss-120b": "gpt_oss.gpt_oss_120b_pretrain_config",
 }
-DENSE_BASE, MOE_BASE = "llama.llama3_8b_pretrain_config", "qwen.qwen3_30b_a3b_pretrain_config"
+VERSIONS = "Megatron-Bridge 0.3 recipes, which NeMo 3 (nemo-toolkit 3.0) trains LLMs with"
+# The recipe a model without one of its own starts from: one whose MLP is gated as the model's is.
+# Bridge puts the recipe's callables (activation_func) back after merging an override, so the
+# activation comes from the recipe whatever the YAML says; the override sets the rest of the model.
+BASES = {
+    "moe": "qwen.qwen3_30b_a3b_pretrain_config",  # SwiGLU experts
+    "silu": "llama.llama3_8b_pretrain_config",  # SwiGLU
+    "gelu": "gemma.gemma2_9b_pretrain_config",  # GeGLU (Gemma2ModelProvider's fast_gelu)
+    "plain": "gpt.gpt3_175b.gpt3_175b_pretrain_config",  # a 2-matrix GELU MLP (GPTProvider175B)
+}
 
 # Bridge's mixed-precision recipe by plan format (a name: a section of fields would replace the
 # recipe's resolved config with a plain dict, and bf16 with it), with what it does that a plan may
@@ -61,10 +70,12 @@ def recipe_of(plan: Plan) -> tuple[str, list[str]]:
     name = plan.model.name
     if name in RECIPES:
         return RECIPES[name], []
-    base = MOE_BASE if plan.model.is_moe else DENSE_BASE
+    m = plan.model
+    base = BASES["moe" if m.is_moe else m.gate_activation if m.gated_mlp else "plain"]
     return base, [
-        f"Megatron-Bridge 0.3.1 has no recipe for {name!r}; apply this override to {base} "
-        "(the override sets the whole model shape, and turns off that recipe's QK layernorm, which ntp does not model)"
+        f"Megatron-Bridge 0.3.1 has no recipe for {name!r}; apply this override to {base}, whose MLP is gated as "
+        "this model's (the override sets the rest of the model, and turns off that recipe's QK layernorm, which ntp "
+        "does not model)"
     ]
 
 
@@ -86,6 +97,29 @@ def precision_of(plan: Plan) -> tuple[str, list[str]]:
     return recipe, warnings
 
 
+# GPT-3 175B's recipe overlaps TP communication through userbuffers tuned for its own shape (hidden
+# 12288 at TP 4) and defers the embedding's weight gradient (which needs APEX's fused gradient
+# accumulation): for another model on that recipe both are turned off
+GPT3_OVERLAP_OFF = {"tp_comm_overlap": False, "tp_comm_overlap_cfg": None, "defer_embedding_wgrad_compute": False}
+GPT3_OVERLAP_NOTE = (
+    "Megatron-Bridge: the TP communication overlap is turned off (GPT-3 175B's recipe tunes its userbuffers for "
+    "that model's shape); set comm_overlap.tp_comm_overlap_cfg for this model to overlap as planned"
+)
+
+
+def structure_fields(m) -> dict:
+    """What a recipe's provider may hold otherwise (another model's recipe): the MLP's gating, the
+    biases, the norm, the positions and the tied output layer (TransformerConfig / GPTModelProvider)."""
+    fused = {} if m.bias or m.gated_mlp else {"bias_activation_fusion": False}  # megatron-core: GELU's fuses a bias
+    return fused | {
+        "gated_linear_unit": m.gated_mlp,
+        "add_bias_linear": m.bias,
+        "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+        "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
+        "share_embeddings_and_output_weights": m.tie_embeddings,
+    }
+
+
 def emit(
     plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
 ) -> Export:
@@ -100,8 +134,16 @@ def emit(
     warnings += notes + differs
     model = {k: list(v) if isinstance(v, tuple) else v for k, v in mcore_fields(plan, layout).items() if v is not None}
     model["seq_length"] = plan.training.seq_len  # Bridge asserts it equals dataset.seq_length
-    if notes:  # another model's recipe: its QK layernorm (Qwen3's) is not this model's
-        model["qk_layernorm"] = False
+    model["vocab_size"] = plan.model.vocab_size  # another model's recipe reads its own from its config.json
+    m, seq = plan.model, plan.training.seq_len
+    if m.position == "learned" and m.max_position_embeddings != seq:
+        warnings.append(
+            f"Megatron-Bridge's GPT provider sizes learned position embeddings by seq_length ({seq}), not by the "
+            f"model's {m.max_position_embeddings} positions: its checkpoints hold {seq} rows"
+        )
+    model |= structure_fields(plan.model)
+    if notes:  # another model's recipe: its QK layernorm (Qwen3's) is not this model's (MLA's latent norms are)
+        model["qk_layernorm"] = model.get("qk_layernorm", False)
     for key in PIPELINE_KEYS:  # the recipe's own split (DeepSeek-V3's layout string) would clash with the plan's
         model.setdefault(key, False if key.startswith("account_for") else None)
     ddp = sharding_fields(layout)
@@ -118,8 +160,12 @@ def emit(
             **({"ckpt_format": "fsdp_dtensor"} if fsdp else {}),  # the only format Megatron-FSDP saves
         },
     }
+    if recipe == BASES["plain"]:
+        config["comm_overlap"] = GPT3_OVERLAP_OFF
+        if layout.tp_comm_overlap:
+            warnings.append(GPT3_OVERLAP_NOTE)
     header = (
         comment_safe(f"# ntp-planner plan {plan.inputs_hash[:12]}: {plan.model.name}, {layout.describe()}")
-        + f"\n# apply to megatron.bridge.recipes.{recipe}() with process_config_with_overrides\n"
+        + f"\n# for {VERSIONS}\n# apply to megatron.bridge.recipes.{recipe}() with process_config_with_overrides\n"
     )
     return Export(files={"bridge_override.yaml": header + yaml.safe_dump(config, sort_keys=False)}, warnings=warnings)

@@ -25,6 +25,7 @@ from ntp_planner.emitters.moe import attention_fields, model_fields, moe_fields,
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
+VERSIONS = "Megatron-LM's pretrain_gpt.py (flags as megatron-core 0.19.2's megatron/training/arguments.py reads them)"
 PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16"], "mxfp8": ["--bf16"], "nvfp4": ["--bf16"]}
 # The optimisation settings of the launch, which a Plan does not hold (it plans parallelism, not
 # training): a starting point to edit, not a recommendation for the model at hand. They are the
@@ -97,6 +98,7 @@ FLAGS = {
     "window_size": "--window-size",
     "window_attn_skip_freq": "--window-attn-skip-freq",
     "softmax_type": "--softmax-type",
+    "qk_layernorm": "--qk-layernorm",
     # the model as its authors wrote it (emitters.moe.model_fields)
     "rotary_base": "--rotary-base",
     "rope_scaling": "--use-rope-scaling",
@@ -107,6 +109,15 @@ FLAGS = {
     "moe_router_score_function": "--moe-router-score-function",
     "moe_router_enable_expert_bias": "--moe-router-enable-expert-bias",
 }
+
+
+# Megatron-LM's command line gates the MLP with SiLU (--swiglu) or with quick GELU (--quick-geglu,
+# x * sigmoid(1.702 x)); megatron-core's GELU gate (activation_func) has no flag
+GEGLU_NOTE = (
+    "Megatron-LM's command line has no GELU-gated MLP (GeGLU, {name}'s); the export asks for --quick-geglu, the "
+    "same weights gated with x * sigmoid(1.702 x) instead of tanh-approximated GELU: set activation_func to "
+    "GELU in pretrain_gpt.py's model provider to train the model exactly as written"
+)
 
 
 def flags(fields: dict) -> list[str]:
@@ -186,7 +197,8 @@ def megatron_args(
     ]
     switches = [
         ("--group-query-attention", m.num_kv_heads < m.num_heads),
-        ("--swiglu", m.gated_mlp),
+        ("--swiglu", m.gated_mlp and m.gate_activation == "silu"),
+        ("--quick-geglu", m.gated_mlp and m.gate_activation == "gelu"),  # GEGLU_NOTE
         ("--disable-bias-linear", not m.bias),
         ("--untie-embeddings-and-output-weights", not m.tie_embeddings),
         ("--sequence-parallel", layout.sequence_parallel),
@@ -197,6 +209,8 @@ def megatron_args(
     ]
     args += [flag for flag, on in switches if on]
     args += flags(sharding_fields(layout))
+    if layout.zero >= 2:  # Megatron-FSDP saves only this format ("requires the fsdp_dtensor checkpointing format")
+        args += ["--ckpt-format", "fsdp_dtensor"]
     if m.num_kv_heads < m.num_heads:
         args += ["--num-query-groups", str(m.num_kv_heads)]
     args += PRECISION[t.dtype] + flags(low_precision_fields(plan))
@@ -224,6 +238,20 @@ def user_value(flag: str, value: str) -> list[str]:
     return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
 
 
+def connections(args: list[str]) -> list[str]:
+    """The CUDA_DEVICE_MAX_CONNECTIONS line: 1 (one hardware queue, so TP/CP communication kernels
+    start in issue order, which Megatron-LM asserts before Blackwell), except under Megatron-FSDP,
+    whose overlapped gathers need several queues ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or
+    unset"): then it is unset, and Megatron-LM only warns when TP or CP is on as well.
+
+    >>> connections([]), connections(["--use-megatron-fsdp"])
+    (['export CUDA_DEVICE_MAX_CONNECTIONS=1'], ['unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP needs several'])
+    """
+    if "--use-megatron-fsdp" in args:
+        return ["unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP needs several"]
+    return ["export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+
+
 def launch_script(plan: Plan, args: list[str]) -> str:
     """torchrun on every host, then ``args`` as they are: every one is shell-quoted, so the
     program receives exactly this argument vector whatever a value holds (``;``, ``$(...)``,
@@ -236,9 +264,10 @@ def launch_script(plan: Plan, args: list[str]) -> str:
     lines = [
         "#!/usr/bin/env bash",
         comment_safe(header),
+        f"# for {VERSIONS}",
         "# Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.",
         "set -euo pipefail",
-        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        *connections(args),
         f"NNODES=${{NNODES:-{hosts}}}",
         "NODE_RANK=${NODE_RANK:-0}",
         "MASTER_ADDR=${MASTER_ADDR:-localhost}",
@@ -344,6 +373,8 @@ def emit(
 ) -> Export:
     layout, warnings = expressible_layout(plan, "Megatron-LM")
     warnings += sharding_warnings(layout, "Megatron-LM") + moe_warnings(plan, layout, "Megatron-LM")
+    if plan.model.gated_mlp and plan.model.gate_activation == "gelu":
+        warnings.append(GEGLU_NOTE.format(name=plan.model.name))
     args = megatron_args(plan, layout, data_path, save_dir)
     out = Export(warnings=warnings)
     out.files["launch_megatron.sh"] = launch_script(plan, args)

@@ -78,7 +78,9 @@ def moe_fields(plan: Plan, layout: ParallelLayout) -> dict:
 
 def attention_fields(m: ModelSpec) -> dict:
     """MLA, MTP, sliding-window and sink fields (None: unset). MLA's query/key head is
-    ``qk_head_dim`` (no-rope part) + ``qk_pos_emb_head_dim`` (rope part). The window: the model
+    ``qk_head_dim`` (no-rope part) + ``qk_pos_emb_head_dim`` (rope part); its RMSNorms of the
+    query and KV latents (DeepSeek-V3's ``q_a_layernorm``, ``kv_a_layernorm``) are megatron-core's
+    ``qk_layernorm`` (without it, Megatron's local layers build MLA without them). The window: the model
     holds Hugging Face's ``sliding_window`` (tokens seen, the current one included), megatron-core
     takes ``window_size = (left, right)`` tokens beside the current one, so (w - 1, 0) as
     Megatron-Bridge's GPT-OSS bridge converts it; ``window_attn_skip_freq`` k makes layer i (from 1)
@@ -92,6 +94,7 @@ def attention_fields(m: ModelSpec) -> dict:
         "qk_head_dim": m.qk_nope_head_dim if m.is_mla else None,
         "qk_pos_emb_head_dim": m.qk_rope_head_dim if m.is_mla else None,
         "v_head_dim": m.v_head_dim if m.is_mla else None,
+        "qk_layernorm": m.is_mla or None,  # MLA's latent norms: megatron-core builds them only with it
         "mtp_num_layers": m.mtp_layers or None,
         "window_size": (m.sliding_window - 1, 0) if windowed else None,
         "window_attn_skip_freq": (m.full_attention_every or None) if windowed else None,
@@ -148,7 +151,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "moe_router_enable_expert_bias": _NEMO1.format(what="aux-loss-free expert bias"),
     },
 }
-_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm")
 # what goes with a dropped field: fields dropped with it, or set to what the target runs instead
 _WITH: dict[str, dict] = {
     "moe_flex_dispatcher_backend": {"moe_token_dispatcher_type": "alltoall"},

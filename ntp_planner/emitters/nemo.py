@@ -1,4 +1,6 @@
-"""NeMo 1.x: a Hydra YAML with trainer.* and model.* (shared/reference/formats.md)."""
+"""NeMo 1.x: a Hydra YAML with trainer.* and model.* (shared/reference/formats.md), for
+nemo-toolkit 1.x's megatron_gpt_pretraining.py. NeMo 2.x trains from Python recipes
+(``emitters.nemo2``), NeMo 3 from Megatron-Bridge's (``emitters.bridge``)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,21 @@ from ntp_planner.emitters.common import (
 from ntp_planner.emitters.moe import moe_warnings, supported
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
+from topologies.errors import InputError
 
 FSDP_STRATEGY = {2: "grad", 3: "full"}  # NeMo 1.x model.fsdp_sharding_strategy for ZeRO-2 / ZeRO-3
+VERSIONS = "NeMo 1.x (nemo-toolkit 1.x, megatron_gpt_pretraining.py); NeMo 2.x: --format nemo2, NeMo 3: --format bridge"
 
 
 def emit(
     plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
 ) -> Export:
     layout, warnings = expressible_layout(plan, "NeMo")
+    if layout.zero >= 2 and layout.pp > 1:
+        raise InputError(
+            f"NeMo 1.x runs FSDP (this plan's ZeRO-{layout.zero}) only without pipeline parallelism, and this plan "
+            f"has pp {layout.pp}: export it with --format nemo2, bridge or megatron, or re-plan with pp 1"
+        )
     warnings += sharding_warnings(layout, "NeMo")
     hosts, per_host = launch_geometry(plan)
     m, t = plan.model, plan.training
@@ -38,7 +47,7 @@ def emit(
         "encoder_seq_length": t.seq_len,
         "max_position_embeddings": max(m.max_position_embeddings, t.seq_len),
         "normalization": m.norm,
-        "activation": "fast-swiglu" if m.gated_mlp else "gelu",
+        "activation": ("fast-geglu" if m.gate_activation == "gelu" else "fast-swiglu") if m.gated_mlp else "gelu",
         "bias": m.bias,
         "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
         "share_embeddings_and_output_weights": m.tie_embeddings,
@@ -62,4 +71,5 @@ def emit(
         "model": model,
     }
     header = comment_safe(f"# ntp-planner plan {plan.inputs_hash[:12]}: {m.name}, {layout.describe()}") + "\n"
+    header += f"# for {VERSIONS}\n"
     return Export(files={"nemo_config.yaml": header + yaml.safe_dump(config, sort_keys=False)}, warnings=warnings)

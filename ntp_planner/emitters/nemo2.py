@@ -1,4 +1,6 @@
-"""NeMo 2.0: a Python recipe that sets MegatronStrategy and the data module's batch sizes."""
+"""NeMo 2.x: a Python recipe that sets MegatronStrategy and the data module's batch sizes, for
+the nemo-toolkit releases that have ``nemo.collections.llm`` (2.0 to 2.7); 3.0 removed it and
+trains LLMs with Megatron-Bridge's recipes (``emitters.bridge``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ntp_planner.emitters.moe import MLA_NOTE, moe_warnings
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
+VERSIONS = "NeMo 2.x (nemo-toolkit 2.0 to 2.7, which have nemo.collections.llm); NeMo 3: --format bridge"
 # NeMo 2.0 recipe modules for catalogue models (llm.<module>.pretrain_recipe)
 RECIPES = {
     "llama3-8b": "llama3_8b",
@@ -102,7 +105,10 @@ def emit(
     data = _data_and_checkpoint_lines(data_path, save_dir)
     imports = "import nemo_run as run\n" if data_path else ""
     title = comment_safe(f"{plan.model.name}, {layout.describe()}").replace("\\", "/").replace('"', "'")
-    text = f'''"""NeMo 2.0 recipe settings from ntp-planner plan {plan.inputs_hash[:12]}: {title}."""
+    text = f'''"""NeMo 2.0 recipe settings from ntp-planner plan {plan.inputs_hash[:12]}: {title}.
+
+For {VERSIONS}.
+"""
 
 import torch
 {imports}from nemo.collections import llm

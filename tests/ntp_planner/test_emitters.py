@@ -784,7 +784,9 @@ def test_nemo2_and_bridge_model_keys_are_megatron_core_config_fields(variant):
     }
     plan = _moe_plan(model=models[variant], moe_dispatcher="flex", moe_overlap="1f1b")
     bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])["model"]
-    assert set(bridge) - names == {"seq_length"}, set(bridge) - names  # seq_length: Bridge's GPTModelProvider
+    # GPTModelProvider's own fields, beside TransformerConfig's
+    provider = {"seq_length", "position_embedding_type", "share_embeddings_and_output_weights", "vocab_size"}
+    assert set(bridge) - names == provider, set(bridge) - names
     recipe = export(plan, "nemo2").files["nemo2_recipe.py"]
     compile(recipe, "nemo2_recipe.py", "exec")
     config_keys = set(re.findall(r"recipe\.model\.config\.(\w+) =", recipe))
@@ -912,3 +914,61 @@ def test_nonuniform_tp_file_holds_megatrons_config_fields_and_loads_with_tuple_k
     assert (config.tp_base, config.tp_spares, config.num_reduced_tp_dp_ranks) == (8, 1, 1)
     assert sorted(config.non_active_ranks_per_dp) == [(0, 0, 0), (0, 0, 1)]
     assert all(isinstance(k, tuple) and all(isinstance(i, int) for i in k) for k in config.non_active_ranks_per_dp)
+
+
+def test_gemmas_gelu_gate_is_not_exported_as_swiglu():
+    """Gemma's GeGLU (issue 25): Megatron-LM's command line gates with quick GELU (said in a
+    warning), NeMo 1 with its fast-geglu; a SwiGLU model keeps --swiglu and fast-swiglu."""
+    from cost_models.hf_config import model_from_hf_config
+
+    cfg = {
+        "model_type": "gemma", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 4096,
+        "hidden_act": "gelu_pytorch_tanh",
+    }  # fmt: skip
+    gemma = model_from_hf_config(cfg, "gemma-tiny")
+    silu = model_from_hf_config({**cfg, "hidden_act": "silu"}, "silu-tiny")
+    assert (gemma.gate_activation, silu.gate_activation) == ("gelu", "silu")
+    lay = dict(tp=1, pp=1, dp=8, global_batch=8)
+    for m, flag, other, act in (
+        (gemma, "--quick-geglu", "--swiglu", "fast-geglu"),
+        (silu, "--swiglu", "--quick-geglu", "fast-swiglu"),
+    ):
+        plan = make(m, 8, **lay)
+        out = export(plan, "megatron")
+        args = json.loads(out.files["megatron_args.json"])
+        assert flag in args and other not in args
+        assert any("no GELU-gated MLP" in w for w in out.warnings) == (m is gemma)
+        assert yaml.safe_load(export(plan, "nemo").files["nemo_config.yaml"])["model"]["activation"] == act
+
+
+def test_each_target_says_which_versions_it_is_for(tmp_path):
+    """Issue 25 item 3: every export's header and `ntp export --help` name the versions; NeMo 2.x
+    (nemo.collections.llm) stops at nemo-toolkit 2.7, NeMo 3 is Megatron-Bridge."""
+    plan, _ = frozen("dense_pp_interleaved")
+    heads = {fmt: "\n".join(next(iter(export(plan, fmt).files.values())).splitlines()[:6]) for fmt in FORMATS}
+    assert "megatron-core 0.19.2" in heads["megatron"]
+    assert "NeMo 1.x (nemo-toolkit 1.x" in heads["nemo"] and "NeMo 3: --format bridge" in heads["nemo"]
+    assert "nemo-toolkit 2.0 to 2.7" in heads["nemo2"] and "NeMo 3: --format bridge" in heads["nemo2"]
+    assert "Megatron-Bridge 0.3 recipes, which NeMo 3 (nemo-toolkit 3.0)" in heads["bridge"]
+    assert "torchtitan 0.3" in heads["torchtitan"]
+    help_text = CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "120"}).output
+    for line in (
+        "nemo        NeMo 1.x",
+        "nemo2       NeMo 2.x (nemo-toolkit 2.0 to 2.7",
+        "NeMo 3 (nemo-toolkit 3.0)",
+    ):
+        assert line in help_text
+
+
+def test_nemo1_refuses_fsdp_with_pipeline_parallelism(tmp_path):
+    """NeMo 1.x asserts that FSDP runs without pipeline parallelism: the export says so in one
+    sentence (exit 2), and the same plan at pp 1 exports."""
+    bad = make("llama3-8b", 16, tp=2, pp=2, dp=4, global_batch=16, zero=3)
+    with pytest.raises(InputError, match=r"NeMo 1.x runs FSDP \(this plan's ZeRO-3\) only without pipeline"):
+        export(bad, "nemo")
+    bad.save(tmp_path / "plan.json")
+    out = CliRunner().invoke(app, ["export", str(tmp_path / "plan.json"), "--format", "nemo", "-o", str(tmp_path)])
+    assert out.exit_code == 2 and "has pp 2" in out.output and "Traceback" not in out.output
+    good = make("llama3-8b", 16, tp=2, pp=1, dp=8, global_batch=16, zero=3)
+    assert yaml.safe_load(export(good, "nemo").files["nemo_config.yaml"])["model"]["fsdp"] is True

@@ -17,6 +17,7 @@ from cost_models.catalogue import MODELS
 from cost_models.training import TrainingSpec
 from ntp_planner.emitters import export
 from ntp_planner.emitters.bridge import precision_of, recipe_of
+from tests.ntp_planner.emitters.test_megatron_loader import HF_CONFIGS, _catalogue_variants, _hf_plan
 from tests.ntp_planner.test_emitters import _catalogue_plan, _plan, frozen, make
 from topologies.gpus import GPUS
 
@@ -36,7 +37,10 @@ REPOS = {
     "deepseek.deepseek_v3_pretrain_config": ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
     "gpt_oss.gpt_oss_20b_pretrain_config": ("openai/gpt-oss-20b", "gpt-oss-20b"),
     "gpt_oss.gpt_oss_120b_pretrain_config": ("openai/gpt-oss-120b", "gpt-oss-120b"),
+    "gemma.gemma2_9b_pretrain_config": ("google/gemma-2-9b", "gemma2-9b"),
 }
+# the activation a Bridge provider runs for each kind of MLP (megatron-core's functions' names)
+ACTIVATIONS = {"silu": "silu", "gelu": "fast_gelu", "plain": "gelu"}
 DEVICES = {  # what torch.cuda.get_device_properties says on each architecture's catalogue GPU
     "ampere": {"name": "NVIDIA A100-SXM4-80GB", "major": 8, "minor": 0},
     "hopper": {"name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0},
@@ -64,7 +68,7 @@ def _hub_cache(folder: Path) -> Path:
     """An offline Hugging Face hub cache holding each recipe's config.json (no hub access)."""
     for repo, name in REPOS.values():
         fixture = HF / f"{name}.json"
-        config = json.loads(fixture.read_text()) if fixture.exists() else _llama_config(name)
+        config = json.loads(fixture.read_text()) if fixture.exists() else HF_CONFIGS.get(name) or _llama_config(name)
         snapshot = folder / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
         snapshot.mkdir(parents=True, exist_ok=True)
         (snapshot / "config.json").write_text(json.dumps(config))
@@ -75,6 +79,8 @@ def _hub_cache(folder: Path) -> Path:
 
 def _variants() -> dict:
     plans = {f"catalogue:{name}": _catalogue_plan(name) for name in MODELS}
+    plans |= {f"hf:{name}": _hf_plan(name) for name in HF_CONFIGS}
+    plans |= {key: plan for name in MODELS for key, plan in _catalogue_variants(name).items()}
     dense = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
     plans |= {
         "vpp": make("llama3-8b", 16, **{**dense, "vpp": 2}),
@@ -104,9 +110,11 @@ def loaded(tmp_path_factory):
         override.write_text(export(plan, "bridge").files["bridge_override.yaml"])
         device = DEVICES[str(GPUS[plan.cluster.spec.gpu].architecture)]
         world = plan.layout.world_size
+        build = name.startswith(("catalogue:", "hf:")) and name != "hf:gemma2-9b"  # Gemma 2: its own layer spec
         cases.append({"name": name, "recipe": recipe_of(plan)[0], "override": str(override), "world_size": world,
-                      "device": device})  # fmt: skip
-    cases.append({**cases[0], "name": "broken", "override": str(folder / "broken.yaml")})
+                      "device": device, "build": build, "vocab_size": plan.model.vocab_size})  # fmt: skip
+    vpp = next(c for c in cases if c["name"] == "vpp")
+    cases.append({**vpp, "name": "broken", "override": str(folder / "broken.yaml"), "build": False})
     broken = (
         export(plans["vpp"], "bridge")
         .files["bridge_override.yaml"]
@@ -146,6 +154,12 @@ def test_every_variant_is_accepted_by_bridge_and_keeps_the_plan(loaded):
             "bf16": plan.training.dtype != "fp16", "params_dtype": "torch.bfloat16",
             "multi_latent_attention": m.is_mla, "use_megatron_fsdp": lay.zero >= 2,
             "ckpt_format": "fsdp_dtensor" if lay.zero >= 2 else "torch_dist", "mixed_precision": "MixedPrecisionConfig",
+            "gated_linear_unit": m.gated_mlp, "add_bias_linear": m.bias,
+            "share_embeddings_and_output_weights": m.tie_embeddings,
+            "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+            "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
+            "activation": "quick_gelu" if m.name.startswith("gpt-oss") else  # OpenAI's x * sigmoid(1.702 x) gate
+            ACTIVATIONS[m.gate_activation if m.gated_mlp else "plain"],
         }  # fmt: skip
         if m.rope_theta:
             want["rotary_base"] = m.rope_theta
@@ -178,3 +192,22 @@ def test_a_model_on_another_models_recipe_loses_that_recipes_qk_norm(loaded):
     _, results = loaded
     assert results["catalogue:mixtral-8x7b"]["fields"]["qk_layernorm"] is False
     assert results["catalogue:qwen3-30b-a3b"]["fields"]["qk_layernorm"] is True
+
+
+def test_bridge_builds_the_model_ntp_counts(loaded):
+    """The model Bridge's provider builds from each export (``provide()`` on the meta device, local
+    layers, no MTP module) has ntp's parameter count plus what ntp's count leaves out: Qwen3's QK
+    norms (its recipe keeps them), GPT-OSS's router biases; and learned positions for seq_length,
+    not the model's (the export warns). Gemma 2's provider
+    has its own layer spec (post-norms), which the local layers do not build: not counted here."""
+    plans, results = loaded
+    built = {n: r["params_total"] for n, r in results.items() if "params_total" in r}
+    want = {}
+    for n in built:
+        m, fields = plans[n].model, results[n]["fields"]
+        qk_norms = m.num_layers * 2 * m.head_dim if fields["qk_layernorm"] and not m.is_mla else 0
+        router_bias = m.num_layers * m.num_experts if m.is_moe and m.bias else 0
+        positions = (plans[n].training.seq_len - m.max_position_embeddings) * m.hidden_size  # Bridge: seq_length rows
+        want[n] = m.params_total + qk_norms + router_bias + (positions if m.position == "learned" else 0)
+    assert len(built) == len(MODELS) + 1 and built == want
+    assert built["catalogue:llama3-8b"] == 8_030_261_248 and built["hf:qwen2.5-7b"] == 7_615_616_512

@@ -1,4 +1,7 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan bd5b0db8c59e: llama3-8b, tp4 pp4(7/9/9/7) dp4 mb1 vpp2 sp rc-selective distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan bd5b0db8c59e: llama3-8b, tp4 pp4(7/9/9/7) dp4 mb1 vpp2 sp rc-selective distopt.
+
+For NeMo 2.x (nemo-toolkit 2.0 to 2.7, which have nemo.collections.llm); NeMo 3: --format bridge.
+"""
 
 import torch
 from nemo.collections import llm

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # ntp-planner plan a4ca0e13fd40: mixtral-8x7b on 64 x H100-SXM (dgx-h100)
+# for Megatron-LM's pretrain_gpt.py (flags as megatron-core 0.19.2's megatron/training/arguments.py reads them)
 # Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.
 set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1

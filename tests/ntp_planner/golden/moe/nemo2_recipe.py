@@ -1,4 +1,7 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan a4ca0e13fd40: mixtral-8x7b, tp2 pp2 dp16 ep8 mb1 sp distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan a4ca0e13fd40: mixtral-8x7b, tp2 pp2 dp16 ep8 mb1 sp distopt.
+
+For NeMo 2.x (nemo-toolkit 2.0 to 2.7, which have nemo.collections.llm); NeMo 3: --format bridge.
+"""
 
 import torch
 from nemo.collections import llm

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # ntp-planner plan 7d0e84916ee7: deepseek-v3 on 256 x H100-SXM (dgx-h100)
+# for Megatron-LM's pretrain_gpt.py (flags as megatron-core 0.19.2's megatron/training/arguments.py reads them)
 # Run on every host with NODE_RANK set; MASTER_ADDR is host 0. MEGATRON_LM points at a checkout.
 set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1
@@ -55,6 +56,7 @@ torchrun --nproc_per_node 8 --nnodes "$NNODES" --node_rank "$NODE_RANK" \
     --qk-head-dim 128 \
     --qk-pos-emb-head-dim 64 \
     --v-head-dim 128 \
+    --qk-layernorm \
     --mtp-num-layers 1 \
     --mock-data \
     --save checkpoints/deepseek-v3 \

@@ -1,4 +1,7 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan 7d0e84916ee7: deepseek-v3, tp2 pp8 dp16 ep16 etp1 moe-flex a2a-1f1b mb1 vpp2 sp distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan 7d0e84916ee7: deepseek-v3, tp2 pp8 dp16 ep16 etp1 moe-flex a2a-1f1b mb1 vpp2 sp distopt.
+
+For NeMo 2.x (nemo-toolkit 2.0 to 2.7, which have nemo.collections.llm); NeMo 3: --format bridge.
+"""
 
 import torch
 from nemo.collections import llm

@@ -1,4 +1,7 @@
-"""NeMo 2.0 recipe settings from ntp-planner plan a5b4c901dc99: llama3-8b, tp8 pp2 dp4 mb1 sp distopt."""
+"""NeMo 2.0 recipe settings from ntp-planner plan a5b4c901dc99: llama3-8b, tp8 pp2 dp4 mb1 sp distopt.
+
+For NeMo 2.x (nemo-toolkit 2.0 to 2.7, which have nemo.collections.llm); NeMo 3: --format bridge.
+"""
 
 import torch
 from nemo.collections import llm

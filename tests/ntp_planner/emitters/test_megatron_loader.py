@@ -1,0 +1,235 @@
+"""Every Megatron-LM export, read by Megatron-LM itself: the exported argv through
+``megatron.training.arguments.parse_args`` and ``validate_args`` from the megatron-core 0.19.2
+wheel, in the launch script's environment, and the model it would build counted on the meta
+device (tests/support/megatron_loader.py, in the folder ``make test-slow`` builds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cost_models.catalogue import MODELS
+from cost_models.hf_config import model_from_hf_config
+from cost_models.training import TrainingSpec
+from ntp_planner.emitters import export
+from ntp_planner.emitters.common import expressible_layout
+from ntp_planner.failures.replan import Replanner
+from ntp_planner.solver.planner import make_plan, plan_from_layout
+from ntp_planner.solver.search import SearchSpace
+from tests.ntp_planner.test_emitters import _catalogue_plan, _plan, frozen, make
+from topologies import CLUSTERS, Cluster
+from topologies.gpus import GPUS
+
+pytestmark = pytest.mark.slow
+
+MEGATRON = os.environ.get("NTP_MEGATRON_PATH")
+LOADER = Path(__file__).parents[2] / "support" / "megatron_loader.py"
+DEVICES = {  # what torch.cuda.get_device_properties says on each architecture's catalogue GPU
+    "ampere": {"name": "NVIDIA A100-SXM4-80GB", "major": 8, "minor": 0},
+    "hopper": {"name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0},
+    "blackwell": {"name": "NVIDIA B200", "major": 10, "minor": 0},
+}
+
+
+def _per_layer_plan():
+    return make_plan(
+        MODELS["llama3-8b"], TrainingSpec(seq_len=8192, global_batch=256),
+        Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64), top=1, space=SearchSpace(zeros=(1,)),
+    )  # fmt: skip
+
+
+# config.json files as their authors publish them (Gemma 2 9B, Qwen2.5 7B), for what the catalogue lacks:
+# a GELU-gated MLP with sliding windows, and QKV-only biases
+HF_CONFIGS = {
+    "gemma2-9b": {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
+        "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "sliding_window": 4096,
+        "max_position_embeddings": 8192,
+    },
+    "qwen2.5-7b": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    },
+}  # fmt: skip
+
+
+def _hf_plan(name: str):
+    m = model_from_hf_config(HF_CONFIGS[name], name)
+    return make(m, 8, tp=2, pp=2, dp=2, global_batch=8, sequence_parallel=True, distributed_optimizer=True)
+
+
+def _catalogue_variants(name: str) -> dict:
+    """The catalogue plan of ``name`` interleaved (vpp 2), with context parallelism (cp 2), with
+    ZeRO-3 (Megatron-FSDP) and in fp8: the issue's variants for every model."""
+    base = _catalogue_plan(name)
+    lay = base.layout
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=lay.world_size)
+    kw = dict(tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, etp=lay.etp, global_batch=lay.global_batch,
+              sequence_parallel=lay.sequence_parallel, distributed_optimizer=True)  # fmt: skip
+    fp8 = TrainingSpec(seq_len=2048, global_batch=lay.global_batch, dtype="fp8", fp8_recipe="current")
+    return {
+        f"vpp:{name}": make(name, lay.world_size, seq=2048, **kw, vpp=2),
+        f"cp:{name}": make(name, lay.world_size, seq=2048, **{**kw, "pp": 1, "dp": lay.dp}, cp=2),
+        f"zero3:{name}": make(name, lay.world_size, seq=2048, **{**kw, "pp": 1, "dp": 2 * lay.dp}, zero=3),
+        f"fp8:{name}": plan_from_layout(base.model, fp8, cluster, lay),
+    }
+
+
+def _variants() -> dict:
+    """name -> (plan, re-plan or None): every catalogue model, then each variant of the issue."""
+    plans = {f"catalogue:{name}": (_catalogue_plan(name), None) for name in MODELS}
+    plans |= {f"hf:{name}": (_hf_plan(name), None) for name in HF_CONFIGS}
+    plans |= {key: (plan, None) for name in MODELS for key, plan in _catalogue_variants(name).items()}
+    dense = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
+    plans |= {
+        "vpp": (make("llama3-8b", 16, **{**dense, "vpp": 2}), None),
+        "cp": (make("llama3-8b", 16, **{**dense, "pp": 1, "cp": 2}), None),
+        "zero2": (make("llama3-8b", 16, **{**dense, "pp": 1, "dp": 8, "zero": 2}), None),
+        "zero3": (make("llama3-8b", 16, **{**dense, "pp": 1, "dp": 8, "zero": 3}), None),
+        "zero3-tp1": (make("llama3-8b", 16, **{**dense, "tp": 1, "pp": 1, "dp": 16, "zero": 3,
+                                               "sequence_parallel": False}), None),
+        "moe-folded": (make("qwen3-30b-a3b", 16, **{**dense, "ep": 4, "etp": 1}), None),
+        "moe-vpp": (make("deepseek-v3", 64, **{**dense, "pp": 4, "dp": 8, "vpp": 2, "ep": 8, "etp": 1,
+                                               "global_batch": 64}), None),
+        "dense-frozen": frozen("dense_pp_interleaved"),
+        "moe-frozen": frozen("moe"),
+        "moe-folded-frozen": frozen("moe_folded"),
+        "ntp-replan": frozen("ntp_replanned"),
+        "per-layer": (_per_layer_plan(), None),
+    }  # fmt: skip
+    plan, _ = frozen("ntp_replanned")
+    plans["ntp-replan"] = (plan, Replanner(plan).replan(frozenset({3, 12}), "ntp"))
+    for recipe in ("delayed", "current"):
+        t = TrainingSpec(seq_len=4096, global_batch=16, dtype="fp8", fp8_recipe=recipe)
+        plans[f"fp8-{recipe}"] = (_plan(gpus=16, training=t, **dense), None)
+    return plans
+
+
+def _environment(script: str) -> dict:
+    """The variables the launch script exports (``export NAME=value``)."""
+    return dict(re.findall(r"^export (\w+)=(\S*)$", script, flags=re.M))
+
+
+def _case(name: str, plan, replan) -> dict:
+    files = export(plan, "megatron", replan=replan).files
+    return {
+        "name": name, "args": json.loads(files["megatron_args.json"]), "env": _environment(files["launch_megatron.sh"]),
+        "world_size": plan.layout.world_size, "device": DEVICES[str(GPUS[plan.cluster.spec.gpu].architecture)],
+        "build": name.startswith(("catalogue:", "hf:")),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """Each variant's plan and what Megatron-LM's argument code made of its export."""
+    if not MEGATRON or not Path(MEGATRON).is_dir():
+        pytest.skip("megatron-core 0.19 is not installed (make test-slow installs it under .venv/megatron)")
+    folder = tmp_path_factory.mktemp("megatron")
+    plans = _variants()
+    cases = [_case(name, plan, replan) for name, (plan, replan) in plans.items()]
+    broken = _case("broken", *plans["vpp"])
+    broken["args"][broken["args"].index("--global-batch-size") + 1] = "15"  # not micro-batch 1 x dp 4 x k
+    typo = _case("unknown-flag", *plans["vpp"])
+    typo["args"].append("--overlap-p2p-communication")  # the flag ntp once wrote: no Megatron has it
+    fsdp_env = _case("fsdp-one-connection", *plans["zero3-tp1"])
+    fsdp_env["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    (folder / "cases.json").write_text(json.dumps([*cases, broken, typo, fsdp_env]))
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([MEGATRON, str(LOADER.parents[2])])}
+    out = subprocess.run([sys.executable, "-W", "ignore", str(LOADER), str(folder / "cases.json")],
+                         capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
+    prefix = "ntp-megatron-result "
+    results = {
+        r["name"]: r for r in (json.loads(x[len(prefix) :]) for x in out.stdout.splitlines() if x.startswith(prefix))
+    }
+    assert len(results) == len(cases) + 3, out.stderr[-3000:]
+    return {name: plan for name, (plan, _) in plans.items()}, results
+
+
+def test_every_variant_is_accepted_by_megatron_and_keeps_the_plan(loaded):
+    plans, results = loaded
+    refused = {n: r["error"] for n, r in results.items() if not r["ok"] and n in plans}
+    assert refused == {}
+    for name, plan in plans.items():
+        got, m, t = results[name]["fields"], plan.model, plan.training
+        lay = expressible_layout(plan, "Megatron-LM")[0]  # per-layer TP: its projection
+        want = {
+            "tensor_model_parallel_size": lay.tp, "pipeline_model_parallel_size": lay.pp,
+            "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None,
+            "context_parallel_size": lay.cp, "data_parallel_size": lay.dp, "num_layers": m.num_layers,
+            "hidden_size": m.hidden_size, "num_attention_heads": m.num_heads, "seq_length": t.seq_len,
+            "global_batch_size": lay.global_batch, "micro_batch_size": lay.micro_batch, "bf16": t.dtype != "fp16",
+            "use_megatron_fsdp": lay.zero >= 2, "multi_latent_attention": m.is_mla,
+            "ckpt_format": "fsdp_dtensor" if lay.zero >= 2 else "torch_dist",
+            "add_bias_linear": m.bias, "add_qkv_bias": m.bias or m.qkv_bias,  # Megatron: biases imply QKV ones
+            "untie_embeddings_and_output_weights": not m.tie_embeddings,
+            "swiglu": m.gated_mlp and m.gate_activation == "silu", "quick_geglu": m.gate_activation == "gelu",
+        }  # fmt: skip
+        if m.position == "rope":
+            want["rotary_base"] = int(m.rope_theta or 10000)  # unset in the catalogue: Megatron's default
+        if m.norm_eps:
+            want["layernorm_epsilon"] = m.norm_eps
+        if m.is_moe:
+            want |= {"num_experts": m.num_experts, "moe_router_topk": m.moe_top_k,
+                     "expert_model_parallel_size": lay.ep}  # fmt: skip
+            if m.moe_aux_loss_coeff:
+                want["moe_aux_loss_coeff"] = m.moe_aux_loss_coeff
+        assert {k: got[k] for k in want} == want, name
+
+
+def _router_bias(m) -> int:
+    """The routers' biases of a model with biased linear layers (GPT-OSS: one per expert in each
+    MoE layer; Hugging Face's GptOssTopKRouter has them too), which ntp's count leaves out."""
+    return sum(m.num_experts for i in range(m.num_layers) if m.is_moe_layer(i)) if m.is_moe and m.bias else 0
+
+
+def test_megatron_builds_the_model_ntp_counts(loaded):
+    """The model Megatron builds from each catalogue export (GPTModel on the meta device, local
+    spec) has the parameters ntp counts for it, MTP modules included (Megatron builds them):
+    shapes, gating, biases, tying, MLA with its latent norms, MTP."""
+    plans, results = loaded
+    built = {n: results[n]["built"]["params_total"] for n in plans if n.startswith(("catalogue:", "hf:"))}
+    ours = {n: plans[n].model.params_total + plans[n].model.mtp_params + _router_bias(plans[n].model) for n in built}
+    assert built == ours
+    assert built["catalogue:llama3-8b"] == 8_030_261_248  # Meta's model card: 8.03B
+    assert built["catalogue:deepseek-v3"] - plans["catalogue:deepseek-v3"].model.mtp_params == 671_026_404_352
+    assert _router_bias(plans["catalogue:gpt-oss-20b"].model) == 24 * 32
+    # Gemma 2 9B: 9,241,705,984 in transformers, whose layers add two norms (2 x 3584 x 42) ntp leaves out
+    assert built["hf:gemma2-9b"] == 9_241_705_984 - 2 * 3584 * 42
+    assert built["hf:qwen2.5-7b"] == 7_615_616_512  # Qwen's model card: 7.61B, QKV biases included
+
+
+def test_megatron_gates_each_mlp_as_its_authors_wrote(loaded):
+    """SwiGLU for Llama, a GELU gate for Gemma (Megatron-LM's only one on its command line is quick
+    GELU: the export says so), a plain GELU MLP for GPT-3."""
+    _, results = loaded
+    gates = {n: (results[n]["built"]["gated_linear_unit"], results[n]["built"]["activation"])
+             for n in ("catalogue:llama3-8b", "hf:gemma2-9b", "catalogue:gpt3-175b")}  # fmt: skip
+    assert gates == {"catalogue:llama3-8b": (True, "silu"), "hf:gemma2-9b": (True, "quick_gelu"),
+                     "catalogue:gpt3-175b": (False, "gelu")}  # fmt: skip
+
+
+def test_fp8_plans_get_megatrons_fp8_recipe(loaded):
+    _, results = loaded
+    assert (results["fp8-delayed"]["fields"]["fp8"], results["fp8-delayed"]["fields"]["fp8_recipe"]) == (
+        "hybrid", "delayed")  # fmt: skip
+    assert results["fp8-current"]["fields"]["fp8_recipe"] == "tensorwise"
+
+
+def test_megatron_rejects_a_broken_export(loaded):
+    """The loader can fail: a global batch of 15 over dp 4, a flag no Megatron has, FSDP with one connection."""
+    _, results = loaded
+    assert results["broken"]["ok"] is False and "divisible" in results["broken"]["error"]
+    assert results["unknown-flag"]["ok"] is False
+    assert "unrecognized arguments: --overlap-p2p-communication" in results["unknown-flag"]["error"]
+    assert results["fsdp-one-connection"]["ok"] is False
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" in results["fsdp-one-connection"]["error"]
