@@ -95,7 +95,7 @@ def capacity(
         trials=trials,
         seed=seed,
     )
-    check_workload(spec)  # before planning, not after
+    check_workload(spec, len(specs))  # before planning, not after
     prices, sources = gpu_hour_prices(specs, gpu_hour_cost or [])
     need_matplotlib(plot)
     if plot is not None:
@@ -104,6 +104,7 @@ def capacity(
         check_output_folder(plot, "--plot", CAPACITY_PLOTS)
     model_spec = resolve_model(model)
     training = TrainingSpec(seq_len=seq_len, global_batch=global_batch)
+    check_one_step(tokens, training)
     grid = len(specs) * len(spec.gpus)
     with progress("planning", grid, json_out) as advance:
         plans = plan_grid(model_spec, training, specs, spec.gpus, advance)
@@ -145,12 +146,28 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     if "-" in text:
         if hi < lo:
             raise InputError(f"--gpus {text!r} is reversed; write the smaller count first")
+        if step > 0 and lo > 0 and (hi - lo) // step + 1 > MAX_COUNTS:  # counted before a huge range is built
+            raise InputError(
+                f"--gpus {text!r} gives ({hi:,} - {lo:,}) / {step:,} + 1 = {(hi - lo) // step + 1:,} GPU counts; "
+                f"give at most {MAX_COUNTS}"
+            )
         counts = tuple(range(lo, hi + 1, step)) if step > 0 and lo > 0 else ()
     if not counts or not all(1 <= n <= MAX_GPUS for n in counts):
         raise InputError(f"--gpus {text!r} must be {usage}, each count between 1 and {MAX_GPUS:,}")
     if len(counts) > MAX_COUNTS:
         raise InputError(f"--gpus {text!r} gives {len(counts)} GPU counts; give at most {MAX_COUNTS}")
     return counts
+
+
+def check_one_step(tokens: float, training) -> None:
+    """InputError for fewer tokens than one step trains: a run of a fraction of a step has no
+    time to train worth pricing (it would read as 0 days and $0)."""
+    step_tokens = training.global_batch * training.seq_len
+    if tokens < step_tokens:
+        raise InputError(
+            f"--tokens {tokens:g} is less than one step: global batch({training.global_batch:,}) x seq len"
+            f"({training.seq_len:,}) = {step_tokens:,} tokens; train at least that many"
+        )
 
 
 def _spares(text: str) -> tuple[int, ...]:
@@ -182,6 +199,8 @@ def gpu_hour_prices(specs: dict, given: list[str]) -> tuple[dict[str, float], di
             raise InputError(
                 f"--gpu-hour-cost {item!r} names {name!r}, which is not searched; -c lists {', '.join(specs)}"
             )
+        if name in chosen and chosen[name] != usd:  # the last one winning silently hides a typo
+            raise InputError(f"--gpu-hour-cost prices {name} twice ({chosen[name]:g} and {usd:g}); give it once")
         chosen[name] = usd
     prices, sources = {}, {}
     for name, spec in specs.items():

@@ -117,6 +117,27 @@ def test_the_pruned_search_returns_what_simulating_every_candidate_returns(plans
     assert {c.reason.split(" ")[0] for c in skipped} == {"too", "dominated"}  # both bounds pruned
 
 
+def test_failures_forgotten_between_candidates_are_drawn_again_the_same(plans, monkeypatch):
+    """With no failures kept from one job to the next (MAX_CACHED_CELLS 0), every candidate comes
+    out as when all are kept: the pool redraws the same failures."""
+    from ntp_planner.failures import capacity
+
+    spec = CapacitySpec(
+        tokens=1.2e11,
+        deadline_days=1.5,
+        confidence=0.8,
+        gpus=(64, 128, 256),
+        spares=(0, 1),
+        strategies=("restart", "ntp"),
+        trials=16,
+        seed=7,
+        sim=SimConfig(failure_rate_per_gpu_hour=1e-3),
+    )
+    kept = search(spec, plans, DOMAINS, PRICES, prune=False)
+    monkeypatch.setattr(capacity, "MAX_CACHED_CELLS", 0)
+    assert search(spec, plans, DOMAINS, PRICES, prune=False) == kept
+
+
 def test_candidates_share_failures_and_the_horizon_changes_no_trial(plans):
     """Common random numbers: a job of 64 GPUs meets exactly the failures of GPUs 0-63 of the
     256-GPU job, and a trial's time to train is the same whichever horizon found it."""
