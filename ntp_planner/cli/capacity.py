@@ -116,13 +116,23 @@ def capacity(
         plot_capacity(result, spec, plot, f"{model_spec.name}, {tokens:.3g} tokens")
     if json_out:
         settings = {"tokens": tokens, "deadline_days": deadline_days, "confidence": confidence, "trials": trials}
-        show_json({**result.model_dump(mode="json"), "settings": settings | {"seed": seed}, "prices": sources})
+        show_json({**result_json(result), "settings": settings | {"seed": seed}, "prices": sources})
         return
     from ntp_planner.views.capacity import capacity_view
 
     show(capacity_view(result, spec, model_spec.name, sources))
     if plot is not None:
         show(f"plots written to {plot}/")
+
+
+def result_json(result) -> dict:
+    """The search's result as JSON values. A trial not done by its horizon's cap has an infinite
+    time, and its candidate an infinite mean cost: pydantic's JSON writes those as null, where
+    ``model_dump(mode="json")`` keeps the float and json.dumps would print ``Infinity``, which no
+    JSON parser but Python's reads."""
+    import json
+
+    return json.loads(result.model_dump_json())
 
 
 def parse_gpus(text: str) -> tuple[int, ...]:

@@ -11,10 +11,17 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ntp_planner.cli import app
-from ntp_planner.cli.capacity import MAX_COUNTS, MAX_USD_PER_GPU_HOUR, _spares, gpu_hour_prices, parse_gpus
+from ntp_planner.cli.capacity import (
+    MAX_COUNTS,
+    MAX_USD_PER_GPU_HOUR,
+    _spares,
+    gpu_hour_prices,
+    parse_gpus,
+    result_json,
+)
 from ntp_planner.cli.options import MAX_GPUS
 from ntp_planner.failures import capacity
-from ntp_planner.failures.capacity import CapacitySpec, check_workload
+from ntp_planner.failures.capacity import Candidate, CapacityResult, CapacitySpec, check_workload
 from topologies import resolve_cluster_spec
 from topologies.errors import InputError
 
@@ -170,3 +177,14 @@ def test_the_failures_held_for_later_candidates_are_bounded(monkeypatch):
     assert kept == jobs[1:] and not jobs[0].failures and len(jobs[1].failures) == 1
     huge = job(1000)
     assert capacity._forget_failures([*kept, huge]) == [huge] and len(huge.failures) == 1
+
+
+def test_a_candidate_with_a_trial_never_done_writes_null_not_infinity():
+    inf = float("inf")
+    c = Candidate(
+        cluster="dgx-h100", gpus=64, spares=0, strategy="restart", paid_gpus=64, usd_per_gpu_hour=6.155,
+        p50_days=2.0, p90_days=inf, p_deadline=0.85, gpu_hours=inf, cost_usd=inf, cost_usd_p90=inf, reason="slow",
+    )  # fmt: skip
+    out = result_json(CapacityResult(candidates=[c], cheapest=None, front=[], simulated=1))
+    text = json.dumps(out, allow_nan=False)  # raises on inf
+    assert json.loads(text)["candidates"][0]["cost_usd"] is None and out["candidates"][0]["p50_days"] == 2.0
