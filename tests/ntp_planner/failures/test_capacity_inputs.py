@@ -156,7 +156,7 @@ def test_prices_are_given_once_per_searched_cluster_positive_and_finite(items): 
     assert set(prices) == set(SPECS) and all(0 < usd <= MAX_USD_PER_GPU_HOUR for usd in prices.values())
     assert any(i.startswith("dgx-b300=") for i in given_)  # B300 has no default: priced only when given
     for name, usd in prices.items():
-        mine = [float(i.partition("=")[2]) for i in given_ if i.partition("=")[0] == name]
+        mine = [float(i.rpartition("=")[2]) for i in given_ if i.rpartition("=")[0] == name]
         assert len(set(mine)) <= 1 and usd == (mine[0] if mine else 49.24 / 8)
 
 
@@ -188,3 +188,11 @@ def test_a_candidate_with_a_trial_never_done_writes_null_not_infinity():
     out = result_json(CapacityResult(candidates=[c], cheapest=None, front=[], simulated=1))
     text = json.dumps(out, allow_nan=False)  # raises on inf
     assert json.loads(text)["candidates"][0]["cost_usd"] is None and out["candidates"][0]["p50_days"] == 2.0
+
+
+def test_a_cluster_file_whose_path_holds_an_equals_sign_is_priced_by_its_path():
+    specs = {"/data/a=b/cluster.json": SPECS["dgx-b300"]}
+    prices, sources = gpu_hour_prices(specs, ["/data/a=b/cluster.json=3.5"])
+    assert (
+        prices == {"/data/a=b/cluster.json": 3.5} and sources["/data/a=b/cluster.json"]["source"] == "--gpu-hour-cost"
+    )
