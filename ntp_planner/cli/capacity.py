@@ -19,7 +19,12 @@ MAX_SPARES = 10_000  # spare domains
 MAX_USD_PER_GPU_HOUR = 10_000.0  # topologies.prices.GpuHourPrice's bound
 CAPACITY_PLOTS = ("deadline_probability.png", "front.png")
 
-TokensOpt = Annotated[float, typer.Option("--tokens", help="Tokens to train, e.g. 15e12; above 0, at most 1e18.")]
+TokensOpt = Annotated[
+    float,
+    typer.Option(
+        "--tokens", help="Tokens to train, e.g. 15e12; at least one step (global batch x seq len), at most 1e18."
+    ),
+]
 DeadlineOpt = Annotated[
     float, typer.Option("--deadline-days", help="Days by which the tokens must be trained; above 0, at most 3650.")
 ]
