@@ -201,6 +201,7 @@ def gpu_hour_prices(specs: dict, given: list[str]) -> tuple[dict[str, float], di
     chosen: dict[str, float] = {}
     for item in given:
         name, eq, usd_text = item.rpartition("=")  # a cluster file path may hold "="; a price never does
+        name = name.strip()  # as -c strips its names
         try:
             usd = float(usd_text)
         except ValueError:

@@ -196,3 +196,7 @@ def test_a_cluster_file_whose_path_holds_an_equals_sign_is_priced_by_its_path():
     assert (
         prices == {"/data/a=b/cluster.json": 3.5} and sources["/data/a=b/cluster.json"]["source"] == "--gpu-hour-cost"
     )
+
+
+def test_a_price_s_cluster_name_is_stripped_like_the_clusters_option():
+    assert gpu_hour_prices({"dgx-b300": SPECS["dgx-b300"]}, [" dgx-b300 = 7 "])[0] == {"dgx-b300": 7.0}
