@@ -45,8 +45,9 @@ MAX_SLOWDOWN = 16  # a trial not done in this times its failure-free time (or MA
 MAX_HORIZON_H = 3650 * 24  # ten years
 MAX_CELLS = 20_000_000  # trials x time bins of one job: ~160 MB a float array, a few of them at once
 # Trials x bins over the whole search (every candidate simulated, to the deadline): the brute force
-# of benchmarks/capacity.py, 480 x 200 trials x 3,648 bins = 3.5e8, took 87 s on 2 cores.
-MAX_SEARCH_CELLS = 1_000_000_000
+# of benchmarks/capacity.py, 480 x 200 trials x 3,648 bins = 3.5e8, took 87 s on 2 cores, so this
+# is at most ~8 minutes unpruned (the pruned search simulates a sixth); 1,000 trials of that grid pass.
+MAX_SEARCH_CELLS = 2_000_000_000
 MAX_CACHED_CELLS = 2 * MAX_CELLS  # failures kept for the next candidates of recently simulated jobs
 BOUND_TOLERANCE = 1e-9  # bounds are lowered by this share: a simulated time may round below its exact bound
 

@@ -72,10 +72,10 @@ def _with(**change: str) -> list[str]:
             "trials(100,000) x 3,648 time bins of 1800 s to the deadline = 3.65e+08 is over 2e+07",
         ),
         (
-            _with(trials="10000", deadline_days="10", gpus="64-1024:64", strategies="restart,ntp",
+            _with(trials="20000", deadline_days="10", gpus="64-1024:64", strategies="restart,ntp",
                   spares="0,1,2,4,8,16"),
-            "192 candidates (1 clusters x 16 GPU counts x 6 spare counts x 2 strategies) x trials(10,000) x 648 "
-            "time bins = 1.24e+09 is over 1e+09",
+            "192 candidates (1 clusters x 16 GPU counts x 6 spare counts x 2 strategies) x trials(20,000) x 648 "
+            "time bins = 2.49e+09 is over 2e+09",
         ),
     ],
 )  # fmt: skip
