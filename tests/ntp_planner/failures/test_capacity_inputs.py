@@ -200,3 +200,23 @@ def test_a_cluster_file_whose_path_holds_an_equals_sign_is_priced_by_its_path():
 
 def test_a_price_s_cluster_name_is_stripped_like_the_clusters_option():
     assert gpu_hour_prices({"dgx-b300": SPECS["dgx-b300"]}, [" dgx-b300 = 7 "])[0] == {"dgx-b300": 7.0}
+
+
+def test_a_validation_error_inside_the_planner_is_a_bug_not_a_candidate_s_reason(monkeypatch):
+    """Only the cluster's construction is the user's input; pydantic refusing a value the planner
+    built itself propagates (the CLI reports it), where it used to read as 'no layout fits'."""
+    from pydantic import BaseModel, ValidationError
+
+    from cost_models import TrainingSpec, resolve_model
+    from ntp_planner.solver import planner
+
+    class Internal(BaseModel):
+        x: int
+
+    def broken(*args, **kwargs):
+        Internal(x="not a number")
+
+    monkeypatch.setattr(planner, "make_plan", broken)
+    model, training = resolve_model("llama3-8b"), TrainingSpec(seq_len=4096, global_batch=256)
+    with pytest.raises(ValidationError, match="Internal"):
+        capacity.plan_grid(model, training, {"dgx-h100": SPECS["dgx-h100"]}, (12, 64))
