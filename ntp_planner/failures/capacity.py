@@ -304,11 +304,14 @@ def _verdict_before(
 
 
 def usd(x: float) -> str:
-    """Dollars, rounded to what a budget reads.
+    """Dollars, rounded to what a budget reads; a mean over trials one of which never finished
+    (by its horizon's cap) is unbounded.
 
-    >>> usd(106_772_035.2), usd(14_515.0), usd(12.5)
-    ('$106.8M', '$14.5k', '$12')
+    >>> usd(106_772_035.2), usd(14_515.0), usd(12.5), usd(math.inf)
+    ('$106.8M', '$14.5k', '$12', 'unbounded')
     """
+    if math.isinf(x):
+        return "unbounded"
     return f"${x / 1e6:,.1f}M" if x >= 1e6 else f"${x / 1e3:,.1f}k" if x >= 1e3 else f"${x:,.0f}"
 
 
