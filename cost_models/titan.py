@@ -252,6 +252,19 @@ def pp_fsdp2_buffer_bytes(gathered_bytes: float, gathered_params: float) -> floa
     return gathered_bytes + ACCUMULATED_GRAD_BYTES * gathered_params
 
 
+def kept_fsdp2_buffer_bytes(gathered_bytes: float, block_params: float, root_params: float) -> float:
+    """FSDP2's buffers without pipelining when it does not reshard after forward
+    (``fsdp_reshard_after_forward = 'never'``): at the start of backward every block's parameters
+    are still gathered (``gathered_bytes``), and the first block to run backward adds its bf16
+    gradients and their fp32 copy for the reduce-scatter (6 bytes); the root unit stays gathered
+    in bf16.
+
+    >>> kept_fsdp2_buffer_bytes(3200.0, 100.0, 10.0)
+    3820.0
+    """
+    return gathered_bytes + block_params * 6.0 + root_params * 2.0
+
+
 def fsdp2_buffer_bytes(block_params: float, root_params: float, gather_bytes: float) -> float:
     """FSDP2's unsharded buffers at the peak: two blocks' gathered parameters (``gather_bytes``
     each: 2 in bf16, 1 in float8), one block's unsharded bf16 gradients and their fp32 copy

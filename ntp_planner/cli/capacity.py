@@ -19,7 +19,12 @@ MAX_SPARES = 10_000  # spare domains
 MAX_USD_PER_GPU_HOUR = 10_000.0  # topologies.prices.GpuHourPrice's bound
 CAPACITY_PLOTS = ("deadline_probability.png", "front.png")
 
-TokensOpt = Annotated[float, typer.Option("--tokens", help="Tokens to train, e.g. 15e12; above 0, at most 1e18.")]
+TokensOpt = Annotated[
+    float,
+    typer.Option(
+        "--tokens", help="Tokens to train, e.g. 15e12; at least one step (global batch x seq len), at most 1e18."
+    ),
+]
 DeadlineOpt = Annotated[
     float, typer.Option("--deadline-days", help="Days by which the tokens must be trained; above 0, at most 3650.")
 ]
@@ -95,7 +100,7 @@ def capacity(
         trials=trials,
         seed=seed,
     )
-    check_workload(spec)  # before planning, not after
+    check_workload(spec, len(specs))  # before planning, not after
     prices, sources = gpu_hour_prices(specs, gpu_hour_cost or [])
     need_matplotlib(plot)
     if plot is not None:
@@ -104,6 +109,7 @@ def capacity(
         check_output_folder(plot, "--plot", CAPACITY_PLOTS)
     model_spec = resolve_model(model)
     training = TrainingSpec(seq_len=seq_len, global_batch=global_batch)
+    check_one_step(tokens, training)
     grid = len(specs) * len(spec.gpus)
     with progress("planning", grid, json_out) as advance:
         plans = plan_grid(model_spec, training, specs, spec.gpus, advance)
@@ -115,13 +121,23 @@ def capacity(
         plot_capacity(result, spec, plot, f"{model_spec.name}, {tokens:.3g} tokens")
     if json_out:
         settings = {"tokens": tokens, "deadline_days": deadline_days, "confidence": confidence, "trials": trials}
-        show_json({**result.model_dump(mode="json"), "settings": settings | {"seed": seed}, "prices": sources})
+        show_json({**result_json(result), "settings": settings | {"seed": seed}, "prices": sources})
         return
     from ntp_planner.views.capacity import capacity_view
 
     show(capacity_view(result, spec, model_spec.name, sources))
     if plot is not None:
         show(f"plots written to {plot}/")
+
+
+def result_json(result) -> dict:
+    """The search's result as JSON values. A trial not done by its horizon's cap has an infinite
+    time, and its candidate an infinite mean cost: pydantic's JSON writes those as null, where
+    ``model_dump(mode="json")`` keeps the float and json.dumps would print ``Infinity``, which no
+    JSON parser but Python's reads."""
+    import json
+
+    return json.loads(result.model_dump_json())
 
 
 def parse_gpus(text: str) -> tuple[int, ...]:
@@ -145,12 +161,28 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     if "-" in text:
         if hi < lo:
             raise InputError(f"--gpus {text!r} is reversed; write the smaller count first")
+        if step > 0 and lo > 0 and (hi - lo) // step + 1 > MAX_COUNTS:  # counted before a huge range is built
+            raise InputError(
+                f"--gpus {text!r} gives ({hi:,} - {lo:,}) / {step:,} + 1 = {(hi - lo) // step + 1:,} GPU counts; "
+                f"give at most {MAX_COUNTS}"
+            )
         counts = tuple(range(lo, hi + 1, step)) if step > 0 and lo > 0 else ()
     if not counts or not all(1 <= n <= MAX_GPUS for n in counts):
         raise InputError(f"--gpus {text!r} must be {usage}, each count between 1 and {MAX_GPUS:,}")
     if len(counts) > MAX_COUNTS:
         raise InputError(f"--gpus {text!r} gives {len(counts)} GPU counts; give at most {MAX_COUNTS}")
     return counts
+
+
+def check_one_step(tokens: float, training) -> None:
+    """InputError for fewer tokens than one step trains: a run of a fraction of a step has no
+    time to train worth pricing (it would read as 0 days and $0)."""
+    step_tokens = training.global_batch * training.seq_len
+    if tokens < step_tokens:
+        raise InputError(
+            f"--tokens {tokens:g} is less than one step: global batch({training.global_batch:,}) x seq len"
+            f"({training.seq_len:,}) = {step_tokens:,} tokens; train at least that many"
+        )
 
 
 def _spares(text: str) -> tuple[int, ...]:
@@ -168,7 +200,8 @@ def gpu_hour_prices(specs: dict, given: list[str]) -> tuple[dict[str, float], di
 
     chosen: dict[str, float] = {}
     for item in given:
-        name, eq, usd_text = item.partition("=")
+        name, eq, usd_text = item.rpartition("=")  # a cluster file path may hold "="; a price never does
+        name = name.strip()  # as -c strips its names
         try:
             usd = float(usd_text)
         except ValueError:
@@ -182,6 +215,8 @@ def gpu_hour_prices(specs: dict, given: list[str]) -> tuple[dict[str, float], di
             raise InputError(
                 f"--gpu-hour-cost {item!r} names {name!r}, which is not searched; -c lists {', '.join(specs)}"
             )
+        if name in chosen and chosen[name] != usd:  # the last one winning silently hides a typo
+            raise InputError(f"--gpu-hour-cost prices {name} twice ({chosen[name]:g} and {usd:g}); give it once")
         chosen[name] = usd
     prices, sources = {}, {}
     for name, spec in specs.items():

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ntp_planner.failures import capacity_sim as sim
 from ntp_planner.failures.checkpoint_interval import daly_interval_s
-from ntp_planner.failures.sim_config import MAX_EVENTS_PER_TRIAL, STRATEGIES, SimConfig
+from ntp_planner.failures.sim_config import MAX_EVENTS, MAX_EVENTS_PER_TRIAL, STRATEGIES, SimConfig
 from ntp_planner.failures.tables import ThroughputTables
 from ntp_planner.plan import Plan
 from topologies.errors import InputError
@@ -44,6 +44,11 @@ HORIZON_SLACK = 1.25  # first horizon: this times the failure-free time, plus a 
 MAX_SLOWDOWN = 16  # a trial not done in this times its failure-free time (or MAX_CELLS) counts as never done
 MAX_HORIZON_H = 3650 * 24  # ten years
 MAX_CELLS = 20_000_000  # trials x time bins of one job: ~160 MB a float array, a few of them at once
+# Trials x bins over the whole search (every candidate simulated, to the deadline): the brute force
+# of benchmarks/capacity.py, 480 x 200 trials x 3,648 bins = 3.5e8, took 87 s on 2 cores, so this
+# is at most ~8 minutes unpruned (the pruned search simulates a sixth); 1,000 trials of that grid pass.
+MAX_SEARCH_CELLS = 2_000_000_000
+MAX_CACHED_CELLS = 2 * MAX_CELLS  # failures kept for the next candidates of recently simulated jobs
 BOUND_TOLERANCE = 1e-9  # bounds are lowered by this share: a simulated time may round below its exact bound
 
 
@@ -133,7 +138,7 @@ def search(
     """Search the grid. ``plans[(cluster, gpus)]``: the plan, or why none fits; ``prices``: USD per
     GPU-hour per cluster. ``prune=False`` simulates every candidate that has a plan (the brute
     force the pruned search must agree with)."""
-    check_workload(spec)
+    check_workload(spec, len({name for name, _ in plans}))
     pool = sim.EventPool(spec.sim, spec.trials, max(spec.gpus), spec.seed)
     grid = []
     for (name, n), plan in plans.items():
@@ -150,6 +155,7 @@ def search(
     order = sorted(range(len(grid)), key=lambda i: (grid[i][3].cost_usd or 0.0, grid[i][3].failure_free_days or 0.0, i))
     done: dict[int, Candidate] = {}
     winners: list[Candidate] = []  # simulated, meeting the deadline
+    recent: list[_Job] = []  # jobs holding failures, the least recently simulated first
     simulated = 0
     for i in order:
         job, k, s, bound = grid[i]
@@ -157,6 +163,7 @@ def search(
         if not done[i].reason:
             done[i] = _simulate(spec, pool, job, k, s, bound)
             simulated += 1
+            recent = _forget_failures([j for j in recent if j is not job] + [job])
             if done[i].p_deadline >= spec.confidence:
                 winners.append(done[i])
         if progress:
@@ -164,23 +171,62 @@ def search(
     return _rank(spec, [done[i] for i in range(len(grid))], simulated)
 
 
-def check_workload(spec: CapacitySpec) -> None:
-    """InputError, with the arithmetic, for a search that would hold GBs or re-plan for hours: the
-    failures of the largest job until the deadline, and its trials x time bins to the deadline
-    (bounds of ``sim_config``: MAX_EVENTS_PER_TRIAL failures a trial, measured there)."""
+def _forget_failures(recent: list[_Job]) -> list[_Job]:
+    """Drop the failures of the least recently simulated jobs (``recent``, oldest first) while
+    all of them hold more than MAX_CACHED_CELLS trial-bins, never the last one's: a grid of 64
+    GPU counts x 3 clusters would otherwise keep ~160 MB a job. They are drawn again, the same
+    (``EventPool``), if one of their candidates comes later. The jobs still holding some."""
+    cells = [sum(f.stall_s.size for f in job.failures.values()) for job in recent]
+    while len(recent) > 1 and sum(cells) > MAX_CACHED_CELLS:
+        recent[0].failures.clear()
+        recent, cells = recent[1:], cells[1:]
+    return recent
+
+
+def check_workload(spec: CapacitySpec, clusters: int = 1) -> None:
+    """InputError, with the arithmetic, for a search that would hold GBs or run for hours: the
+    failures of the largest job until the deadline (bounds of ``sim_config``: MAX_EVENTS_PER_TRIAL
+    failures a trial, MAX_EVENTS drawn, measured there), one job's trials x time bins to the
+    deadline, and every candidate's (``clusters`` x GPU counts x spares x strategies)."""
     hours = spec.deadline_days * 24 * HORIZON_SLACK + 24
-    failures = spec.sim.failure_rate_per_gpu_hour * max(spec.gpus) * (hours + spec.sim.warm_h)
-    if failures > MAX_EVENTS_PER_TRIAL:
-        raise InputError(
-            f"failure rate({spec.sim.failure_rate_per_gpu_hour:.3g} per GPU-hour) x {max(spec.gpus):,} GPUs x "
-            f"{hours + spec.sim.warm_h:,.0f} h (the deadline, with slack and warm-up) = {failures:,.0f} failures a "
-            f"trial is over {MAX_EVENTS_PER_TRIAL:,} (hours of re-planning); lower --gpus or --deadline-days"
-        )
     cells = spec.trials * hours * 3600 / sim.BIN_S
     if cells > MAX_CELLS:
         raise InputError(
             f"trials({spec.trials:,}) x {hours * 3600 / sim.BIN_S:,.0f} time bins of {sim.BIN_S} s to the deadline "
             f"= {cells:.3g} is over {MAX_CELLS:.3g} (GBs of memory); lower --trials or --deadline-days"
+        )
+    _check_events(spec, hours)
+    candidates = clusters * len(spec.gpus) * len(spec.spares) * len(spec.strategies)
+    if candidates * cells > MAX_SEARCH_CELLS:
+        raise InputError(
+            f"{candidates:,} candidates ({clusters} clusters x {len(spec.gpus)} GPU counts x {len(spec.spares)} spare "
+            f"counts x {len(spec.strategies)} strategies) x trials({spec.trials:,}) x {hours * 3600 / sim.BIN_S:,.0f} "
+            f"time bins = {candidates * cells:.3g} is over {MAX_SEARCH_CELLS:.3g} (minutes of simulating); lower "
+            "--trials, --deadline-days or the grid"
+        )
+
+
+def _check_events(spec: CapacitySpec, hours: float) -> None:
+    """InputError for more failures than a trial or the whole pool may draw: the pool draws every
+    trial's failures on the largest job in whole chunks of CHUNK_H hours, up to the longest horizon
+    a candidate may simulate (``train_hours``' cap for a job done by the deadline)."""
+    rate, gpus = spec.sim.failure_rate_per_gpu_hour, max(spec.gpus)
+    if rate * gpus * (hours + spec.sim.warm_h) > MAX_EVENTS_PER_TRIAL:
+        raise InputError(
+            f"failure rate({rate:.3g} per GPU-hour) x {gpus:,} GPUs x {hours + spec.sim.warm_h:,.0f} h (the deadline, "
+            f"with slack and warm-up) = {rate * gpus * (hours + spec.sim.warm_h):,.0f} failures a trial is over "
+            f"{MAX_EVENTS_PER_TRIAL:,} (hours of re-planning); lower --gpus or --deadline-days"
+        )
+    longest_h = min(
+        MAX_HORIZON_H, MAX_SLOWDOWN * spec.deadline_days * 24 + 24, MAX_CELLS / spec.trials * sim.BIN_S / 3600
+    )
+    drawn_h = math.ceil(longest_h / sim.CHUNK_H) * sim.CHUNK_H + spec.sim.warm_h
+    events = rate * gpus * drawn_h * spec.trials
+    if events > MAX_EVENTS:
+        raise InputError(
+            f"failure rate({rate:.3g} per GPU-hour) x {gpus:,} GPUs x {drawn_h:,.0f} h (whole {sim.CHUNK_H} h chunks "
+            f"of failures to the longest horizon) x trials({spec.trials:,}) = {events:.3g} failures to draw is over "
+            f"{MAX_EVENTS:.3g} (GBs of memory); lower --trials or --gpus"
         )
 
 
@@ -258,11 +304,14 @@ def _verdict_before(
 
 
 def usd(x: float) -> str:
-    """Dollars, rounded to what a budget reads.
+    """Dollars, rounded to what a budget reads; a mean over trials one of which never finished
+    (by its horizon's cap) is unbounded.
 
-    >>> usd(106_772_035.2), usd(14_515.0), usd(12.5)
-    ('$106.8M', '$14.5k', '$12')
+    >>> usd(106_772_035.2), usd(14_515.0), usd(12.5), usd(math.inf)
+    ('$106.8M', '$14.5k', '$12', 'unbounded')
     """
+    if math.isinf(x):
+        return "unbounded"
     return f"${x / 1e6:,.1f}M" if x >= 1e6 else f"${x / 1e3:,.1f}k" if x >= 1e3 else f"${x:,.0f}"
 
 
@@ -365,22 +414,38 @@ def plan_grid(
     model, training, clusters: dict, gpus: tuple[int, ...], progress=None
 ) -> dict[tuple[str, int], Plan | str]:
     """The fastest uniform layout (``make_plan``) of every cluster x GPU count, planned once and
-    shared by its spare counts and strategies; where none fits or the count cannot be built, why."""
+    shared by its spare counts and strategies; where none fits or the count cannot be built, why.
+    When no count of any cluster has a plan there is nothing to search: NoLayoutFits (exit code 3)
+    if memory is why, else the InputError of the first. A ValidationError from the planner itself
+    is a bug and propagates; only the cluster's construction is the user's input."""
     from pydantic import ValidationError
 
     from ntp_planner.solver.planner import make_plan
+    from ntp_planner.solver.search import NoLayoutFits
     from topologies.cluster import Cluster
 
     plans: dict[tuple[str, int], Plan | str] = {}
+    errors: list[InputError] = []
     for name, cluster_spec in clusters.items():
         for n in gpus:
             try:
                 cluster = Cluster(spec=cluster_spec, num_gpus=n)
-                plans[(name, n)] = make_plan(model, training, cluster, top=1, per_layer=False)
-            except (InputError, ValidationError) as exc:
-                text = exc.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(exc, ValidationError) else exc
-                text = " ".join(str(text).split())
-                plans[(name, n)] = f"no layout fits {n:,} GPUs: {text.rstrip('.')}"
+            except ValidationError as exc:
+                text = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                errors.append(InputError(f"{name}: {' '.join(text.split()).rstrip('.')}"))
+            else:
+                try:
+                    plans[(name, n)] = make_plan(model, training, cluster, top=1, per_layer=False)
+                except InputError as exc:
+                    errors.append(exc)
+            if (name, n) not in plans:
+                plans[(name, n)] = f"no layout fits {n:,} GPUs: {' '.join(str(errors[-1]).split()).rstrip('.')}"
             if progress:
                 progress(1)
+    if len(errors) == len(plans):
+        raise (
+            errors[0]
+            if all(isinstance(e, NoLayoutFits) for e in errors)
+            else next(e for e in errors if not isinstance(e, NoLayoutFits))
+        )
     return plans

@@ -15,7 +15,9 @@ COLUMNS = ("cluster", "GPUs", "spares", "strategy", "layout", "P50 d", "P90 d", 
 
 
 def hours(x: float) -> str:
-    """GPU-hours, like ``usd``: 10.17M, 1.2k, 35."""
+    """GPU-hours, like ``usd``: 10.17M, 1.2k, 35; unbounded when a trial never finished."""
+    if x == float("inf"):
+        return "unbounded"
     return f"{x / 1e6:,.2f}M" if x >= 1e6 else f"{x / 1e3:,.1f}k" if x >= 1e3 else f"{x:,.0f}"
 
 

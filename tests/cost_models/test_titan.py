@@ -14,6 +14,7 @@ from cost_models.titan import (
     fsdp2_buffer_bytes,
     fsdp2_exposed_s,
     full_ac_activation_bytes,
+    kept_fsdp2_buffer_bytes,
     loss_logit_bytes,
     op_sac_activation_bytes,
     op_sac_lse_bytes,
@@ -88,6 +89,48 @@ def test_fsdp2_memory_of_llama3_8b_on_8_gpus_by_part():
     assert parts["activations"] == pytest.approx(32 * (2 * 16384 * 31744 + 4 * 16384 * 32) + logits)
     allocated = sum(v for k, v in parts.items() if k not in ("allocator_reserve", "runtime_reserved"))
     assert parts["allocator_reserve"] == pytest.approx(0.15 * allocated)
+
+
+def test_zero_1_and_2_cost_as_the_export_runs_them_fsdp2_that_keeps_every_block_gathered():
+    """torchtitan has no ZeRO-1/2: `ntp export --format torchtitan` writes them as FSDP with
+    fsdp_reshard_after_forward 'never', so they hold all 32 gathered bf16 blocks at the start of
+    backward and do not regather in it; ZeRO-3 holds two blocks and regathers."""
+    assert kept_fsdp2_buffer_bytes(32 * LAYER_PARAMS * 2.0, LAYER_PARAMS, ROOT_PARAMS) == (
+        LAYER_PARAMS * (64 + 6) + ROOT_PARAMS * 2
+    )
+    # 64 GPUs over 8 hosts, 1,024 tokens a GPU: a block's gather (~2 ms) and fp32 reduce-scatter
+    # (~4 ms) outlast its backward (~2 ms), so the regather ZeRO-3 adds is exposed
+    cluster, t = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64), TrainingSpec(seq_len=1024, global_batch=64)
+    costs = {
+        zero: estimate_step(
+            MODELS["llama3-8b"], t, ParallelLayout(dp=64, zero=zero, micro_batch=1, global_batch=64), cluster, TITAN
+        )
+        for zero in (1, 2, 3)
+    }
+    for zero in (1, 2):
+        gap = costs[zero].memory_breakdown_bytes["fsdp_buffers"] - costs[3].memory_breakdown_bytes["fsdp_buffers"]
+        assert gap == pytest.approx(LAYER_PARAMS * (64 + 6 - 10))  # 32 blocks gathered, not two
+        exposed = [costs[z].time_breakdown_s["dp_comm_exposed"] for z in (zero, 3)]
+        assert exposed[0] < 0.9 * exposed[1]  # no regathers
+
+
+def test_pipelined_fsdp2_holds_every_block_even_when_asked_to_reshard_after_forward():
+    """torch.distributed.pipelining turns reshard-after-backward and gradient sync off until the
+    last micro-batch: ZeRO-3 with reshard_after_forward under pp 2 still holds every block of its
+    stage gathered and its gradients accumulated in fp32 (it held two blocks before)."""
+    cluster = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    t = TrainingSpec(seq_len=8192, global_batch=16, grad_reduce_in_fp32=True)
+    parts = [
+        estimate_step(
+            MODELS["llama3-8b"],
+            t,
+            ParallelLayout(dp=8, pp=2, zero=3, micro_batch=1, global_batch=16, reshard_after_forward=reshard),
+            cluster,
+            TITAN,
+        ).memory_breakdown_bytes["fsdp_buffers"]
+        for reshard in (True, False)
+    ]
+    assert parts[0] == parts[1] > 16 * LAYER_PARAMS * (2 + 4)  # 16 blocks a stage, bf16 + fp32 gradient
 
 
 def test_the_loss_holds_10_bytes_a_logit_eager_14_under_loss_parallel_4_compiled():

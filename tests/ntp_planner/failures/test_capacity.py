@@ -16,6 +16,20 @@ DOMAINS = {name: spec.domain_size for name, spec in CLUSTERS.items()}
 PRICES = {"dgx-h100": 49.24 / 8, "gb200-nvl72": 42.00 / 4}  # topologies.prices, by hand
 
 
+# a grid small enough to simulate whole, with failures enough (1e-3 per GPU-hour) to separate candidates
+SEARCH = CapacitySpec(
+    tokens=1.2e11,
+    deadline_days=1.5,
+    confidence=0.8,
+    gpus=(64, 128, 256),
+    spares=(0, 1),
+    strategies=("restart", "dp-drop", "ntp"),
+    trials=16,
+    seed=7,
+    sim=SimConfig(failure_rate_per_gpu_hour=1e-3),
+)
+
+
 @pytest.fixture(scope="module")
 def plans():
     model = resolve_model("llama3-8b")
@@ -96,17 +110,7 @@ def test_elastic_trains_at_the_simulators_capacity_goodput(plans):
 def test_the_pruned_search_returns_what_simulating_every_candidate_returns(plans):
     """Same grid, same seed: the front and the cheapest are the same, candidate for candidate, and
     every candidate the pruned search skipped is off the brute force's front."""
-    spec = CapacitySpec(
-        tokens=1.2e11,
-        deadline_days=1.5,
-        confidence=0.8,
-        gpus=(64, 128, 256),
-        spares=(0, 1),
-        strategies=("restart", "dp-drop", "ntp"),
-        trials=16,
-        seed=7,
-        sim=SimConfig(failure_rate_per_gpu_hour=1e-3),
-    )
+    spec = SEARCH
     pruned = search(spec, plans, DOMAINS, PRICES)
     brute = search(spec, plans, DOMAINS, PRICES, prune=False)
     assert brute.simulated == 36 and pruned.simulated < 24  # pruning happened
@@ -115,6 +119,17 @@ def test_the_pruned_search_returns_what_simulating_every_candidate_returns(plans
     skipped = [c for c in pruned.candidates if c.p50_days is None]
     assert skipped and not on_front & {c.label for c in skipped}
     assert {c.reason.split(" ")[0] for c in skipped} == {"too", "dominated"}  # both bounds pruned
+
+
+def test_failures_forgotten_between_candidates_are_drawn_again_the_same(plans, monkeypatch):
+    """With no failures kept from one job to the next (MAX_CACHED_CELLS 0), every candidate comes
+    out as when all are kept: the pool redraws the same failures."""
+    from ntp_planner.failures import capacity
+
+    spec = SEARCH.model_copy(update={"strategies": ("restart", "ntp")})
+    kept = search(spec, plans, DOMAINS, PRICES, prune=False)
+    monkeypatch.setattr(capacity, "MAX_CACHED_CELLS", 0)
+    assert search(spec, plans, DOMAINS, PRICES, prune=False) == kept
 
 
 def test_candidates_share_failures_and_the_horizon_changes_no_trial(plans):
