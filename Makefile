@@ -16,8 +16,13 @@ TEST_WORKERS ?= 2
 # needs no torch, installed as usual, with triton and torchao, which it imports without declaring them
 # (torchtitan.models.common imports triton kernels; its float8 converters need torchao). torchtitan
 # needs Python 3.11: on 3.10 it is not installed and its tests skip.
-TORCHTITAN_NO_DEPS := torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0.1.1 spmd_types==0.2.3 torchao==0.18.0
-TORCHTITAN_DEPS := tyro==1.0.17 "datasets>=3.6.0,<4.8.0" tensorboard einops triton==3.9.0
+TORCHTITAN_NO_DEPS := torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0.1.1 spmd_types==0.2.3 torchao==0.18.0 \
+	datasets==4.7.0
+# datasets (torchtitan asks for < 4.8) goes in without its dependencies too: it asks for huggingface_hub < 2,
+# and pip would downgrade the hub that transformers 5 needs (>= 2.4), so the next `make test` could not
+# import transformers; its other dependencies are here, and its torchtitan imports run with hub 2.4
+TORCHTITAN_DEPS := tyro==1.0.17 tensorboard einops triton==3.9.0 "pyarrow>=21.0.0" "dill>=0.3.0,<0.4.1" pandas \
+	"httpx<1.0.0" xxhash "multiprocess<0.70.19" "fsspec[http]>=2023.1.0,<=2026.2.0"
 # Megatron-Bridge 0.3.1: the slow tests load the Bridge exports with its own recipes and checks. It pins
 # transformers<5 (the main environment has 5) and CUDA-only packages (transformer-engine, mamba-ssm),
 # so it goes, without its dependencies, into a folder of its own that only those tests put first on
