@@ -130,7 +130,11 @@ class Efficiency(BaseModel):
         "Transformer Engine's GroupedLinear loops over the local experts on the host, one cuBLAS GEMM each, "
         "with its descriptors and heuristic query; 6 per local expert per micro-batch), on the GPU's critical "
         "path since the MoE layer's host syncs keep the host from running ahead; none in a full-iteration CUDA "
-        "graph. Prior: 5-20 us (a cublasLt heuristic query and launch). Fitted to table G "
+        "graph. The same on every architecture: Transformer Engine's nvte_multi_tensor_gemm "
+        "(common/gemm/cublaslt_gemm.cu) takes its CUTLASS grouped GEMM only on Hopper (sm 90) and only with "
+        "NVTE_USE_CUTLASS_GROUPED_GEMM=1 (default off), else multi_stream_cublas_gemm, one cuBLAS GEMM per "
+        "expert; the single cuBLASLt grouped GEMM (counts on the device, cuBLAS 13.3+) is the graph-capturable "
+        "path. Prior: 5-20 us (a cublasLt heuristic query and launch). Fitted to table G "
         "(cost_models.published_moe, 2026-12-06) with moe_overlap_host_s and moe_host_sync_s: 15 us (table G "
         "11.2% without it). Out of sample: fitted on releases <= 26.02.01 it is 20 us, and the later releases "
         "go 10.7% -> 10.6% (over 20%: 10 -> 5); leaving one GPU out it is 15-20 us.",
