@@ -22,7 +22,7 @@ TORCHTITAN_NO_DEPS := torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0
 # and pip would downgrade the hub that transformers 5 needs (>= 2.4), so the next `make test` could not
 # import transformers; its other dependencies are here, and its torchtitan imports run with hub 2.4
 TORCHTITAN_DEPS := tyro==1.0.17 tensorboard einops triton==3.9.0 "pyarrow>=21.0.0" "dill>=0.3.0,<0.4.1" pandas \
-	"httpx<1.0.0" xxhash "multiprocess<0.70.19" "fsspec[http]>=2023.1.0,<=2026.2.0"
+	"httpx<1.0.0" "requests>=2.32.2" xxhash "multiprocess<0.70.19" "fsspec[http]>=2023.1.0,<=2026.2.0"
 # Megatron-Bridge 0.3.1: the slow tests load the Bridge exports with its own recipes and checks. It pins
 # transformers<5 (the main environment has 5) and CUDA-only packages (transformer-engine, mamba-ssm),
 # so it goes, without its dependencies, into a folder of its own that only those tests put first on
@@ -58,7 +58,9 @@ $(VENV)/.torchtitan: $(VENV)/.installed
 		$(BIN)/python -m pip install --quiet --no-deps $(TORCHTITAN_NO_DEPS); fi
 	touch $@
 
+# huggingface_hub 0.36 in Bridge's folder imports requests, which the main environment must hold
 $(VENV)/.bridge: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet "requests>=2.32.2"
 	$(BIN)/python -m pip install --quiet --no-deps --target $(BRIDGE_DIR) $(BRIDGE_PKGS)
 	touch $@
 
