@@ -49,7 +49,8 @@ FIELDS = (
     "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "bf16", "fp16", "fp8", "fp8_recipe",
     "use_distributed_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy", "ckpt_format",
     "quick_geglu", "overlap_p2p_comm", "multi_latent_attention", "mtp_num_layers", "recompute_granularity",
-    "pipeline_model_parallel_layout",
+    "pipeline_model_parallel_layout", "qk_layernorm", "squared_relu", "glu_linear_offset",
+    "activation_func_clamp_value",
 )  # fmt: skip
 
 
@@ -137,6 +138,8 @@ def _built_params(args) -> dict:
         "params_total": sum(p.numel() for p in model.parameters()),
         "activation": getattr(config.activation_func, "__name__", str(config.activation_func)),
         "gated_linear_unit": config.gated_linear_unit,
+        "glu_linear_offset": config.glu_linear_offset,
+        "activation_func_clamp_value": config.activation_func_clamp_value,
     }
 
 
