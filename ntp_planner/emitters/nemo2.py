@@ -33,6 +33,8 @@ RECIPES = {
     "nemotron-22b": "nemotron3_22b",
     "nemotron4-15b": "nemotron4_15b",
     "nemotron-340b": "nemotron4_340b",
+    "gpt-oss-20b": "gpt_oss_20b",
+    "gpt-oss-120b": "gpt_oss_120b",
 }
 # the MLP activations a recipe must bring (a callable in its model config, which the export does not set)
 ACTIVATION_NAMES = {"quick_gelu": "GPT-OSS's clamped, offset quick-GELU gate", "squared_relu": "a squared-ReLU MLP"}
