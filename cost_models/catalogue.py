@@ -57,6 +57,7 @@ _NEMOTRON = dict(
     tie_embeddings=False,
     vocab_size=256000,
     max_position_embeddings=4096,
+    mlp_activation="squared_relu",
 )
 
 
@@ -128,9 +129,11 @@ def _moe(
 # DeepSeek-V3 (deepseek-ai/DeepSeek-V3): MLA (q_lora_rank 1536, kv_lora_rank 512, qk_nope 128 + qk_rope 64 = 192-wide
 #   query/key heads, v_head_dim 128), first_k_dense_replace 3, n_shared_experts 1 of moe_intermediate_size 2048,
 #   n_routed_experts 256 top-8, num_nextn_predict_layers 1 (arXiv 2412.19437).
-# Qwen3 (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): every layer MoE (decoder_sparse_step 1, mlp_only_layers []).
+# Qwen3 (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): every layer MoE (decoder_sparse_step 1, mlp_only_layers []),
+#   queries and keys RMS-normalised per head (Qwen3MoeAttention's q_norm, k_norm of head_dim).
 # GPT-OSS (openai/gpt-oss-20b, -120b): biases on attention and experts, sliding_window 128 on the even layers
-#   (layer_types alternate sliding / full, starting with sliding), one learned sink per head.
+#   (layer_types alternate sliding / full, starting with sliding), one learned sink per head; experts gated
+#   (up + 1) * gate * sigmoid(1.702 gate), gate clamped to <= 7 and up to +-7 (swiglu_limit; GptOssExperts).
 # Llama 4 (meta-llama/Llama-4-Scout-17B-16E, -Maverick-17B-128E): text_config; a shared expert of intermediate_size
 #   beside the routed ones; Maverick's interleave_moe_layer_step 2 makes layers 1, 3, ..., 47 MoE and the others dense
 #   of intermediate_size_mlp. Chunked attention (attention_chunk_size 8192) equals full causal attention at the
@@ -142,8 +145,15 @@ def _moe(
 # per-expert bias (topk_method "noaux_tc", arXiv 2412.19437 section 2.1.2); its sequence-wise balance loss (alpha
 # 0.0001 in the paper) has no key in the config.json the catalogue follows, so it is left unset.
 _LLAMA3 = dict(rope_theta=500000.0, norm_eps=1e-5)
-_QWEN3 = dict(rope_theta=1e6, norm_eps=1e-6, moe_aux_loss_coeff=0.001)
-_GPT_OSS = dict(rope_theta=150000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.9)
+_QWEN3 = dict(rope_theta=1e6, norm_eps=1e-6, moe_aux_loss_coeff=0.001, qk_norm=True)
+_GPT_OSS = dict(
+    rope_theta=150000.0,
+    norm_eps=1e-5,
+    moe_aux_loss_coeff=0.9,
+    gate_activation="quick_gelu",
+    gate_linear_offset=1.0,
+    activation_clamp=7.0,
+)
 _LLAMA4 = dict(rope_theta=500000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.001, moe_router_score_function="sigmoid")
 _DSV3_ROUTER = dict(
     rope_theta=10000.0,

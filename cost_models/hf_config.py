@@ -1,8 +1,10 @@
 """Read a model from a HuggingFace-style ``config.json`` (or a YAML file with the same keys).
 
 Key meanings follow HuggingFace transformers: ``hidden_act`` "silu"/"swiglu" means a gated
-3-matrix MLP, anything else (gelu, gelu_new, relu) a plain 2-matrix MLP; ``head_dim`` wins over
-hidden/heads when present; multimodal files nest the text model under ``text_config``. MoE keys:
+3-matrix MLP, anything else (gelu, gelu_new, relu; relu2 is Nemotron's squared ReLU) a plain
+2-matrix MLP; GPT-OSS gates with a clamped, offset quick GELU (swiglu_limit); Qwen3 and Gemma 3
+normalise queries and keys per head (no key says so); ``head_dim`` wins over hidden/heads when
+present; multimodal files nest the text model under ``text_config``. MoE keys:
 Mixtral (num_local_experts, num_experts_per_tok), Qwen-MoE (num_experts, moe_intermediate_size,
 decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size), DeepSeek
 (n_routed_experts, first_k_dense_replace, n_shared_experts, moe_layer_freq), GPT-OSS
@@ -56,17 +58,23 @@ _ALIASES = {
 }
 # model_type -> what its modelling code does that no key says: a gated MLP whatever the activation
 # (Gemma's GeGLU), rotary positions (GPT-NeoX and Phi rotate a part of each head: no parameters),
-# QKV biases only (Qwen2), biases on every linear layer, tied embeddings by default
+# QKV biases only (Qwen2), biases on every linear layer, tied embeddings by default, queries and keys
+# normalised per head (the q_norm / k_norm of head_dim in Qwen3's and Gemma 3's attention; OLMo 2's
+# q_norm / k_norm span all heads at once, which ntp does not model, and Llama 4's use_qk_norm has no weights),
+# norms after attention and after the MLP as well as before (Gemma 2 / 3), Gemma 2's logit soft-capping
+# when its keys are absent (Gemma2Config: attention 50, final 30)
 KNOWN_TYPES = {
     "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True}, "qwen2_moe": {"qkv_bias": True},
-    "qwen3": {}, "qwen3_moe": {}, "deepseek_v2": {}, "deepseek_v3": {}, "gpt_oss": {}, "llama4": {},
-    "llama4_text": {}, "gemma": {"gated": True, "tie": True}, "gemma2": {"gated": True, "tie": True},
-    "gemma3": {"gated": True, "tie": True}, "gemma3_text": {"gated": True, "tie": True},
+    "qwen3": {"qk_norm": True}, "qwen3_moe": {"qk_norm": True}, "deepseek_v2": {}, "deepseek_v3": {},
+    "gpt_oss": {}, "llama4": {}, "llama4_text": {}, "gemma": {"gated": True, "tie": True},
+    "gemma2": {"gated": True, "tie": True, "post_norms": True, "softcap": (50.0, 30.0)},
+    "gemma3": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True},
+    "gemma3_text": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True},
     "gpt2": {"bias": True, "tie": True, "position": "learned", "gated": False, "norm": "layernorm"},
     "gpt_neox": {"bias": True, "position": "rope", "gated": False, "norm": "layernorm"},
     "phi": {"bias": True, "position": "rope", "gated": False, "norm": "layernorm"}, "phi3": {"position": "rope"},
     "starcoder2": {"bias": True, "tie": True, "position": "rope", "gated": False, "norm": "layernorm"},
-    "nemotron": {"position": "rope"}, "olmo2": {}, "granite": {},
+    "nemotron": {"position": "rope", "gated": False, "norm": "layernorm", "act": "relu2"}, "olmo2": {}, "granite": {},
 }  # fmt: skip
 # Gemma 2 / 3 window every layer but each k-th when the file has no layer_types (their configs' rule)
 _WINDOW_EVERY = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
@@ -87,6 +95,9 @@ _KEYS = {
     "moe_shared_ffn_hidden_size": "shared_expert_intermediate_size",
     "mtp_layers": "num_nextn_predict_layers",
     "full_attention_every": "layer_types",
+    "activation_clamp": "swiglu_limit",
+    "attention_softcap": "attn_logit_softcapping",
+    "final_softcap": "final_logit_softcapping",
 }
 _MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
@@ -276,7 +287,7 @@ def _attention_fields(cfg: dict[str, Any], layers: int, where: str) -> dict:
     return fields | (dict(attention_sinks=True) if cfg.get("model_type") == "gpt_oss" else {})
 
 
-_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps")  # Nemotron: norm_eps
 _QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl"}  # Qwen2's attention: q, k, v with bias, o without
 
 
@@ -309,6 +320,41 @@ def _exported_fields(cfg: dict[str, Any], where: str, keys: dict[str, str]) -> d
     if cfg.get("topk_method") == "noaux_tc":  # DeepSeek-V3's aux-loss-free balancing bias
         out["moe_router_expert_bias"] = True
     return out
+
+
+def _softcap_fields(cfg: dict[str, Any], defaults: tuple, where: str) -> dict:
+    """Gemma 2's attention and output logit soft-capping (null: none, as in transformers)."""
+    out = {}
+    for field, key, default in zip(("attention_softcap", "final_softcap"), _SOFTCAP_KEYS, defaults, strict=True):
+        value = cfg.get(key, default)
+        if value is not None:
+            out[field] = _number(value, key, where)
+    return out
+
+
+_SOFTCAP_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
+QUICK_GELU_ALPHA = 1.702  # GPT-OSS's swiglu_alpha: gate * sigmoid(1.702 gate), Megatron's quick_gelu
+
+
+def _activation_fields(cfg: dict[str, Any], act: str, gated: bool, where: str) -> dict:
+    """The MLP's activation beyond gated or not: Gemma's GeGLU (gelu_pytorch_tanh gates with GELU),
+    GPT-OSS's clamped, offset quick-GELU gate (GptOssExperts: (up + 1) * gate * sigmoid(alpha gate),
+    gate clamped to <= swiglu_limit and up to +-swiglu_limit; alpha 1.702 and limit 7.0 unless the file
+    says otherwise), Nemotron's squared ReLU (hidden_act relu2)."""
+    if cfg.get("model_type") == "gpt_oss":
+        alpha = _number(cfg.get("swiglu_alpha", QUICK_GELU_ALPHA), "swiglu_alpha", where)
+        if alpha != QUICK_GELU_ALPHA:
+            raise InputError(
+                f"{where}: swiglu_alpha is {_shown(alpha)}; ntp and Megatron's quick GELU gate with sigmoid(1.702 x), "
+                "so write 1.702 or leave the key out."
+            )
+        limit = _number(cfg.get("swiglu_limit", 7.0), "swiglu_limit", where)
+        return dict(gate_activation="quick_gelu", gate_linear_offset=1.0, activation_clamp=limit)
+    if gated and "gelu" in act.lower():
+        return dict(gate_activation="gelu")
+    if not gated and act.lower() == "relu2":
+        return dict(mlp_activation="squared_relu")
+    return {}
 
 
 def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") -> ModelSpec:
@@ -346,7 +392,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
         keys["head_dim"] = "head_dim (hidden_size // num_attention_heads)"
     else:  # written: read as written, 0 included (ModelSpec refuses it, naming head_dim)
         head_dim = _whole(cfg["head_dim"], "head_dim", where)
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act", cfg.get("activation_function", "silu"))
+    default_act = traits.get("act", "silu")  # NemotronConfig's hidden_act default: relu2
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", cfg.get("activation_function", default_act))
     if not isinstance(act, str):
         raise InputError(f'{where}: hidden_act is {_shown(act)}; it must be an activation name, e.g. "silu".')
     gated = traits.get("gated", act.lower() in _GATED_ACTS)
@@ -360,8 +407,9 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
     arch = _attention_fields(cfg, layers, where)
     head_dim = arch.pop("head_dim", head_dim)
     exported = _exported_fields(cfg, where, keys)
-    if gated and "gelu" in act.lower():  # Gemma's GeGLU (gelu_pytorch_tanh): the exports gate with GELU
-        exported["gate_activation"] = "gelu"
+    exported |= _activation_fields(cfg, act, gated, where)
+    exported |= {k: True for k in ("qk_norm", "post_norms") if traits.get(k)}
+    exported |= _softcap_fields(cfg, traits.get("softcap", (None, None)), where)
     default_bias = traits.get("bias", not gated if kind is None else False)  # a typeless file: as before
     bias = _flag(cfg, "attention_bias", where, _flag(cfg, "bias", where, default_bias))
     dropout = cfg.get("attention_dropout")

@@ -141,11 +141,49 @@ class ModelSpec(BaseModel):
     moe_router_score_function: Literal["softmax", "sigmoid"] = Field(
         default="softmax", description="Router scores: softmax, or sigmoid (DeepSeek-V3)."
     )
-    gate_activation: Literal["silu", "gelu"] = Field(
-        default="silu", description="A gated MLP's activation: SiLU (SwiGLU) or GELU (GeGLU, Gemma); unused ungated."
+    gate_activation: Literal["silu", "gelu", "quick_gelu"] = Field(
+        default="silu",
+        description="A gated MLP's activation: SiLU (SwiGLU), GELU (GeGLU, Gemma) or quick GELU, x * sigmoid(1.702 x) "
+        "(GPT-OSS); unused ungated.",
+    )
+    gate_linear_offset: float = Field(
+        default=0.0,
+        ge=-1e3,
+        le=1e3,
+        allow_inf_nan=False,
+        description="Added to the up-projection before the gate multiplies it (GPT-OSS: 1, (up + 1) * act(gate)).",
+    )
+    activation_clamp: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="A gated MLP clamps its gate to at most this and its up-projection to +-this (GPT-OSS: 7, "
+        "its config's swiglu_limit); None = no clamp.",
+    )
+    mlp_activation: Literal["gelu", "squared_relu"] = Field(
+        default="gelu",
+        description="An ungated MLP's activation: GELU (GPT) or squared ReLU, relu(x)**2 (Nemotron); unused gated.",
+    )
+    qk_norm: bool = Field(
+        default=False,
+        description="Queries and keys normalised per head before attention, a norm of head_dim weights each "
+        "(Qwen3, Gemma 3).",
     )
     moe_router_expert_bias: bool = Field(
         default=False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
+    )
+    post_norms: bool = Field(
+        default=False,
+        description="Attention's and the MLP's outputs are normalised too before the residual add (Gemma 2, 3): "
+        "four norms a layer, not two.",
+    )
+    attention_softcap: float | None = Field(
+        default=None, gt=0, le=1e6, allow_inf_nan=False, description="Attention logits capped to c tanh(x / c) "
+        "(Gemma 2: 50); None = uncapped."
+    )  # fmt: skip
+    final_softcap: float | None = Field(
+        default=None, gt=0, le=1e6, allow_inf_nan=False, description="Output logits capped likewise (Gemma 2: 30)."
     )
     layer_overrides: tuple[LayerOverride, ...] = Field(
         default=(), description="Layers that differ from the defaults (later entries win)."
@@ -163,6 +201,11 @@ class ModelSpec(BaseModel):
             if self.moe_ffn_hidden_size <= 0:
                 raise InputError("an MoE model needs moe_ffn_hidden_size > 0")
         self._check_mla()
+        if self.qk_norm and self.is_mla:
+            raise InputError(
+                "qk_norm normalises each query and key head; MLA (kv_lora_rank > 0) normalises its latents instead "
+                "(counted with it): leave qk_norm false"
+            )
         self._check_window()
         for o in self.layer_overrides:
             bad = [i for i in o.layers if not 0 <= i < self.num_layers]
@@ -329,7 +372,13 @@ class ModelSpec(BaseModel):
         h = self.hidden_size
         bias = (self.q_width + 2 * self.kv_width + h) if self.bias else 0
         bias += (self.q_width + 2 * self.kv_width) if self.qkv_bias and not self.bias else 0
-        return h * (self.q_width + 2 * self.kv_width) + self.q_width * h + bias + sinks
+        return h * (self.q_width + 2 * self.kv_width) + self.q_width * h + bias + sinks + self.qk_norm_params
+
+    @property
+    def qk_norm_params(self) -> int:
+        """The per-head query and key norms of one layer (``qk_norm``): two norms of head_dim, shared
+        by every head (Qwen3: 2 x 128 = 256 weights a layer; a LayerNorm doubles it with its bias)."""
+        return 2 * self.head_dim * (2 if self.norm == "layernorm" else 1) if self.qk_norm else 0
 
     @property
     def mla_down_params(self) -> int:
@@ -357,14 +406,15 @@ class ModelSpec(BaseModel):
 
     @property
     def norm_params(self) -> int:
-        """Two norms per layer; LayerNorm has a bias as well as a scale."""
-        return 2 * self.hidden_size * (2 if self.norm == "layernorm" else 1)
+        """Two norms per layer (four with ``post_norms``); LayerNorm has a bias as well as a scale."""
+        return 2 * self._block_norm_size()
 
     @property
     def tp_replicated_layer_params(self) -> int:
-        """Per-layer parameters every TP rank keeps whole: the norms and the biases of the two
-        row-parallel projections (attention output, MLP down), added after the reduction."""
-        return self.norm_params + (2 * self.hidden_size if self.bias else 0)
+        """Per-layer parameters every TP rank keeps whole: the norms (the per-head query/key norms
+        too) and the biases of the two row-parallel projections (attention output, MLP down),
+        added after the reduction."""
+        return self.norm_params + self.qk_norm_params + (2 * self.hidden_size if self.bias else 0)
 
     def mlp_params(self, width: int) -> int:
         bias = (width * (self.mlp_matrices - 1) + self.hidden_size) if self.bias else 0
@@ -377,10 +427,14 @@ class ModelSpec(BaseModel):
     def _norm_size(self) -> int:
         return self.hidden_size * (2 if self.norm == "layernorm" else 1)
 
+    def _block_norm_size(self) -> int:
+        """The norms of one block (attention or MLP): before it, and after it with ``post_norms``."""
+        return self._norm_size() * (2 if self.post_norms else 1)
+
     def layer_params(self, kind: LayerKind) -> int:
         """All parameters of one layer of ``kind`` (every expert included)."""
         has_mlp = kind.moe or kind.ffn > 0
-        total = (kind.attention + has_mlp) * self._norm_size()
+        total = (kind.attention + has_mlp) * self._block_norm_size()
         total += self.attention_params if kind.attention else 0
         if kind.moe:
             total += self.moe_layer_nonexpert_params - self.attention_params - self.norm_params + self.expert_params
@@ -398,8 +452,8 @@ class ModelSpec(BaseModel):
         down-projections with their latent norms."""
         has_mlp = kind.moe or kind.ffn > 0
         bias = (kind.attention + has_mlp) * self.hidden_size if self.bias else 0
-        mla = self._mla_replicated if kind.attention else 0
-        return (kind.attention + has_mlp) * self._norm_size() + bias + mla
+        mla = (self._mla_replicated + self.qk_norm_params) if kind.attention else 0
+        return (kind.attention + has_mlp) * self._block_norm_size() + bias + mla
 
     @property
     def _mla_replicated(self) -> int:

@@ -462,6 +462,13 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
             "moe_router_score_function",
             "moe_router_expert_bias",
             "gate_activation",
+            "gate_linear_offset",
+            "activation_clamp",
+            "mlp_activation",
+            "qk_norm",
+            "post_norms",
+            "attention_softcap",
+            "final_softcap",
         }
     ),
     "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),

@@ -12,7 +12,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
-from ntp_planner.emitters.moe import MLA_NOTE, moe_warnings
+from ntp_planner.emitters.moe import FP8_ATTENTION_NOTE, MLA_NOTE, moe_warnings
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -35,6 +35,7 @@ VERSIONS = "Megatron-Bridge 0.3 recipes, which NeMo 3 (nemo-toolkit 3.0) trains 
 # Bridge puts the recipe's callables (activation_func) back after merging an override, so the
 # activation comes from the recipe whatever the YAML says; the override sets the rest of the model.
 BASES = {
+    "quick_gelu": "gpt_oss.gpt_oss_20b_pretrain_config",  # GPT-OSS's clamped, offset quick-GELU gate (experts)
     "moe": "qwen.qwen3_30b_a3b_pretrain_config",  # SwiGLU experts
     "silu": "llama.llama3_8b_pretrain_config",  # SwiGLU
     "gelu": "gemma.gemma2_9b_pretrain_config",  # GeGLU (Gemma2ModelProvider's fast_gelu)
@@ -71,12 +72,19 @@ def recipe_of(plan: Plan) -> tuple[str, list[str]]:
     if name in RECIPES:
         return RECIPES[name], []
     m = plan.model
-    base = BASES["moe" if m.is_moe else m.gate_activation if m.gated_mlp else "plain"]
-    return base, [
+    gate = m.gate_activation if m.gated_mlp else "plain"
+    base = BASES["quick_gelu" if gate == "quick_gelu" else "moe" if m.is_moe else gate]
+    notes = [
         f"Megatron-Bridge 0.3.1 has no recipe for {name!r}; apply this override to {base}, whose MLP is gated as "
-        "this model's (the override sets the rest of the model, and turns off that recipe's QK layernorm, which ntp "
-        "does not model)"
+        "this model's (the override sets the rest of the model, QK layernorm included)"
     ]
+    if not m.gated_mlp and m.mlp_activation == "squared_relu":
+        notes.append(
+            f"Megatron-Bridge 0.3.1 has no recipe with {name}'s squared-ReLU MLP and puts the recipe's activation "
+            "back over an override, so the model built gets GELU: start from a NemotronModelProvider "
+            "(megatron.bridge.models.nemotron) to train it as written"
+        )
+    return base, notes
 
 
 def precision_of(plan: Plan) -> tuple[str, list[str]]:
@@ -132,6 +140,10 @@ def emit(
     recipe, notes = recipe_of(plan)
     precision, differs = precision_of(plan)
     warnings += notes + differs
+    if plan.training.fp8_attention:
+        why = f"Bridge's {precision} recipe sets fp8_dot_product_attention false over the model's"
+        how = "on the resolved mixed_precision config (cfg.mixed_precision.fp8_dot_product_attention = True)"
+        warnings.append(FP8_ATTENTION_NOTE.format(target="Megatron-Bridge", why=why, how=how))
     model = {k: list(v) if isinstance(v, tuple) else v for k, v in mcore_fields(plan, layout).items() if v is not None}
     model["seq_length"] = plan.training.seq_len  # Bridge asserts it equals dataset.seq_length
     model["vocab_size"] = plan.model.vocab_size  # another model's recipe reads its own from its config.json
@@ -142,7 +154,7 @@ def emit(
             f"model's {m.max_position_embeddings} positions: its checkpoints hold {seq} rows"
         )
     model |= structure_fields(plan.model)
-    if notes:  # another model's recipe: its QK layernorm (Qwen3's) is not this model's (MLA's latent norms are)
+    if notes:  # another model's recipe: its QK layernorm (Qwen3's) is this model's only if it has one
         model["qk_layernorm"] = model.get("qk_layernorm", False)
     for key in PIPELINE_KEYS:  # the recipe's own split (DeepSeek-V3's layout string) would clash with the plan's
         model.setdefault(key, False if key.startswith("account_for") else None)

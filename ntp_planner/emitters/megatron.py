@@ -21,7 +21,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
-from ntp_planner.emitters.moe import attention_fields, model_fields, moe_fields, moe_warnings
+from ntp_planner.emitters.moe import FP8_ATTENTION_NOTE, attention_fields, model_fields, moe_fields, moe_warnings
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -108,6 +108,8 @@ FLAGS = {
     "moe_aux_loss_coeff": "--moe-aux-loss-coeff",
     "moe_router_score_function": "--moe-router-score-function",
     "moe_router_enable_expert_bias": "--moe-router-enable-expert-bias",
+    "glu_linear_offset": "--glu-linear-offset",
+    "activation_func_clamp_value": "--activation-func-clamp-value",
 }
 
 
@@ -118,6 +120,31 @@ GEGLU_NOTE = (
     "same weights gated with x * sigmoid(1.702 x) instead of tanh-approximated GELU: set activation_func to "
     "GELU in pretrain_gpt.py's model provider to train the model exactly as written"
 )
+
+
+# What Megatron-LM 0.19.2's command line cannot build (no flag), by ModelSpec field
+MISSING_NOTE = (
+    "Megatron-LM's command line has no {what}, so the model it builds from this export lacks {name}'s {which}: "
+    "add them in pretrain_gpt.py's model provider to train the model exactly as written"
+)
+# TransformerConfig.fp8_dot_product_attention is among the fields its argument code leaves out of the CLI
+FP8_ATTENTION_WHY = "Megatron-LM 0.19.2's command line has no flag for it"
+
+
+def missing_model_notes(m) -> list[str]:
+    """What the model has that no Megatron-LM flag builds: Gemma's norms after each block, Gemma 2's
+    attention and output logit soft-capping."""
+    lacks = [
+        (m.post_norms, "norms after attention and after the MLP", "post-attention and post-MLP norms"),
+        (m.attention_softcap is not None, "attention logit soft-capping", f"attention soft-cap {m.attention_softcap}"),
+        (m.final_softcap is not None, "output logit soft-capping", f"output soft-cap {m.final_softcap}"),
+    ]
+    lacks = [(what, which) for on, what, which in lacks if on]
+    if not lacks:
+        return []
+    what = " nor ".join(w for w, _ in lacks)
+    which = ", ".join(w for _, w in lacks)
+    return [MISSING_NOTE.format(what=what, name=m.name, which=which)]
 
 
 def flags(fields: dict) -> list[str]:
@@ -198,7 +225,8 @@ def megatron_args(
     switches = [
         ("--group-query-attention", m.num_kv_heads < m.num_heads),
         ("--swiglu", m.gated_mlp and m.gate_activation == "silu"),
-        ("--quick-geglu", m.gated_mlp and m.gate_activation == "gelu"),  # GEGLU_NOTE
+        ("--quick-geglu", m.gated_mlp and m.gate_activation in ("gelu", "quick_gelu")),  # GEGLU_NOTE for gelu
+        ("--squared-relu", not m.gated_mlp and m.mlp_activation == "squared_relu"),
         ("--disable-bias-linear", not m.bias),
         ("--untie-embeddings-and-output-weights", not m.tie_embeddings),
         ("--sequence-parallel", layout.sequence_parallel),
@@ -375,6 +403,10 @@ def emit(
     warnings += sharding_warnings(layout, "Megatron-LM") + moe_warnings(plan, layout, "Megatron-LM")
     if plan.model.gated_mlp and plan.model.gate_activation == "gelu":
         warnings.append(GEGLU_NOTE.format(name=plan.model.name))
+    warnings += missing_model_notes(plan.model)
+    if plan.training.fp8_attention:
+        how = "(TransformerConfig) in pretrain_gpt.py's model provider"
+        warnings.append(FP8_ATTENTION_NOTE.format(target="Megatron-LM", why=FP8_ATTENTION_WHY, how=how))
     args = megatron_args(plan, layout, data_path, save_dir)
     out = Export(warnings=warnings)
     out.files["launch_megatron.sh"] = launch_script(plan, args)

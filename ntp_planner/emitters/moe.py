@@ -80,7 +80,8 @@ def attention_fields(m: ModelSpec) -> dict:
     """MLA, MTP, sliding-window and sink fields (None: unset). MLA's query/key head is
     ``qk_head_dim`` (no-rope part) + ``qk_pos_emb_head_dim`` (rope part); its RMSNorms of the
     query and KV latents (DeepSeek-V3's ``q_a_layernorm``, ``kv_a_layernorm``) are megatron-core's
-    ``qk_layernorm`` (without it, Megatron's local layers build MLA without them). The window: the model
+    ``qk_layernorm`` (without it, Megatron's local layers build MLA without them), as are Qwen3's and
+    Gemma 3's per-head query and key norms (``ModelSpec.qk_norm``). The window: the model
     holds Hugging Face's ``sliding_window`` (tokens seen, the current one included), megatron-core
     takes ``window_size = (left, right)`` tokens beside the current one, so (w - 1, 0) as
     Megatron-Bridge's GPT-OSS bridge converts it; ``window_attn_skip_freq`` k makes layer i (from 1)
@@ -94,7 +95,8 @@ def attention_fields(m: ModelSpec) -> dict:
         "qk_head_dim": m.qk_nope_head_dim if m.is_mla else None,
         "qk_pos_emb_head_dim": m.qk_rope_head_dim if m.is_mla else None,
         "v_head_dim": m.v_head_dim if m.is_mla else None,
-        "qk_layernorm": m.is_mla or None,  # MLA's latent norms: megatron-core builds them only with it
+        # MLA's latent norms (megatron-core builds them only with it), or the per-head query/key norms
+        "qk_layernorm": (m.is_mla or m.qk_norm) or None,
         "mtp_num_layers": m.mtp_layers or None,
         "window_size": (m.sliding_window - 1, 0) if windowed else None,
         "window_attn_skip_freq": (m.full_attention_every or None) if windowed else None,
@@ -107,14 +109,19 @@ def model_fields(m: ModelSpec) -> dict:
     """What makes the framework build the model its authors wrote, beyond the shapes (None:
     unset, the framework's default): the rotary base and Llama 3.1 scaling (GPT model arguments
     in Megatron: ``rotary_base``, ``rope_scaling``, ``rope_scaling_factor``), the norm epsilon,
-    Qwen2's QKV-only bias, and the router's aux-loss weight, score function and expert bias
-    (TransformerConfig fields)."""
+    Qwen2's QKV-only bias, GPT-OSS's gate offset and clamp, and the router's aux-loss weight, score
+    function and expert bias (TransformerConfig fields). The activation function itself is a
+    callable: each target says it its own way (Megatron-LM's switches, Bridge's recipe)."""
     fields = {
         "rotary_base": _number(m.rope_theta) if m.position == "rope" else None,
         "rope_scaling": True if m.rope_scaling_factor else None,
         "rope_scaling_factor": _number(m.rope_scaling_factor),
         "layernorm_epsilon": m.norm_eps,
         "add_qkv_bias": True if m.qkv_bias and not m.bias else None,
+        # GPT-OSS's gate: (up + offset) * act(gate), clamped (megatron-core's glu_linear_offset and
+        # activation_func_clamp_value, which its quick_gelu path and Bridge's GPT-OSS provider use)
+        "glu_linear_offset": _number(m.gate_linear_offset) if m.gated_mlp and m.gate_linear_offset else None,
+        "activation_func_clamp_value": _number(m.activation_clamp) if m.gated_mlp else None,
     }
     if m.is_moe:
         fields |= {
@@ -125,6 +132,12 @@ def model_fields(m: ModelSpec) -> dict:
             "moe_router_enable_expert_bias": m.moe_router_expert_bias or None,
         }
     return {k: v for k, v in fields.items() if v is not None}
+
+
+FP8_ATTENTION_NOTE = (
+    "{target}: the plan runs fp8 attention (fp8_attention) but {why}: attention runs in bf16, slower than "
+    "predicted, unless you set megatron-core's fp8_dot_product_attention {how}"
+)
 
 
 def _number(x: float | None) -> int | float | None:
@@ -149,6 +162,8 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "rope_scaling": _NEMO1.format(what="Llama 3.1's rotary scaling (rope_scaling)"),
         "moe_router_score_function": _NEMO1.format(what="sigmoid routing (moe_router_score_function)"),
         "moe_router_enable_expert_bias": _NEMO1.format(what="aux-loss-free expert bias"),
+        "glu_linear_offset": _NEMO1.format(what="GPT-OSS's offset gate (glu_linear_offset)"),
+        "activation_func_clamp_value": _NEMO1.format(what="GPT-OSS's clamped gate (activation_func_clamp_value)"),
     },
 }
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm")

@@ -24,6 +24,12 @@ FSDP_STRATEGY = {2: "grad", 3: "full"}  # NeMo 1.x model.fsdp_sharding_strategy 
 VERSIONS = "NeMo 1.x (nemo-toolkit 1.x, megatron_gpt_pretraining.py); NeMo 2.x: --format nemo2, NeMo 3: --format bridge"
 
 
+# NeMo 1.x's model.activation names: gated MLPs (by ModelSpec.gate_activation; it has no quick GELU,
+# so GPT-OSS's gate goes as the tanh GELU one, with a warning) and plain ones (mlp_activation)
+GATES = {"silu": "fast-swiglu", "gelu": "fast-geglu", "quick_gelu": "fast-geglu"}
+PLAIN = {"gelu": "gelu", "squared_relu": "squared-relu"}
+
+
 def emit(
     plan: Plan, replan: ReplanResult | None = None, data_path: str | None = None, save_dir: str | None = None
 ) -> Export:
@@ -39,6 +45,10 @@ def emit(
     if t.dtype in ("mxfp8", "nvfp4"):
         warnings.append(f"NeMo 1.x has no {t.dtype} recipe (Blackwell block scaling came with NeMo 2); exported as fp8")
     fields, dropped = supported(mcore_fields(plan, layout), "NeMo", layout.folded)
+    if m.gated_mlp and m.gate_activation == "quick_gelu":
+        warnings.append(
+            f"NeMo 1.x has no quick-GELU gate ({m.name}'s): exported as fast-geglu (tanh-approximated GELU)"
+        )
     warnings += dropped + moe_warnings(plan, layout, "NeMo")
     model = {
         **fields,
@@ -47,7 +57,7 @@ def emit(
         "encoder_seq_length": t.seq_len,
         "max_position_embeddings": max(m.max_position_embeddings, t.seq_len),
         "normalization": m.norm,
-        "activation": ("fast-geglu" if m.gate_activation == "gelu" else "fast-swiglu") if m.gated_mlp else "gelu",
+        "activation": GATES[m.gate_activation] if m.gated_mlp else PLAIN[m.mlp_activation],
         "bias": m.bias,
         "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
         "share_embeddings_and_output_weights": m.tie_embeddings,

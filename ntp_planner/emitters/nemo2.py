@@ -29,7 +29,15 @@ RECIPES = {
     "deepseek-v3": "deepseek_v3",
     "qwen3-30b-a3b": "qwen3_30b_a3b",
     "gpt3-175b": "gpt3_175b",
+    "nemotron-8b": "nemotron3_8b",
+    "nemotron-22b": "nemotron3_22b",
+    "nemotron4-15b": "nemotron4_15b",
+    "nemotron-340b": "nemotron4_340b",
+    "gpt-oss-20b": "gpt_oss_20b",
+    "gpt-oss-120b": "gpt_oss_120b",
 }
+# the MLP activations a recipe must bring (a callable in its model config, which the export does not set)
+ACTIVATION_NAMES = {"quick_gelu": "GPT-OSS's clamped, offset quick-GELU gate", "squared_relu": "a squared-ReLU MLP"}
 STRATEGY_FIELDS = (
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
@@ -70,6 +78,9 @@ MODEL_FIELDS = (  # set on the model's TransformerConfig
     # TransformerConfig's fields; Llama 3.1's scaling lives in its own config class (Llama31Config)
     "rotary_base",
     "layernorm_epsilon",
+    "qk_layernorm",
+    "glu_linear_offset",
+    "activation_func_clamp_value",
     "add_qkv_bias",
     "moe_aux_loss_coeff",
     "moe_router_score_function",
@@ -84,6 +95,7 @@ def emit(
     warnings += sharding_warnings(layout, "NeMo 2.0") + moe_warnings(plan, layout, "NeMo 2.0")
     if plan.model.is_mla and RECIPES.get(plan.model.name) != "deepseek_v3":
         warnings.append(MLA_NOTE.format(target="NeMo 2.0", config="an MLA model config (llm.DeepSeekV3Config)"))
+    warnings += _model_notes(plan)
     hosts, per_host = launch_geometry(plan)
     fields = mcore_fields(plan, layout)
     lines = [f"    strategy.{k} = {fields[k]!r}" for k in STRATEGY_FIELDS if k in fields]
@@ -94,6 +106,8 @@ def emit(
     lines += [f"    strategy.ddp.{k} = {v!r}" for k, v in ddp.items()]
     lines.append(f"    recipe.trainer.plugins.grad_reduce_in_fp32 = {plan.training.grad_bytes == 4!r}")
     lines += [f"    recipe.trainer.plugins.{k} = {v!r}" for k, v in low_precision_fields(plan).items()]
+    if plan.training.fp8_attention:  # MegatronMixedPrecision passes it to the model's TransformerConfig
+        lines.append("    recipe.trainer.plugins.fp8_dot_product_attention = True")
     strategy = "\n".join(lines)
     recipe = RECIPES.get(plan.model.name)
     dtype = "torch.float16" if plan.training.dtype == "fp16" else "torch.bfloat16"
@@ -133,6 +147,18 @@ if __name__ == "__main__":
         configure(recipe)
 '''
     return Export(files={"nemo2_recipe.py": text}, warnings=warnings)
+
+
+def _model_notes(plan: Plan) -> list[str]:
+    """An activation the export cannot set (a callable) on a model without a NeMo recipe of its own."""
+    m = plan.model
+    kind = m.gate_activation if m.gated_mlp else m.mlp_activation
+    if kind not in ACTIVATION_NAMES or m.name in RECIPES:
+        return []
+    return [
+        f"NeMo 2.0: the export sets no activation function (a callable in the recipe's model config), and "
+        f"{m.name} has {ACTIVATION_NAMES[kind]}: configure() a recipe whose model config has it"
+    ]
 
 
 def _data_and_checkpoint_lines(data_path: str | None, save_dir: str | None) -> str:

@@ -239,6 +239,8 @@ def warnings_for(plan: Plan, layout: ParallelLayout) -> list[str]:
          f"{t.fp8_recipe} per-tensor scaling is exported as row-wise"),
         (t.fp8_params, "torchtitan 0.3.0 gathers weights in bf16: the plan's low-precision weight all-gather "
          "(fp8_params) is not exported"),
+        (t.fp8_attention, "torchtitan 0.3.0 has no fp8 attention (its float8 converters convert linear layers): "
+         "the plan's fp8 attention is not exported, so expect attention in bf16, slower than predicted"),
         (t.dtype == "nvfp4" and m.is_moe, "torchtitan 0.3.0 has no nvfp4 experts: the experts run in bf16"),
         (t.cuda_graphs and (layout.pp > 1 or layout.ep > 1), "torchtitan 0.3.0 captures no CUDA graphs with "
          "pipeline parallelism, nor with the recipe's expert dispatcher: they are disabled "

@@ -27,15 +27,13 @@ CONFIGS = {
     "phi": dict(SMALL, partial_rotary_factor=0.4),
     "phi3": dict(SMALL, num_key_value_heads=4, vocab_size=32064),  # its pad id 32000 must be a token
     "starcoder2": dict(SMALL, num_key_value_heads=2),
+    "nemotron": dict(SMALL, num_key_value_heads=2, norm_eps=1e-5),  # hidden_act relu2 by default
 }
 # What each family's modelling code has that ntp does not count (parameters per layer, and once):
-# Qwen3's and Gemma 3's per-head q/k RMSNorms, Gemma 2 / 3's norms before and after the MLP's
-# residual (four per layer, not two), Phi-2's one LayerNorm per layer (attention and MLP side by
-# side) and its output layer's bias.
+# Phi-2's one LayerNorm per layer (attention and MLP side by side) and its output layer's bias.
+# Qwen3's and Gemma 3's per-head q/k RMSNorms (ModelSpec.qk_norm) and Gemma 2 / 3's norms after
+# attention and the MLP (post_norms) are counted.
 LEFT_OUT = {
-    "qwen3": lambda m: m.num_layers * 2 * m.head_dim,
-    "gemma2": lambda m: m.num_layers * 2 * m.hidden_size,
-    "gemma3_text": lambda m: m.num_layers * (2 * m.hidden_size + 2 * m.head_dim),
     "phi": lambda m: m.vocab_size - m.num_layers * 2 * m.hidden_size,
 }
 
@@ -69,7 +67,11 @@ def test_parameter_count_equals_transformers_on_the_meta_device(kind):
                       position="learned", norm="layernorm", gated_mlp=False, bias=True, tie_embeddings=True)),
         ("gpt_neox", dict(position="rope", norm="layernorm", gated_mlp=False, bias=True, tie_embeddings=False)),
         ("gemma2", dict(gated_mlp=True, tie_embeddings=True, head_dim=64, sliding_window=128, full_attention_every=2)),
-        ("gemma3_text", dict(gated_mlp=True, sliding_window=128, full_attention_every=6)),
+        ("gemma3_text", dict(gated_mlp=True, sliding_window=128, full_attention_every=6, qk_norm=True,
+                             post_norms=True, attention_softcap=None, final_softcap=None)),
+        ("gemma2", dict(qk_norm=False, post_norms=True, attention_softcap=50.0, final_softcap=30.0)),
+        ("qwen3", dict(qk_norm=True, head_dim=64, gated_mlp=True)),
+        ("nemotron", dict(gated_mlp=False, mlp_activation="squared_relu", norm="layernorm", norm_eps=1e-5)),
         ("mistral", dict(sliding_window=256, full_attention_every=0, rope_theta=1e6)),
         ("qwen2", dict(qkv_bias=True, bias=False, rope_theta=1e6, norm_eps=1e-6)),
         ("phi", dict(position="rope", gated_mlp=False, bias=True)),

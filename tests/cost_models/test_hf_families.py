@@ -9,6 +9,7 @@ import pytest
 
 from cost_models import MODELS
 from cost_models.hf_config import load_model_file, model_from_hf_config
+from topologies.errors import InputError
 
 CONFIGS = Path(__file__).parent / "hf_configs"
 FILES = sorted(CONFIGS.glob("*.json"))
@@ -44,10 +45,10 @@ def test_parameter_count_equals_transformers_on_the_meta_device(path):
         build = transformers.AutoModelForCausalLM.from_config
     with torch.device("meta"):
         hf = sum(p.numel() for p in build(cfg).parameters())
-    # What ntp leaves out: Qwen3's per-head q/k RMSNorms (2 x 128 per layer) and GPT-OSS's router
-    # bias (one per expert per layer); DeepSeek-V3's HF class builds no MTP module.
+    # What ntp leaves out: GPT-OSS's router bias (one per expert per layer); DeepSeek-V3's HF class
+    # builds no MTP module. Qwen3's per-head q/k RMSNorms (2 x 128 per layer) are counted (qk_norm).
     m = MODELS[path.stem]
-    left_out = {"qwen3_moe": 2 * m.head_dim * m.num_layers, "gpt_oss": m.num_experts * m.num_layers}
+    left_out = {"gpt_oss": m.num_experts * m.num_layers}
     assert m.params_total + left_out.get(raw.get("model_type"), 0) == hf
 
 
@@ -132,3 +133,19 @@ def test_irregular_layer_types_are_refused():
 
 def test_sinks_only_for_gpt_oss():
     assert not model_from_hf_config(_cfg("mixtral-8x22b"), "mx").attention_sinks
+
+
+def test_gpt_oss_gates_with_a_clamped_offset_quick_gelu():
+    # GptOssExperts: (up + 1) * gate * sigmoid(1.702 gate), gate <= swiglu_limit, |up| <= swiglu_limit
+    m = model_from_hf_config(_cfg("gpt-oss-20b"), "oss")
+    assert (m.gate_activation, m.gate_linear_offset, m.activation_clamp) == ("quick_gelu", 1.0, 7.0)
+    assert model_from_hf_config({**_cfg("gpt-oss-20b"), "swiglu_limit": 5.5}, "oss").activation_clamp == 5.5
+    with pytest.raises(InputError, match=r"swiglu_alpha is 1\.0; .* sigmoid\(1\.702 x\)"):
+        model_from_hf_config({**_cfg("gpt-oss-20b"), "swiglu_alpha": 1.0}, "oss")
+    with pytest.raises(InputError, match=r"swiglu_limit: Input should be greater than 0"):
+        model_from_hf_config({**_cfg("gpt-oss-20b"), "swiglu_limit": 0}, "oss")
+
+
+def test_qwen3_moe_normalises_queries_and_keys_per_head():
+    assert model_from_hf_config(_cfg("qwen3-30b-a3b"), "q").qk_norm is True
+    assert model_from_hf_config(_cfg("mixtral-8x7b"), "m").qk_norm is False

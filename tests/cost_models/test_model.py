@@ -236,3 +236,37 @@ def test_small_mla_and_window_specs_are_accepted():
     # No query latent: q is projected directly, h x a(nope + rope), and is column-parallel.
     assert m.attention_params == 64 * 40 + 32 + 64 * 4 * 16 + 32 * 4 * 24 + 4 * 16 * 64 == 13_856
     assert m.layer_tp_replicated_params(m.layer_kind(0)) == 64 * 40 + 32 + 2 * 64
+
+
+def test_qk_norm_adds_two_head_wide_norms_per_layer():
+    # Qwen3-30B-A3B: 48 layers x (q_norm + k_norm) of head_dim 128 = 12,288 weights, all of them
+    # kept whole on every TP rank; a LayerNorm model's per-head norms carry a bias as well
+    qwen = MODELS["qwen3-30b-a3b"]
+    without = ModelSpec(**{**qwen.model_dump(), "qk_norm": False})
+    assert qwen.params_total - without.params_total == 48 * 2 * 128 == 12_288
+    assert qwen.params_active - without.params_active == 12_288
+    kind = qwen.kinds[0]
+    assert qwen.layer_tp_replicated_params(kind) - without.layer_tp_replicated_params(kind) == 256
+    gpt = MODELS["gpt3-5b"]
+    normed = ModelSpec(**{**gpt.model_dump(), "qk_norm": True})
+    assert normed.params_total - gpt.params_total == 24 * 2 * 2 * 128
+
+
+def test_qk_norm_is_refused_beside_mla_whose_latent_norms_it_would_double():
+    with pytest.raises(ValueError, match="MLA .* normalises its latents instead"):
+        ModelSpec(**{**MODELS["deepseek-v3"].model_dump(), "qk_norm": True})
+
+
+def test_catalogue_models_carry_their_authors_activations_and_qk_norms():
+    got = {
+        n: (m.gate_activation, m.gate_linear_offset, m.activation_clamp, m.mlp_activation, m.qk_norm)
+        for n, m in MODELS.items()
+        if n in ("gpt-oss-20b", "qwen3-235b-a22b", "nemotron4-15b", "llama3-8b", "gpt3-175b")
+    }
+    assert got == {
+        "gpt-oss-20b": ("quick_gelu", 1.0, 7.0, "gelu", False),
+        "qwen3-235b-a22b": ("silu", 0.0, None, "gelu", True),
+        "nemotron4-15b": ("silu", 0.0, None, "squared_relu", False),
+        "llama3-8b": ("silu", 0.0, None, "gelu", False),
+        "gpt3-175b": ("silu", 0.0, None, "gelu", False),
+    }

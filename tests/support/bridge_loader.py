@@ -119,7 +119,7 @@ def _fields(cfg) -> dict:
         "moe_aux_loss_coeff", "recompute_granularity", "bf16", "fp16", "fp8", "fp8_recipe", "params_dtype",
         "pipeline_dtype", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "mtp_num_layers",
         "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "qk_layernorm", "normalization",
-        "position_embedding_type",
+        "position_embedding_type", "glu_linear_offset", "activation_func_clamp_value",
     )  # fmt: skip
     out = {k: getattr(m, k, None) for k in names}
     out.update(
@@ -156,6 +156,15 @@ _WHOLE = dict(
 )  # fmt: skip
 
 
+def _free_port() -> int:
+    """A TCP port no one listens on now (another run of the loaders, or of the suite, may hold any fixed one)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _built_params(model, vocab_size: int) -> int:
     """The parameters of the model the provider builds (``provide()``) at TP = PP = 1 on the meta
     device, with megatron-core's local layers (no Transformer Engine) and, for MLA, a parameterless
@@ -167,7 +176,7 @@ def _built_params(model, vocab_size: int) -> int:
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29519", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
         parallel_state.initialize_model_parallel(1, 1)
 
     class Kernel(torch.nn.Module):

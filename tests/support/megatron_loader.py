@@ -49,7 +49,8 @@ FIELDS = (
     "untie_embeddings_and_output_weights", "moe_aux_loss_coeff", "bf16", "fp16", "fp8", "fp8_recipe",
     "use_distributed_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy", "ckpt_format",
     "quick_geglu", "overlap_p2p_comm", "multi_latent_attention", "mtp_num_layers", "recompute_granularity",
-    "pipeline_model_parallel_layout",
+    "pipeline_model_parallel_layout", "qk_layernorm", "squared_relu", "glu_linear_offset",
+    "activation_func_clamp_value",
 )  # fmt: skip
 
 
@@ -94,6 +95,15 @@ def _kernel_class():
     return Kernel
 
 
+def _free_port() -> int:
+    """A TCP port no one listens on now (another run of the loaders, or of the suite, may hold any fixed one)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _built_params(args) -> dict:
     """The model Megatron builds from ``args``, on the meta device at TP = PP = 1: its parameters."""
     import torch
@@ -104,7 +114,7 @@ def _built_params(args) -> dict:
     from megatron.training.arguments import core_transformer_config_from_args
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
         parallel_state.initialize_model_parallel(1, 1)
     whole = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
                  expert_model_parallel_size=1, expert_tensor_parallel_size=1, sequence_parallel=False,
@@ -137,6 +147,8 @@ def _built_params(args) -> dict:
         "params_total": sum(p.numel() for p in model.parameters()),
         "activation": getattr(config.activation_func, "__name__", str(config.activation_func)),
         "gated_linear_unit": config.gated_linear_unit,
+        "glu_linear_offset": config.glu_linear_offset,
+        "activation_func_clamp_value": config.activation_func_clamp_value,
     }
 
 

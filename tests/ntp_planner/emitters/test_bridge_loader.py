@@ -40,7 +40,7 @@ REPOS = {
     "gemma.gemma2_9b_pretrain_config": ("google/gemma-2-9b", "gemma2-9b"),
 }
 # the activation a Bridge provider runs for each kind of MLP (megatron-core's functions' names)
-ACTIVATIONS = {"silu": "silu", "gelu": "fast_gelu", "plain": "gelu"}
+ACTIVATIONS = {"silu": "silu", "gelu": "fast_gelu", "quick_gelu": "quick_gelu", "plain": "gelu"}
 DEVICES = {  # what torch.cuda.get_device_properties says on each architecture's catalogue GPU
     "ampere": {"name": "NVIDIA A100-SXM4-80GB", "major": 8, "minor": 0},
     "hopper": {"name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0},
@@ -158,9 +158,13 @@ def test_every_variant_is_accepted_by_bridge_and_keeps_the_plan(loaded):
             "share_embeddings_and_output_weights": m.tie_embeddings,
             "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
             "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
-            "activation": "quick_gelu" if m.name.startswith("gpt-oss") else  # OpenAI's x * sigmoid(1.702 x) gate
-            ACTIVATIONS[m.gate_activation if m.gated_mlp else "plain"],
+            # OpenAI's x * sigmoid(1.702 x) gate from GPT-OSS's recipe; Nemotron's squared ReLU has no recipe
+            # (the export says the model gets GELU)
+            "activation": ACTIVATIONS[m.gate_activation if m.gated_mlp else "plain"],
+            "qk_layernorm": m.qk_norm or m.is_mla,  # Qwen3's recipe keeps its own, another recipe's is turned off
         }  # fmt: skip
+        if m.gated_mlp and m.gate_activation == "quick_gelu":
+            want |= {"glu_linear_offset": m.gate_linear_offset, "activation_func_clamp_value": m.activation_clamp}
         if m.rope_theta:
             want["rotary_base"] = m.rope_theta
         if m.is_moe:
@@ -196,18 +200,17 @@ def test_a_model_on_another_models_recipe_loses_that_recipes_qk_norm(loaded):
 
 def test_bridge_builds_the_model_ntp_counts(loaded):
     """The model Bridge's provider builds from each export (``provide()`` on the meta device, local
-    layers, no MTP module) has ntp's parameter count plus what ntp's count leaves out: Qwen3's QK
-    norms (its recipe keeps them), GPT-OSS's router biases; and learned positions for seq_length,
-    not the model's (the export warns). Gemma 2's provider
-    has its own layer spec (post-norms), which the local layers do not build: not counted here."""
+    layers, no MTP module) has ntp's parameter count (Qwen3's QK norms included) plus what ntp's
+    count leaves out: GPT-OSS's router biases; and learned positions for seq_length, not the
+    model's (the export warns). Gemma 2's provider has its own layer spec (post-norms), which the
+    local layers do not build: not counted here."""
     plans, results = loaded
     built = {n: r["params_total"] for n, r in results.items() if "params_total" in r}
     want = {}
     for n in built:
-        m, fields = plans[n].model, results[n]["fields"]
-        qk_norms = m.num_layers * 2 * m.head_dim if fields["qk_layernorm"] and not m.is_mla else 0
+        m = plans[n].model
         router_bias = m.num_layers * m.num_experts if m.is_moe and m.bias else 0
         positions = (plans[n].training.seq_len - m.max_position_embeddings) * m.hidden_size  # Bridge: seq_length rows
-        want[n] = m.params_total + qk_norms + router_bias + (positions if m.position == "learned" else 0)
+        want[n] = m.params_total + router_bias + (positions if m.position == "learned" else 0)
     assert len(built) == len(MODELS) + 1 and built == want
     assert built["catalogue:llama3-8b"] == 8_030_261_248 and built["hf:qwen2.5-7b"] == 7_615_616_512

@@ -172,7 +172,12 @@ def test_every_variant_is_accepted_by_megatron_and_keeps_the_plan(loaded):
             "ckpt_format": "fsdp_dtensor" if lay.zero >= 2 else "torch_dist",
             "add_bias_linear": m.bias, "add_qkv_bias": m.bias or m.qkv_bias,  # Megatron: biases imply QKV ones
             "untie_embeddings_and_output_weights": not m.tie_embeddings,
-            "swiglu": m.gated_mlp and m.gate_activation == "silu", "quick_geglu": m.gate_activation == "gelu",
+            "swiglu": m.gated_mlp and m.gate_activation == "silu",
+            "quick_geglu": m.gated_mlp and m.gate_activation in ("gelu", "quick_gelu"),
+            "squared_relu": not m.gated_mlp and m.mlp_activation == "squared_relu",
+            "qk_layernorm": m.qk_norm or m.is_mla,  # MLA's latent norms ride on the same flag
+            "glu_linear_offset": m.gate_linear_offset if m.gated_mlp else 0.0,
+            "activation_func_clamp_value": m.activation_clamp if m.gated_mlp else None,
         }  # fmt: skip
         if m.position == "rope":
             want["rotary_base"] = int(m.rope_theta or 10000)  # unset in the catalogue: Megatron's default
@@ -192,30 +197,45 @@ def _router_bias(m) -> int:
     return sum(m.num_experts for i in range(m.num_layers) if m.is_moe_layer(i)) if m.is_moe and m.bias else 0
 
 
+def _post_norms(m) -> int:
+    """Gemma 2's norms after attention and after the MLP, which Megatron-LM's command line cannot
+    build (the export says so): two norms of the hidden width a layer."""
+    return m.num_layers * 2 * m.hidden_size if m.post_norms else 0
+
+
 def test_megatron_builds_the_model_ntp_counts(loaded):
     """The model Megatron builds from each catalogue export (GPTModel on the meta device, local
     spec) has the parameters ntp counts for it, MTP modules included (Megatron builds them):
-    shapes, gating, biases, tying, MLA with its latent norms, MTP."""
+    shapes, gating, biases, tying, MLA with its latent norms, Qwen3's per-head QK norms, MTP."""
     plans, results = loaded
     built = {n: results[n]["built"]["params_total"] for n in plans if n.startswith(("catalogue:", "hf:"))}
-    ours = {n: plans[n].model.params_total + plans[n].model.mtp_params + _router_bias(plans[n].model) for n in built}
+    ours = {
+        n: (m := plans[n].model).params_total + m.mtp_params + _router_bias(m) - _post_norms(m) for n in built
+    }  # fmt: skip
     assert built == ours
     assert built["catalogue:llama3-8b"] == 8_030_261_248  # Meta's model card: 8.03B
     assert built["catalogue:deepseek-v3"] - plans["catalogue:deepseek-v3"].model.mtp_params == 671_026_404_352
+    assert built["catalogue:qwen3-30b-a3b"] == 30_532_122_624  # transformers' Qwen3-30B-A3B, q/k norms included
     assert _router_bias(plans["catalogue:gpt-oss-20b"].model) == 24 * 32
-    # Gemma 2 9B: 9,241,705,984 in transformers, whose layers add two norms (2 x 3584 x 42) ntp leaves out
+    # Gemma 2 9B: 9,241,705,984 in transformers (ntp's count), whose post-norms (2 x 3584 x 42) Megatron lacks
+    assert plans["hf:gemma2-9b"].model.params_total == 9_241_705_984
     assert built["hf:gemma2-9b"] == 9_241_705_984 - 2 * 3584 * 42
     assert built["hf:qwen2.5-7b"] == 7_615_616_512  # Qwen's model card: 7.61B, QKV biases included
 
 
 def test_megatron_gates_each_mlp_as_its_authors_wrote(loaded):
     """SwiGLU for Llama, a GELU gate for Gemma (Megatron-LM's only one on its command line is quick
-    GELU: the export says so), a plain GELU MLP for GPT-3."""
+    GELU: the export says so), a plain GELU MLP for GPT-3, GPT-OSS's quick-GELU gate with its offset
+    and clamp, Nemotron's squared ReLU."""
     _, results = loaded
-    gates = {n: (results[n]["built"]["gated_linear_unit"], results[n]["built"]["activation"])
-             for n in ("catalogue:llama3-8b", "hf:gemma2-9b", "catalogue:gpt3-175b")}  # fmt: skip
-    assert gates == {"catalogue:llama3-8b": (True, "silu"), "hf:gemma2-9b": (True, "quick_gelu"),
-                     "catalogue:gpt3-175b": (False, "gelu")}  # fmt: skip
+    names = ("catalogue:llama3-8b", "hf:gemma2-9b", "catalogue:gpt3-175b", "catalogue:gpt-oss-20b",
+             "catalogue:nemotron4-15b")  # fmt: skip
+    gates = {n: tuple(results[n]["built"][k] for k in ("gated_linear_unit", "activation", "glu_linear_offset",
+                                                        "activation_func_clamp_value")) for n in names}  # fmt: skip
+    assert gates == {"catalogue:llama3-8b": (True, "silu", 0.0, None), "hf:gemma2-9b": (True, "quick_gelu", 0.0, None),
+                     "catalogue:gpt3-175b": (False, "gelu", 0.0, None),
+                     "catalogue:gpt-oss-20b": (True, "quick_gelu", 1.0, 7.0),  # OpenAI's clamped, offset gate
+                     "catalogue:nemotron4-15b": (False, "squared_relu", 0.0, None)}  # fmt: skip
 
 
 def test_fp8_plans_get_megatrons_fp8_recipe(loaded):

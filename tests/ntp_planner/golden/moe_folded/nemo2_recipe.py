@@ -35,6 +35,7 @@ def configure(recipe):
     recipe.model.config.qk_pos_emb_head_dim = 64
     recipe.model.config.v_head_dim = 128
     recipe.model.config.mtp_num_layers = 1
+    recipe.model.config.qk_layernorm = True
     strategy.ddp.use_distributed_optimizer = True
     strategy.ddp.overlap_grad_reduce = True
     strategy.ddp.overlap_param_gather = True
