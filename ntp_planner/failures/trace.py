@@ -25,6 +25,7 @@ as it is read and the first bad one is refused in one sentence naming it; a file
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,9 +103,9 @@ class Placement:
     def unit(self, text: str, where: str) -> tuple[int, int]:
         """(a job GPU of the unit, its blast index) of ``gpu:G``, ``host:H`` or ``domain:D``."""
         kind, _, number = text.partition(":")
-        if kind not in UNIT_KINDS or not (number.isascii() and number.isdigit()) or len(number) > 12:
+        if kind not in UNIT_KINDS or not (number.isascii() and number.isdigit()):
             raise InputError(f"{where}: unit {text!r} must be gpu:G, host:H or domain:D with a whole number")
-        k = int(number)
+        k = int(number)  # at most MAX_LINE_CHARS digits: past every range below, refused as not in the plan
         if kind == "gpu" and k < self.num_gpus:
             return k, 0
         if kind == "host" and k in self.host_first:
@@ -130,7 +131,12 @@ class Placement:
 def read_trace(path: Path, placement: Placement, cfg: SimConfig, rng: np.random.Generator) -> Events:
     """The failures of the trace file at ``path`` as one trial's events (see ``parse_trace``)."""
     text = read_text(Path(path), "trace", max_bytes=MAX_TRACE_BYTES)
-    return parse_trace(iter(text.splitlines()), placement, cfg, rng, f"trace {path}")
+    return parse_trace(iter(_LINE_BREAK.split(text)), placement, cfg, rng, f"trace {path}")
+
+
+# Lines end at \n, \r\n or \r only, as editors number them (str.splitlines also breaks at \f, \x1c-\x1e,
+# \x85, \u2028 and \u2029, which shifted the line numbers of every message after one)
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 def parse_trace(
@@ -208,11 +214,17 @@ def _row(line, columns, where, placement: Placement, causes, horizon_h) -> tuple
     return time_h, gpu, blast, cls, repair_h
 
 
+# A decimal number in ASCII: float() also reads "１" (full-width), "1_0" and other digits of Unicode
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _number(text: str, column: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise InputError(f"{where}: {column} {text!r} is not a number") from None
+    if math.isfinite(value) and not _DECIMAL.fullmatch(text):
+        raise InputError(f"{where}: {column} {text!r} is not a decimal number in the digits 0-9, e.g. 12.5")
     if not math.isfinite(value):
         raise InputError(f"{where}: {column} {text!r} is not a finite number")
     return value
