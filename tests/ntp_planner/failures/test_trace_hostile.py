@@ -2,6 +2,8 @@
 range, line breaks that editors do not count, and odd but valid files (a BOM, CRLF, comments between
 rows, reordered columns, "-0", leading zeros) read as the same failures as a plain file."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -87,3 +89,21 @@ def test_a_host_of_idle_gpus_in_a_partly_used_domain_is_refused_naming_why():
             placement.unit(host, "t")
     with pytest.raises(InputError, match=r"t: host:34 is not in the plan, whose job has hosts 0..33$"):
         placement.unit("host:34", "t")
+
+
+@pytest.mark.parametrize("first_h", [1.0, 1.05, 1.1])
+def test_the_failure_that_pauses_the_job_costs_no_recovery_in_either_half_of_its_bin(plan_file, tmp_path, first_h):
+    """A fixed batch pauses from the bin where the first failure's state begins, rint(t / 10 min): 6 for
+    1 h and 1.05 h, 7 for 1.1 h; its recovery (240 s) overlaps the pause and costs nothing, whichever half
+    of the bin the failure falls in (bins were taken by floor for the stalls, by rint for the states:
+    a failure at 1.1 h was charged 240 s). It runs 3,600 s or 4,200 s in cycles of 3,000 s of work and a
+    60 s write: 3,000 + (540 - 60) = 3,480 s or 3,000 + (1,140 - 60) = 4,080 s of work."""
+    trace = tmp_path / "pause.csv"
+    rows = [f"{first_h + 0.5 * i},gpu:{i},hardware,100" for i in range(31)]
+    trace.write_text("\n".join([HEADER, *rows]) + "\n")
+    out = run(plan_file, "--days", "1", "--batch", "fixed", "--strategies", "dp-drop", "--checkpoint-interval", "50",
+              "--checkpoint-write-s", "60", "--trace", trace, "--json")  # fmt: skip
+    got = json.loads(out.stdout)["dp-drop"]
+    ran_bins = 7 if first_h == 1.1 else 6
+    assert got["hours_paused"] == pytest.approx((144 - ran_bins) / 6, rel=1e-12)
+    assert got["goodput"] == pytest.approx({6: 3480, 7: 4080}[ran_bins] / 86400, rel=1e-12)
