@@ -160,20 +160,29 @@ def test_trials_1_is_what_a_replay_is_and_accepted(plan_file, tmp_path):
     assert json.loads(run(*base, "--trials", "1").stdout) == json.loads(run(*base).stdout)
 
 
-def test_a_job_that_ran_an_hour_then_paused_keeps_that_hours_work(plan_file, tmp_path):
-    """A fixed batch pauses from the first failure (1 h) to the end; the 31 failures' recoveries
-    (240 s each) all start in the pause, where the job waits for GPUs and loses nothing more to
-    them. It ran 3,600 s, of which 3,000 s are kept work (no whole cycle of 3,600 s + 600 s: 3,600 s
-    less the final write of 600 s): time and capacity goodput are both 3,000 / 86,400."""
+@pytest.mark.parametrize(
+    ("first_h", "write_s", "work_s"), [(1.0, 600, 3000), (1.05, 60, 3480), (1.1, 60, 4080)]
+)  # fmt: skip
+def test_a_job_that_ran_an_hour_then_paused_keeps_that_hours_work(plan_file, tmp_path, first_h, write_s, work_s):
+    """A fixed batch pauses from the first failure to the end; the 31 failures' recoveries (240 s
+    each) all start in the pause, where the job waits for GPUs and loses nothing more to them. With a
+    first failure at 1 h it ran 3,600 s, of which 3,000 s are kept work (no whole cycle of 3,600 s +
+    600 s: 3,600 s less the final write of 600 s): time and capacity goodput are both 3,000 / 86,400.
+    The pause begins in the bin where the first failure's state does, rint(t / 10 min): bin 6 for 1 h
+    and 1.05 h, 7 for 1.1 h, and the first recovery costs nothing in either half of its bin (stalls
+    were binned by floor, states by rint: one at 1.1 h was charged 240 s). With 60 s writes (cycles
+    of 3,060 s) it keeps 3,000 + (540 - 60) = 3,480 s of 3,600 s, or 3,000 + (1,140 - 60) = 4,080 s
+    of 4,200 s."""
     trace = tmp_path / "pause.csv"
-    rows = [f"{1 + 0.5 * i},gpu:{i},hardware,100" for i in range(31)]
+    rows = [f"{first_h + 0.5 * i},gpu:{i},hardware,100" for i in range(31)]
     trace.write_text("\n".join([HEADER, *rows]) + "\n")
     out = run(plan_file, "--days", "1", "--batch", "fixed", "--strategies", "dp-drop", "--checkpoint-interval", "50",
-              "--checkpoint-write-s", "600", "--trace", trace, "--json")  # fmt: skip
+              "--checkpoint-write-s", write_s, "--trace", trace, "--json")  # fmt: skip
     got = json.loads(out.stdout)["dp-drop"]
-    assert got["hours_paused"] == 23
-    assert got["goodput"] == pytest.approx(3000 / 86400, rel=1e-12)
-    assert got["capacity_goodput"] == pytest.approx(3000 / 86400, rel=1e-12)
+    ran_bins = 7 if first_h == 1.1 else 6
+    assert got["hours_paused"] == pytest.approx((144 - ran_bins) / 6, rel=1e-12)
+    assert got["goodput"] == pytest.approx(work_s / 86400, rel=1e-12)
+    assert got["capacity_goodput"] == pytest.approx(work_s / 86400, rel=1e-12)
 
 
 def test_a_stall_before_a_pause_is_charged_and_capacity_never_exceeds_time(plan_file, tmp_path):
@@ -428,21 +437,3 @@ def test_a_host_of_idle_gpus_in_a_partly_used_domain_is_refused_naming_why():
             placement.unit(host, "t")
     with pytest.raises(InputError, match=r"t: host:34 is not in the plan, whose job has hosts 0..33$"):
         placement.unit("host:34", "t")
-
-
-@pytest.mark.parametrize("first_h", [1.0, 1.05, 1.1])
-def test_the_failure_that_pauses_the_job_costs_no_recovery_in_either_half_of_its_bin(plan_file, tmp_path, first_h):
-    """A fixed batch pauses from the bin where the first failure's state begins, rint(t / 10 min): 6 for
-    1 h and 1.05 h, 7 for 1.1 h; its recovery (240 s) overlaps the pause and costs nothing, whichever half
-    of the bin the failure falls in (bins were taken by floor for the stalls, by rint for the states:
-    a failure at 1.1 h was charged 240 s). It runs 3,600 s or 4,200 s in cycles of 3,000 s of work and a
-    60 s write: 3,000 + (540 - 60) = 3,480 s or 3,000 + (1,140 - 60) = 4,080 s of work."""
-    trace = tmp_path / "pause.csv"
-    rows = [f"{first_h + 0.5 * i},gpu:{i},hardware,100" for i in range(31)]
-    trace.write_text("\n".join([HEADER, *rows]) + "\n")
-    out = run(plan_file, "--days", "1", "--batch", "fixed", "--strategies", "dp-drop", "--checkpoint-interval", "50",
-              "--checkpoint-write-s", "60", "--trace", trace, "--json")  # fmt: skip
-    got = json.loads(out.stdout)["dp-drop"]
-    ran_bins = 7 if first_h == 1.1 else 6
-    assert got["hours_paused"] == pytest.approx((144 - ran_bins) / 6, rel=1e-12)
-    assert got["goodput"] == pytest.approx({6: 3480, 7: 4080}[ran_bins] / 86400, rel=1e-12)
