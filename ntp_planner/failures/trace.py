@@ -1,8 +1,9 @@
 """Failure traces: a log of failures that ``ntp simulate --trace`` replays through every strategy
 instead of random draws, and ``--trace-out`` writes from any simulation, in one CSV format.
 
-Format: plain comma-separated text, UTF-8, no quoting. Lines starting with ``#`` and blank lines
-are skipped. The first other line is the header, naming the columns in any order:
+Format: plain comma-separated text, UTF-8, no quoting, numbers in the digits 0-9, lines ending in
+LF, CRLF or CR. Lines starting with ``#`` and blank lines are skipped. The first other line
+is the header, naming the columns in any order:
 
 =========  ========  ===============================================================================
 column     required  meaning
