@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,8 @@ def _whole(value: Any, key: str, where: str) -> int:
 def _number(value: Any, key: str, where: str) -> float:
     """``value`` as a finite float, else InputError."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if isinstance(value, float) and not math.isfinite(value):
+        # an int past the largest float (a 309+ digit number) would overflow float()
+        if not math.isfinite(value) if isinstance(value, float) else abs(value) > sys.float_info.max:
             raise InputError(f"{where}: {key} is {_shown(value)}; it must be a finite number, e.g. 0.1.")
         return float(value)
     raise InputError(f"{where}: {key} is {_shown(value)}; it must be a number, e.g. 0.1.")

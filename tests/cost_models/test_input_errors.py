@@ -288,12 +288,16 @@ GEMMA2_CFG = {**LLAMA_CFG, "model_type": "gemma2", "hidden_activation": "gelu_py
         ({**GPT_OSS_CFG, "swiglu_limit": -7}, "swiglu_limit: Input should be greater than 0"),
         ({**GPT_OSS_CFG, "swiglu_limit": float("nan")}, "swiglu_limit is nan; it must be a finite number"),
         ({**GPT_OSS_CFG, "swiglu_limit": 1e308}, "swiglu_limit: Input should be less than or equal to 1000000"),
+        # a JSON integer past the largest float overflowed float() (a traceback, exit 1)
+        ({**GPT_OSS_CFG, "swiglu_limit": 10**400}, "swiglu_limit is a 300+ digit number; it must be a finite number"),
+        ({**LLAMA_CFG, "attention_dropout": -(10**309)}, "attention_dropout is a 300+ digit number; it must be"),
         ({**GPT_OSS_CFG, "swiglu_alpha": "1.702"}, "swiglu_alpha is '1.702'; it must be a number"),
         ({**GEMMA2_CFG, "attn_logit_softcapping": 0}, "attn_logit_softcapping: Input should be greater than 0"),
         ({**GEMMA2_CFG, "final_logit_softcapping": False}, "final_logit_softcapping is false; it must be a number"),
         ({**GEMMA2_CFG, "final_logit_softcapping": "30"}, "final_logit_softcapping is '30'; it must be a number"),
         ({**MOE_CFG, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-          "v_head_dim": 128, "num_key_value_heads": 32, "model_type": "qwen3"}, "qk_norm normalises each query and key head; MLA"),
+          "v_head_dim": 128, "num_key_value_heads": 32, "model_type": "qwen3"},
+         "qk_norm normalises each query and key head; MLA"),
     ],
 )  # fmt: skip
 def test_hf_reader_refuses_new_keys_of_wrong_types_and_unknown_activations(cfg, message):
