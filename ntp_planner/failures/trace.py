@@ -186,8 +186,11 @@ def _header(line: str, where: str) -> dict[str, int]:
     names = [c.strip() for c in line.split(",")]
     unknown = [c for c in names if c not in COLUMNS]
     missing = [c for c in REQUIRED if c not in names]
-    if unknown or missing or len(set(names)) < len(names):
-        what = f"unknown columns {unknown}" if unknown else f"missing columns {missing}" if missing else "a repeat"
+    repeated = sorted({c for c in names if names.count(c) > 1})
+    if unknown or missing or repeated:
+        what = f"{repeated} twice"
+        what = f"missing columns {missing}" if missing else what
+        what = f"unknown columns {unknown}" if unknown else what
         raise InputError(f"{where}: the header has {what}; it must name {','.join(REQUIRED)} and optionally repair_h")
     return {c: i for i, c in enumerate(names)}
 
