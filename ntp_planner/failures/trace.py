@@ -191,6 +191,7 @@ def _header(line: str, where: str) -> dict[str, int]:
         what = f"{repeated} twice"
         what = f"missing columns {missing}" if missing else what
         what = f"unknown columns {unknown}" if unknown else what
+        what = "an empty column name (a trailing comma?)" if "" in names else what
         raise InputError(f"{where}: the header has {what}; it must name {','.join(REQUIRED)} and optionally repair_h")
     return {c: i for i, c in enumerate(names)}
 

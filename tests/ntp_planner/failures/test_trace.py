@@ -387,6 +387,7 @@ HOSTILE = [
     (f"{HEADER}\r\n1,gpu:1,hardware,1\r\n2,gpu:200,hardware,1\r\n", "line 3: gpu:200 is not in the plan"),
     (f"{HEADER}\r1,gpu:1,hardware,1\r2,gpu:200,hardware,1\r", "line 3: gpu:200 is not in the plan"),
     ("time_h,unit,cause,cause\n1,gpu:1,hardware,hardware\n", "line 1: the header has ['cause'] twice; it must name"),
+    (f"# x\n{HEADER},\n1,gpu:1,hardware,1,\n", "line 2: the header has an empty column name (a trailing comma?)"),
 ]
 
 
