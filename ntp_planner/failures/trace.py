@@ -171,15 +171,17 @@ def parse_trace(
 
 
 def _numbered(lines: Iterable[str], name: str) -> Iterator[tuple[int, str]]:
-    """(line number, line) of the lines that are neither blank nor comments, each checked for length."""
+    """(line number, line) of the lines that are neither blank nor comments, each checked for
+    length; a comment may be longer (--trace-out's names the replayed file, whose path may be long)."""
     for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
         if len(line) > MAX_LINE_CHARS:
             raise InputError(
                 f"{name} line {number} has {len(line):,} characters; a trace line needs at most {MAX_LINE_CHARS}"
             )
-        text = line.strip()
-        if text and not text.startswith("#"):
-            yield number, text
+        yield number, text
 
 
 def _header(line: str, where: str) -> dict[str, int]:

@@ -431,6 +431,22 @@ def test_an_odd_but_valid_trace_reads_as_the_plain_one_and_round_trips(plan_128,
     assert "-1.0,gpu:100,hardware,2.0\n0.0,host:3,software,0.5\n2.5,domain:7,hardware,4.0\n" in text
 
 
+def test_a_replay_of_a_trace_with_a_long_path_writes_a_trace_that_reads_back(plan_file, tmp_path):
+    # --trace-out's note names the replayed file: a path of 250 characters made a comment line the
+    # reader refused as longer than a trace line's 200
+    folder = tmp_path / ("d" * 120) / ("e" * 100)
+    folder.mkdir(parents=True)
+    trace, again = folder / "in.csv", tmp_path / "again.csv"
+    trace.write_text(f"# {'c' * 300}\n{HEADER}\n1,gpu:5,hardware,2\n")
+    first = run(plan_file, "--days", "1", "--trace", trace, "--trace-out", again, "--json")
+    assert len(str(trace)) > 200 and any(len(line) > 200 for line in again.read_text().splitlines())
+    second = run(plan_file, "--days", "1", "--trace", again, "--json")
+    drop = ("settings",)  # the trace's path differs
+    assert {k: v for k, v in json.loads(first.stdout).items() if k not in drop} == {
+        k: v for k, v in json.loads(second.stdout).items() if k not in drop
+    }
+
+
 def test_a_host_of_idle_gpus_in_a_partly_used_domain_is_refused_naming_why():
     # 128 GPUs using 64 of each 72-GPU domain, 4 a host: hosts 16 and 17 hold domain 0's 8 idle GPUs
     placement = Placement.of(Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128, gpus_per_domain=64))
