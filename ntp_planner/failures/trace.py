@@ -256,6 +256,7 @@ def format_trace(ev: Events, placement: Placement, classes: tuple[FailureClass, 
     """``ev`` (one trial's) as trace text, in time order, with every number written exactly
     (shortest round-trip decimal), so reading it back gives the same times and repairs."""
     order = np.argsort(ev.start_h, kind="stable")
+    note = _LINE_BREAK.sub(" ", note)  # one comment line, whatever the replayed file's name holds
     lines = [HEADER_COMMENT + (f"# {note}\n" if note else "") + ",".join(COLUMNS)]
     for i in order:
         unit = placement.name(int(ev.gpu[i]), int(ev.blast[i]))

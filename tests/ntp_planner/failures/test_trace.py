@@ -447,6 +447,16 @@ def test_a_replay_of_a_trace_with_a_long_path_writes_a_trace_that_reads_back(pla
     }
 
 
+def test_a_note_with_line_breaks_stays_one_comment_line(plan_128):
+    # the note names the replayed file, and a file name may hold a line break
+    placement, cfg = Placement.of(plan_128.cluster.build()), SimConfig(days=1)
+    ev = parse_trace(iter([HEADER, "1,gpu:5,hardware,2"]), placement, cfg, np.random.default_rng(0))
+    text = format_trace(ev, placement, cfg.classes, note="replay of a\nb\r\nc\rd.csv")
+    assert "# replay of a b c d.csv\ntime_h," in text
+    again = parse_trace(iter(text.splitlines()), placement, cfg, np.random.default_rng(1))
+    assert text.endswith(format_trace(again, placement, cfg.classes).split("\n", 2)[2])  # the rows past the header
+
+
 def test_a_host_of_idle_gpus_in_a_partly_used_domain_is_refused_naming_why():
     # 128 GPUs using 64 of each 72-GPU domain, 4 a host: hosts 16 and 17 hold domain 0's 8 idle GPUs
     placement = Placement.of(Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128, gpus_per_domain=64))
