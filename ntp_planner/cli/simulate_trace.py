@@ -63,6 +63,8 @@ def check_trace_options(trace, trace_out, trace_trial: int, trials: int, inputs:
 
     if trace is not None and ctx is not None:
         _refuse_draw_options(ctx, trials)
+    if str(trace) == "-" and "-" in map(str, inputs):
+        raise InputError("--trace -: standard input already carries another of the command's files; give a path")
     runs = 1 if trace is not None else trials
     if trace_trial >= runs:
         what = "a replay is one trial, 0" if trace is not None else f"--trials {trials} numbers them 0..{runs - 1}"

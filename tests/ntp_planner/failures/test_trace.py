@@ -313,6 +313,8 @@ def test_a_file_of_ten_million_rows_is_refused_before_it_is_read(plan_file, tmp_
 def test_trace_trial_must_be_a_trial_of_the_run(plan_file, tmp_path):
     out = run(plan_file, "--trials", "3", "--trace-out", tmp_path / "t.csv", "--trace-trial", "3", code=2)
     assert "--trace-trial 3 is not a trial of this run: --trials 3 numbers them 0..2" in out.output
+    out = run("-", "--trace", "-", code=2)  # the plan from standard input too
+    assert "--trace -: standard input already carries another of the command's files; give a path" in out.output
     out = run(plan_file, "--trials", "3", "--trace-trial", "2", "--json", code=2)  # no --trace-out: it would do nothing
     message = "--trace-trial 2 picks the trial --trace-out writes; give --trace-out FILE too."
     assert json.loads(out.stdout)["error"]["message"] == message
