@@ -359,10 +359,11 @@ def _activation_fields(cfg: dict[str, Any], act: str, gated: bool, where: str) -
     return {}
 
 
-# transformers' activation names (ACT2CLS); "swiglu" is ntp's own spelling of a gated SiLU MLP
+# transformers' activation names (ACT2CLS, transformers 5.x); "swiglu" is ntp's own spelling of a gated SiLU MLP
 _KNOWN_ACTS = _GATED_ACTS | {
-    "gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_accurate", "laplace",
-    "leaky_relu", "linear", "mish", "quick_gelu", "relu", "relu2", "relu6", "sigmoid", "tanh", "prelu", "xielu",
+    "gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
+    "gelu_accurate", "hardswish", "laplace", "leaky_relu", "linear", "mish", "quick_gelu", "relu", "relu2", "relu6",
+    "sigmoid", "sqrtsoftplus", "tanh", "prelu", "xielu",
 }  # fmt: skip
 
 
