@@ -1,12 +1,12 @@
 """Read a model from a HuggingFace-style ``config.json`` (or a YAML file with the same keys).
 
 Key meanings follow HuggingFace transformers: ``hidden_act`` "silu"/"swiglu" means a gated
-3-matrix MLP, anything else (gelu, gelu_new, relu; relu2 is Nemotron's squared ReLU) a plain
-2-matrix MLP; GPT-OSS gates with a clamped, offset quick GELU (swiglu_limit); Qwen3 and Gemma 3
-normalise queries and keys per head (no key says so); ``head_dim`` wins over hidden/heads when
-present; multimodal files nest the text model under ``text_config``. MoE keys:
-Mixtral (num_local_experts, num_experts_per_tok), Qwen-MoE (num_experts, moe_intermediate_size,
-decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size), DeepSeek
+3-matrix MLP, any other activation transformers has (gelu, gelu_new, relu; relu2 is Nemotron's
+squared ReLU) a plain 2-matrix MLP, a name it lacks is refused; GPT-OSS always gates, with a
+clamped, offset quick GELU (swiglu_limit); Qwen3 and Gemma 3 normalise queries and keys per head
+(no key says so); ``head_dim`` wins over hidden/heads when present; multimodal files nest the text
+model under ``text_config``. MoE keys: Mixtral (num_local_experts, num_experts_per_tok), Qwen-MoE
+(num_experts, moe_intermediate_size, decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size), DeepSeek
 (n_routed_experts, first_k_dense_replace, n_shared_experts, moe_layer_freq), GPT-OSS
 (num_local_experts, experts_per_token), Llama 4 (text_config: num_local_experts,
 interleave_moe_layer_step, a shared expert of intermediate_size beside routed experts of
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ _ALIASES = {
 KNOWN_TYPES = {
     "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True}, "qwen2_moe": {"qkv_bias": True},
     "qwen3": {"qk_norm": True}, "qwen3_moe": {"qk_norm": True}, "deepseek_v2": {}, "deepseek_v3": {},
-    "gpt_oss": {}, "llama4": {}, "llama4_text": {}, "gemma": {"gated": True, "tie": True},
+    "gpt_oss": {"gated": True}, "llama4": {}, "llama4_text": {}, "gemma": {"gated": True, "tie": True},
     "gemma2": {"gated": True, "tie": True, "post_norms": True, "softcap": (50.0, 30.0)},
     "gemma3": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True},
     "gemma3_text": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True},
@@ -131,7 +132,8 @@ def _whole(value: Any, key: str, where: str) -> int:
 def _number(value: Any, key: str, where: str) -> float:
     """``value`` as a finite float, else InputError."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if isinstance(value, float) and not math.isfinite(value):
+        # an int past the largest float (a 309+ digit number) would overflow float()
+        if not math.isfinite(value) if isinstance(value, float) else abs(value) > sys.float_info.max:
             raise InputError(f"{where}: {key} is {_shown(value)}; it must be a finite number, e.g. 0.1.")
         return float(value)
     raise InputError(f"{where}: {key} is {_shown(value)}; it must be a number, e.g. 0.1.")
@@ -357,6 +359,29 @@ def _activation_fields(cfg: dict[str, Any], act: str, gated: bool, where: str) -
     return {}
 
 
+# transformers' activation names (ACT2CLS, transformers 5.x); "swiglu" is ntp's own spelling of a gated SiLU MLP
+_KNOWN_ACTS = _GATED_ACTS | {
+    "gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
+    "gelu_accurate", "hardswish", "laplace", "leaky_relu", "linear", "mish", "quick_gelu", "relu", "relu2", "relu6",
+    "sigmoid", "sqrtsoftplus", "tanh", "prelu", "xielu",
+}  # fmt: skip
+
+
+def _activation(cfg: dict[str, Any], traits: dict, where: str) -> str:
+    """The MLP's activation name (hidden_activation, hidden_act or activation_function), one that
+    transformers knows: another (a typo, "squared_relu") was read as a plain GELU MLP."""
+    key = next((k for k in ("hidden_activation", "hidden_act", "activation_function") if cfg.get(k)), "hidden_act")
+    act = cfg.get(key, traits.get("act", "silu"))  # NemotronConfig's hidden_act default: relu2
+    if not isinstance(act, str):
+        raise InputError(f'{where}: {key} is {_shown(act)}; it must be an activation name, e.g. "silu".')
+    if act.lower() not in _KNOWN_ACTS:
+        raise InputError(
+            f'{where}: {key} is {_shown(act)}, not an activation transformers builds; write one such as "silu" '
+            '(a gated MLP), "gelu", "gelu_pytorch_tanh" or "relu2" (squared ReLU).'
+        )
+    return act
+
+
 def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") -> ModelSpec:
     """Translate HuggingFace config keys into a ModelSpec; any bad key ends in one sentence."""
     text = cfg.get("text_config")
@@ -392,10 +417,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
         keys["head_dim"] = "head_dim (hidden_size // num_attention_heads)"
     else:  # written: read as written, 0 included (ModelSpec refuses it, naming head_dim)
         head_dim = _whole(cfg["head_dim"], "head_dim", where)
-    default_act = traits.get("act", "silu")  # NemotronConfig's hidden_act default: relu2
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act", cfg.get("activation_function", default_act))
-    if not isinstance(act, str):
-        raise InputError(f'{where}: hidden_act is {_shown(act)}; it must be an activation name, e.g. "silu".')
+    act = _activation(cfg, traits, where)
     gated = traits.get("gated", act.lower() in _GATED_ACTS)
     rms = "rms_norm_eps" in cfg or "layer_norm_eps" not in cfg and "layer_norm_epsilon" not in cfg
     norm = traits.get("norm", "rmsnorm" if rms else "layernorm")

@@ -206,6 +206,11 @@ class ModelSpec(BaseModel):
                 "qk_norm normalises each query and key head; MLA (kv_lora_rank > 0) normalises its latents instead "
                 "(counted with it): leave qk_norm false"
             )
+        if not self.gated_mlp and (self.activation_clamp is not None or self.gate_linear_offset):
+            raise InputError(
+                "activation_clamp and gate_linear_offset shape a gated MLP's gate and up-projection, and this MLP "
+                "is not gated (gated_mlp false): leave them out or make the MLP gated"
+            )
         self._check_window()
         for o in self.layer_overrides:
             bad = [i for i in o.layers if not 0 <= i < self.num_layers]

@@ -57,16 +57,20 @@ class TraceIO:
 
 def check_trace_options(trace, trace_out, trace_trial: int, trials: int, inputs: list, ctx=None) -> TraceIO:
     """The options checked before any work: --trace-out may be written, --trace-trial is a trial
-    the run simulates (a replay is one trial), no option that shapes random draws comes with
+    the run simulates (a replay is one trial) and comes with --trace-out, no option that shapes random draws comes with
     --trace (``ctx``, the command's context, says which were given)."""
     from ntp_planner.outputs import check_output
 
     if trace is not None and ctx is not None:
         _refuse_draw_options(ctx, trials)
+    if str(trace) == "-" and "-" in map(str, inputs):
+        raise InputError("--trace -: standard input already carries another of the command's files; give a path")
     runs = 1 if trace is not None else trials
     if trace_trial >= runs:
         what = "a replay is one trial, 0" if trace is not None else f"--trials {trials} numbers them 0..{runs - 1}"
         raise InputError(f"--trace-trial {trace_trial} is not a trial of this run: {what}")
+    if trace_trial and trace_out is None:  # it would pick nothing: say so rather than ignore it
+        raise InputError(f"--trace-trial {trace_trial} picks the trial --trace-out writes; give --trace-out FILE too")
     out = None if trace_out is None else check_output(trace_out, "--trace-out", [*inputs, trace], "trace.csv")
     return TraceIO(trace, out, trace_trial)
 

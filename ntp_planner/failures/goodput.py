@@ -196,7 +196,9 @@ def elastic_stalls(cfg: SimConfig, batch: Batch, run_s: float) -> tuple[np.ndarr
 
 def running_stalls(windows, paused: np.ndarray, bin_h: float, trials: int) -> np.ndarray:
     """Per trial, the seconds of the stall windows that start in a bin where the job runs: a job
-    paused for GPUs loses nothing more to a recovery then (it reconfigures while it waits).
+    paused for GPUs loses nothing more to a recovery then (it reconfigures while it waits). A window
+    starting at ``t`` belongs to bin rint(t / bin_h), the first bin whose state holds the failure
+    that starts it (as ``failed_counts`` rounds), so the failure that pauses the job is never charged.
 
     >>> w = (np.array([0, 0, 1]), np.array([100.0, 4000.0, 100.0]), np.array([60.0, 60.0, 30.0]))
     >>> paused = np.array([[False, True], [False, False]])
@@ -205,7 +207,7 @@ def running_stalls(windows, paused: np.ndarray, bin_h: float, trials: int) -> np
     """
     trial, start_s, lost_s = windows
     bins = paused.shape[1]
-    b = np.clip((start_s // (bin_h * 3600)).astype(np.int64), 0, bins - 1)
+    b = np.clip(np.rint(start_s / (bin_h * 3600)).astype(np.int64), 0, bins - 1)
     keep = ~paused[trial, b]
     return np.bincount(trial[keep], weights=lost_s[keep], minlength=trials).astype(float)
 

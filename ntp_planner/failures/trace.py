@@ -1,8 +1,9 @@
 """Failure traces: a log of failures that ``ntp simulate --trace`` replays through every strategy
 instead of random draws, and ``--trace-out`` writes from any simulation, in one CSV format.
 
-Format: plain comma-separated text, UTF-8, no quoting. Lines starting with ``#`` and blank lines
-are skipped. The first other line is the header, naming the columns in any order:
+Format: plain comma-separated text, UTF-8, no quoting, numbers in the digits 0-9, lines ending in
+LF, CRLF or CR. Lines starting with ``#`` and blank lines are skipped. The first other line
+is the header, naming the columns in any order:
 
 =========  ========  ===============================================================================
 column     required  meaning
@@ -25,6 +26,7 @@ as it is read and the first bad one is refused in one sentence naming it; a file
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,9 +104,9 @@ class Placement:
     def unit(self, text: str, where: str) -> tuple[int, int]:
         """(a job GPU of the unit, its blast index) of ``gpu:G``, ``host:H`` or ``domain:D``."""
         kind, _, number = text.partition(":")
-        if kind not in UNIT_KINDS or not (number.isascii() and number.isdigit()) or len(number) > 12:
+        if kind not in UNIT_KINDS or not (number.isascii() and number.isdigit()):
             raise InputError(f"{where}: unit {text!r} must be gpu:G, host:H or domain:D with a whole number")
-        k = int(number)
+        k = int(number)  # at most MAX_LINE_CHARS digits: past every range below, refused as not in the plan
         if kind == "gpu" and k < self.num_gpus:
             return k, 0
         if kind == "host" and k in self.host_first:
@@ -130,7 +132,12 @@ class Placement:
 def read_trace(path: Path, placement: Placement, cfg: SimConfig, rng: np.random.Generator) -> Events:
     """The failures of the trace file at ``path`` as one trial's events (see ``parse_trace``)."""
     text = read_text(Path(path), "trace", max_bytes=MAX_TRACE_BYTES)
-    return parse_trace(iter(text.splitlines()), placement, cfg, rng, f"trace {path}")
+    return parse_trace(iter(_LINE_BREAK.split(text)), placement, cfg, rng, f"trace {path}")
+
+
+# Lines end at \n, \r\n or \r only, as editors number them (str.splitlines also breaks at \f, \x1c-\x1e,
+# \x85, \u2028 and \u2029, which shifted the line numbers of every message after one)
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 def parse_trace(
@@ -164,23 +171,29 @@ def parse_trace(
 
 
 def _numbered(lines: Iterable[str], name: str) -> Iterator[tuple[int, str]]:
-    """(line number, line) of the lines that are neither blank nor comments, each checked for length."""
+    """(line number, line) of the lines that are neither blank nor comments, each checked for
+    length; a comment may be longer (--trace-out's names the replayed file, whose path may be long)."""
     for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
         if len(line) > MAX_LINE_CHARS:
             raise InputError(
                 f"{name} line {number} has {len(line):,} characters; a trace line needs at most {MAX_LINE_CHARS}"
             )
-        text = line.strip()
-        if text and not text.startswith("#"):
-            yield number, text
+        yield number, text
 
 
 def _header(line: str, where: str) -> dict[str, int]:
     names = [c.strip() for c in line.split(",")]
     unknown = [c for c in names if c not in COLUMNS]
     missing = [c for c in REQUIRED if c not in names]
-    if unknown or missing or len(set(names)) < len(names):
-        what = f"unknown columns {unknown}" if unknown else f"missing columns {missing}" if missing else "a repeat"
+    repeated = sorted({c for c in names if names.count(c) > 1})
+    if unknown or missing or repeated:
+        what = f"{repeated} twice"
+        what = f"missing columns {missing}" if missing else what
+        what = f"unknown columns {unknown}" if unknown else what
+        what = "an empty column name (a trailing comma?)" if "" in names else what
         raise InputError(f"{where}: the header has {what}; it must name {','.join(REQUIRED)} and optionally repair_h")
     return {c: i for i, c in enumerate(names)}
 
@@ -208,11 +221,17 @@ def _row(line, columns, where, placement: Placement, causes, horizon_h) -> tuple
     return time_h, gpu, blast, cls, repair_h
 
 
+# A decimal number in ASCII: float() also reads "１" (full-width), "1_0" and other digits of Unicode
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _number(text: str, column: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise InputError(f"{where}: {column} {text!r} is not a number") from None
+    if math.isfinite(value) and not _DECIMAL.fullmatch(text):
+        raise InputError(f"{where}: {column} {text!r} is not a decimal number in the digits 0-9, e.g. 12.5")
     if not math.isfinite(value):
         raise InputError(f"{where}: {column} {text!r} is not a finite number")
     return value
@@ -237,6 +256,7 @@ def format_trace(ev: Events, placement: Placement, classes: tuple[FailureClass, 
     """``ev`` (one trial's) as trace text, in time order, with every number written exactly
     (shortest round-trip decimal), so reading it back gives the same times and repairs."""
     order = np.argsort(ev.start_h, kind="stable")
+    note = _LINE_BREAK.sub(" ", note)  # one comment line, whatever the replayed file's name holds
     lines = [HEADER_COMMENT + (f"# {note}\n" if note else "") + ",".join(COLUMNS)]
     for i in order:
         unit = placement.name(int(ev.gpu[i]), int(ev.blast[i]))

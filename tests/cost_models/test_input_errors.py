@@ -3,6 +3,7 @@ InputError (or pydantic's ValidationError), never a traceback, a hang or a silen
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -266,3 +267,56 @@ def test_any_layout_degree_is_bounded_or_refused_in_one_line(field, value):
         sentence(exc)
         return
     assert 1 <= layout.world_size <= 10**6 and layout.pp * layout.vpp <= 10_002
+
+
+GPT_OSS_CFG = json.loads((Path(__file__).parent / "hf_configs" / "gpt-oss-20b.json").read_text())
+GEMMA2_CFG = {**LLAMA_CFG, "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh"}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        # an activation transformers has no class for was read as a plain GELU MLP
+        ({**LLAMA_CFG, "hidden_act": "squared_relu"}, "hidden_act is 'squared_relu', not an activation transformers"),
+        ({**LLAMA_CFG, "hidden_act": "silu "}, "hidden_act is 'silu ', not an activation transformers builds"),
+        ({**LLAMA_CFG, "hidden_act": ""}, "hidden_act is '', not an activation"),
+        ({**GEMMA2_CFG, "hidden_activation": "geglu"}, "hidden_activation is 'geglu', not an activation"),
+        # the new keys with wrong types, out of range, or meaningless where they are
+        ({**GPT_OSS_CFG, "swiglu_limit": "7"}, "swiglu_limit is '7'; it must be a number"),
+        ({**GPT_OSS_CFG, "swiglu_limit": True}, "swiglu_limit is true; it must be a number"),
+        ({**GPT_OSS_CFG, "swiglu_limit": None}, "swiglu_limit is null; it must be a number"),
+        ({**GPT_OSS_CFG, "swiglu_limit": -7}, "swiglu_limit: Input should be greater than 0"),
+        ({**GPT_OSS_CFG, "swiglu_limit": float("nan")}, "swiglu_limit is nan; it must be a finite number"),
+        ({**GPT_OSS_CFG, "swiglu_limit": 1e308}, "swiglu_limit: Input should be less than or equal to 1000000"),
+        # a JSON integer past the largest float overflowed float() (a traceback, exit 1)
+        ({**GPT_OSS_CFG, "swiglu_limit": 10**400}, "swiglu_limit is a 300+ digit number; it must be a finite number"),
+        ({**LLAMA_CFG, "attention_dropout": -(10**309)}, "attention_dropout is a 300+ digit number; it must be"),
+        ({**GPT_OSS_CFG, "swiglu_alpha": "1.702"}, "swiglu_alpha is '1.702'; it must be a number"),
+        ({**GEMMA2_CFG, "attn_logit_softcapping": 0}, "attn_logit_softcapping: Input should be greater than 0"),
+        ({**GEMMA2_CFG, "final_logit_softcapping": False}, "final_logit_softcapping is false; it must be a number"),
+        ({**GEMMA2_CFG, "final_logit_softcapping": "30"}, "final_logit_softcapping is '30'; it must be a number"),
+        ({**MOE_CFG, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+          "v_head_dim": 128, "num_key_value_heads": 32, "model_type": "qwen3"},
+         "qk_norm normalises each query and key head; MLA"),
+    ],
+)  # fmt: skip
+def test_hf_reader_refuses_new_keys_of_wrong_types_and_unknown_activations(cfg, message):
+    with pytest.raises(InputError) as err:
+        model_from_hf_config(cfg, "x", where="cfg.json")
+    assert sentence(err.value).startswith("cfg.json: ") and message in str(err.value), str(err.value)
+
+
+def test_gpt_oss_gates_its_mlp_whatever_hidden_act_says():
+    # GptOssExperts computes its clamped, offset quick-GELU gate without reading hidden_act: a file
+    # with hidden_act "gelu" was read as an ungated 2-matrix MLP carrying a gate's clamp and offset
+    for act in ("silu", "gelu", "relu2"):
+        m = model_from_hf_config({**GPT_OSS_CFG, "hidden_act": act}, "oss")
+        assert (m.gated_mlp, m.mlp_matrices, m.gate_activation, m.activation_clamp) == (True, 3, "quick_gelu", 7.0)
+
+
+def test_a_gate_clamp_or_offset_on_an_ungated_mlp_is_refused():
+    plain = model_from_hf_config({**LLAMA_CFG, "hidden_act": "gelu"}, "x")
+    assert not plain.gated_mlp
+    for field, value in (("activation_clamp", 7.0), ("gate_linear_offset", 1.0)):
+        with pytest.raises(ValidationError, match="shape a gated MLP's gate and up-projection, and this MLP is not"):
+            ModelSpec.model_validate({**plain.model_dump(), field: value})

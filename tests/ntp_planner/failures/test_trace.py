@@ -1,6 +1,6 @@
 """Failure traces (`ntp simulate --trace`, `--trace-out`): a hand-made trace against goodput worked
 out by hand, the round trip of a simulated trial, bad traces refused in one sentence naming the
-line, the synthetic Llama 3 sample, and a fuzz of the reader."""
+line, the synthetic Llama 3 sample, a fuzz of the reader, and hostile traces."""
 
 import itertools
 import json
@@ -27,6 +27,7 @@ from ntp_planner.failures.trace import (
     Recorder,
     format_trace,
     parse_trace,
+    read_trace,
 )
 from ntp_planner.solver.planner import plan_from_layout
 from topologies import CLUSTERS, Cluster
@@ -159,20 +160,29 @@ def test_trials_1_is_what_a_replay_is_and_accepted(plan_file, tmp_path):
     assert json.loads(run(*base, "--trials", "1").stdout) == json.loads(run(*base).stdout)
 
 
-def test_a_job_that_ran_an_hour_then_paused_keeps_that_hours_work(plan_file, tmp_path):
-    """A fixed batch pauses from the first failure (1 h) to the end; the 31 failures' recoveries
-    (240 s each) all start in the pause, where the job waits for GPUs and loses nothing more to
-    them. It ran 3,600 s, of which 3,000 s are kept work (no whole cycle of 3,600 s + 600 s: 3,600 s
-    less the final write of 600 s): time and capacity goodput are both 3,000 / 86,400."""
+@pytest.mark.parametrize(
+    ("first_h", "write_s", "work_s"), [(1.0, 600, 3000), (1.05, 60, 3480), (1.1, 60, 4080)]
+)  # fmt: skip
+def test_a_job_that_ran_an_hour_then_paused_keeps_that_hours_work(plan_file, tmp_path, first_h, write_s, work_s):
+    """A fixed batch pauses from the first failure to the end; the 31 failures' recoveries (240 s
+    each) all start in the pause, where the job waits for GPUs and loses nothing more to them. With a
+    first failure at 1 h it ran 3,600 s, of which 3,000 s are kept work (no whole cycle of 3,600 s +
+    600 s: 3,600 s less the final write of 600 s): time and capacity goodput are both 3,000 / 86,400.
+    The pause begins in the bin where the first failure's state does, rint(t / 10 min): bin 6 for 1 h
+    and 1.05 h, 7 for 1.1 h, and the first recovery costs nothing in either half of its bin (stalls
+    were binned by floor, states by rint: one at 1.1 h was charged 240 s). With 60 s writes (cycles
+    of 3,060 s) it keeps 3,000 + (540 - 60) = 3,480 s of 3,600 s, or 3,000 + (1,140 - 60) = 4,080 s
+    of 4,200 s."""
     trace = tmp_path / "pause.csv"
-    rows = [f"{1 + 0.5 * i},gpu:{i},hardware,100" for i in range(31)]
+    rows = [f"{first_h + 0.5 * i},gpu:{i},hardware,100" for i in range(31)]
     trace.write_text("\n".join([HEADER, *rows]) + "\n")
     out = run(plan_file, "--days", "1", "--batch", "fixed", "--strategies", "dp-drop", "--checkpoint-interval", "50",
-              "--checkpoint-write-s", "600", "--trace", trace, "--json")  # fmt: skip
+              "--checkpoint-write-s", write_s, "--trace", trace, "--json")  # fmt: skip
     got = json.loads(out.stdout)["dp-drop"]
-    assert got["hours_paused"] == 23
-    assert got["goodput"] == pytest.approx(3000 / 86400, rel=1e-12)
-    assert got["capacity_goodput"] == pytest.approx(3000 / 86400, rel=1e-12)
+    ran_bins = 7 if first_h == 1.1 else 6
+    assert got["hours_paused"] == pytest.approx((144 - ran_bins) / 6, rel=1e-12)
+    assert got["goodput"] == pytest.approx(work_s / 86400, rel=1e-12)
+    assert got["capacity_goodput"] == pytest.approx(work_s / 86400, rel=1e-12)
 
 
 def test_a_stall_before_a_pause_is_charged_and_capacity_never_exceeds_time(plan_file, tmp_path):
@@ -303,6 +313,11 @@ def test_a_file_of_ten_million_rows_is_refused_before_it_is_read(plan_file, tmp_
 def test_trace_trial_must_be_a_trial_of_the_run(plan_file, tmp_path):
     out = run(plan_file, "--trials", "3", "--trace-out", tmp_path / "t.csv", "--trace-trial", "3", code=2)
     assert "--trace-trial 3 is not a trial of this run: --trials 3 numbers them 0..2" in out.output
+    out = run("-", "--trace", "-", code=2)  # the plan from standard input too
+    assert "--trace -: standard input already carries another of the command's files; give a path" in out.output
+    out = run(plan_file, "--trials", "3", "--trace-trial", "2", "--json", code=2)  # no --trace-out: it would do nothing
+    message = "--trace-trial 2 picks the trial --trace-out writes; give --trace-out FILE too."
+    assert json.loads(out.stdout)["error"]["message"] == message
     out = run(plan_file, "--trace-out", plan_file, code=2)
     assert "--trace-out" in out.output and not (tmp_path / "t.csv").exists()
 
@@ -358,3 +373,100 @@ def test_the_reader_returns_valid_events_or_refuses_naming_a_line(header, rows):
 
 
 _PLAN_CLUSTER = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=128)
+
+
+# Hostile traces: numbers in other digits than 0-9, ids past any range, line breaks that editors do
+# not count, and odd but valid files (a BOM, CRLF, comments between rows, reordered columns, "-0",
+# leading zeros) read as the same failures as a plain file.
+
+HOSTILE = [
+    # float() reads full-width and Arabic-Indic digits and underscores; a trace is ASCII decimals
+    (f"{HEADER}\n\uff11,gpu:1,hardware,1\n", "line 2: time_h '\uff11' is not a decimal number in the digits 0-9"),
+    (f"{HEADER}\n1,gpu:1,hardware,\u0662\n", "line 2: repair_h '\u0662' is not a decimal number"),
+    (f"{HEADER}\n1_0,gpu:1,hardware,1\n", "line 2: time_h '1_0' is not a decimal number"),
+    # a whole number too long for the old 12-digit cap is out of the plan's range, not "not a whole number"
+    (f"{HEADER}\n1,gpu:99999999999999999999,hardware,1\n", "line 2: gpu:99999999999999999999 is not in the plan"),
+    # a form feed or U+2028 is not a line break: the next line is line 3, as an editor numbers it
+    (f"{HEADER}\n1,gpu:1,hardware,1\x0c\n2,gpu:200,hardware,1\n", "line 3: gpu:200 is not in the plan"),
+    (f"{HEADER}\n1,gpu:1,hardware,1\u20282,gpu:2,hardware,1\n", "line 2 has 7 fields; the header names 4"),
+    (f"{HEADER}\r\n1,gpu:1,hardware,1\r\n2,gpu:200,hardware,1\r\n", "line 3: gpu:200 is not in the plan"),
+    (f"{HEADER}\r1,gpu:1,hardware,1\r2,gpu:200,hardware,1\r", "line 3: gpu:200 is not in the plan"),
+    ("time_h,unit,cause,cause\n1,gpu:1,hardware,hardware\n", "line 1: the header has ['cause'] twice; it must name"),
+    (f"# x\n{HEADER},\n1,gpu:1,hardware,1,\n", "line 2: the header has an empty column name (a trailing comma?)"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), HOSTILE)
+def test_a_hostile_trace_is_refused_in_one_sentence_naming_the_line(plan_file, tmp_path, text, message):
+    trace = tmp_path / "bad.csv"
+    trace.write_bytes(text.encode())
+    out = run(plan_file, "--days", "4", "--trace", trace, code=2)
+    assert out.output.count("\n") == 1 and "Traceback" not in out.output
+    assert out.output.startswith(f"error: trace {trace} ") and message in out.output, out.output
+
+
+PLAIN = f"{HEADER}\n-1,gpu:100,hardware,2\n0,host:3,software,0.5\n2.5,domain:7,hardware,4\n"
+ODD = (
+    "\ufeff# a BOM, CRLF, blank lines, comments between rows, reordered columns\r\n"
+    "\r\n  cause , time_h,repair_h ,unit  \r\n"
+    "hardware,-1.0,2,gpu:0100\r\n# a comment\r\n\r\n"
+    "software,-0,0.50,host:03\r\n"
+    "   # an indented comment\r\n"
+    "hardware,+2.5e0,4.,domain:007\r\n"
+)
+
+
+def test_an_odd_but_valid_trace_reads_as_the_plain_one_and_round_trips(plan_128, tmp_path):
+    placement, cfg = Placement.of(plan_128.cluster.build()), SimConfig(days=1)
+    files = {}
+    for name, text in (("plain", PLAIN), ("odd", ODD)):
+        files[name] = tmp_path / f"{name}.csv"
+        files[name].write_bytes(text.encode())
+    plain, odd = (read_trace(files[k], placement, cfg, np.random.default_rng(0)) for k in ("plain", "odd"))
+    assert plain.start_h.tolist() == odd.start_h.tolist() == [-1.0, 0.0, 2.5]
+    fields = ("end_h", "gpu", "blast", "cause")  # host 3 starts at GPU 24, domain 7 at 56 (8 GPUs each)
+    assert [getattr(plain, f).tolist() for f in fields] == [[1.0, 0.5, 6.5], [100, 24, 56], [0, 1, 2], [0, 1, 0]]
+    assert [getattr(odd, f).tolist() for f in fields] == [getattr(plain, f).tolist() for f in fields]
+    text = format_trace(plain, placement, cfg.classes)
+    again = parse_trace(iter(text.splitlines()), placement, cfg, np.random.default_rng(1))
+    assert format_trace(again, placement, cfg.classes) == text
+    assert "-1.0,gpu:100,hardware,2.0\n0.0,host:3,software,0.5\n2.5,domain:7,hardware,4.0\n" in text
+
+
+def test_a_replay_of_a_trace_with_a_long_path_writes_a_trace_that_reads_back(plan_file, tmp_path):
+    # --trace-out's note names the replayed file: a path of 250 characters made a comment line the
+    # reader refused as longer than a trace line's 200
+    folder = tmp_path / ("d" * 120) / ("e" * 100)
+    folder.mkdir(parents=True)
+    trace, again = folder / "in.csv", tmp_path / "again.csv"
+    trace.write_text(f"# {'c' * 300}\n{HEADER}\n1,gpu:5,hardware,2\n")
+    first = run(plan_file, "--days", "1", "--trace", trace, "--trace-out", again, "--json")
+    assert len(str(trace)) > 200 and any(len(line) > 200 for line in again.read_text().splitlines())
+    second = run(plan_file, "--days", "1", "--trace", again, "--json")
+    drop = ("settings",)  # the trace's path differs
+    assert {k: v for k, v in json.loads(first.stdout).items() if k not in drop} == {
+        k: v for k, v in json.loads(second.stdout).items() if k not in drop
+    }
+
+
+def test_a_note_with_line_breaks_stays_one_comment_line(plan_128):
+    # the note names the replayed file, and a file name may hold a line break
+    placement, cfg = Placement.of(plan_128.cluster.build()), SimConfig(days=1)
+    ev = parse_trace(iter([HEADER, "1,gpu:5,hardware,2"]), placement, cfg, np.random.default_rng(0))
+    text = format_trace(ev, placement, cfg.classes, note="replay of a\nb\r\nc\rd.csv")
+    assert "# replay of a b c d.csv\ntime_h," in text
+    again = parse_trace(iter(text.splitlines()), placement, cfg, np.random.default_rng(1))
+    assert text.endswith(format_trace(again, placement, cfg.classes).split("\n", 2)[2])  # the rows past the header
+
+
+def test_a_host_of_idle_gpus_in_a_partly_used_domain_is_refused_naming_why():
+    # 128 GPUs using 64 of each 72-GPU domain, 4 a host: hosts 16 and 17 hold domain 0's 8 idle GPUs
+    placement = Placement.of(Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=128, gpus_per_domain=64))
+    assert placement.unit("host:18", "t") == (64, 1) and placement.name(64, 1) == "host:18"
+    assert placement.unit("domain:1", "t") == (64, 2) and placement.name(127, 2) == "domain:1"
+    for host in ("host:16", "host:17"):
+        with pytest.raises(InputError, match=f"t: {host} is not in the plan, whose job has hosts 0..33 "
+                           r"\(that host holds only idle GPUs\)"):  # fmt: skip
+            placement.unit(host, "t")
+    with pytest.raises(InputError, match=r"t: host:34 is not in the plan, whose job has hosts 0..33$"):
+        placement.unit("host:34", "t")
