@@ -71,5 +71,7 @@ def llama3_sample(
 if __name__ == "__main__":
     from ntp_planner.outputs import check_output, write_atomic
 
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m ntp_planner.failures.llama3_trace OUT.csv (the sample is examples/llama3_trace.csv)")
     path = check_output(sys.argv[1], "", example="llama3_trace.csv")
     write_atomic(path, llama3_sample(np.random.default_rng(SAMPLE_SEED)))

@@ -49,15 +49,15 @@ def _same_remainder(value: int, modulus: int, at_least: int) -> int:
 
 def block_style(model: ModelSpec) -> dict:
     """The TinyConfig fields that make the executor's blocks the model's: its norm, its MLP
-    (SwiGLU when gated, else the squared ReLU of Nemotron or GPT's GELU, by ``mlp_activation``), its linear biases and its
-    positions.
+    (SwiGLU when gated, else Nemotron's squared ReLU or GPT's GELU, by ``mlp_activation``), its
+    linear biases and its positions.
 
     >>> from cost_models.catalogue import MODELS
     >>> block_style(MODELS["gpt3-5b"])
     {'norm': 'layer', 'mlp': 'gelu', 'bias': True, 'positions': 'learned'}
     >>> block_style(MODELS["nemotron4-15b"])
     {'norm': 'layer', 'mlp': 'relu2', 'bias': False, 'positions': 'rope'}
-    >>> block_style(MODELS["nemotron4-15b"].model_copy(update={"family": "gpt"}))["mlp"]  # as read from a config.json
+    >>> block_style(MODELS["nemotron4-15b"].model_copy(update={"family": "gpt"}))["mlp"]  # as from config.json
     'relu2'
     """
     mlp = "swiglu" if model.gated_mlp else "relu2" if model.mlp_activation == "squared_relu" else "gelu"
