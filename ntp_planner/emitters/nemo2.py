@@ -19,7 +19,8 @@ from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
 VERSIONS = "NeMo 2.x (nemo-toolkit 2.0 to 2.7, which have nemo.collections.llm); NeMo 3: --format bridge"
-# NeMo 2.0 recipe modules for catalogue models (llm.<module>.pretrain_recipe)
+# NeMo 2.0 recipe modules for catalogue models (llm.<module>.pretrain_recipe); GPT-OSS has only
+# finetune_recipe in 2.7
 RECIPES = {
     "llama3-8b": "llama3_8b",
     "llama3-70b": "llama3_70b",
@@ -33,8 +34,6 @@ RECIPES = {
     "nemotron-22b": "nemotron3_22b",
     "nemotron4-15b": "nemotron4_15b",
     "nemotron-340b": "nemotron4_340b",
-    "gpt-oss-20b": "gpt_oss_20b",
-    "gpt-oss-120b": "gpt_oss_120b",
 }
 # the MLP activations a recipe must bring (a callable in its model config, which the export does not set)
 ACTIVATION_NAMES = {"quick_gelu": "GPT-OSS's clamped, offset quick-GELU gate", "squared_relu": "a squared-ReLU MLP"}

@@ -17,10 +17,11 @@ and applies ``configure``), then builds what NeMo builds before training, withou
   mock data's tokenizer), so the batch sizes are read from its configuration.
 
 It prints one JSON line per case: the parallel and batch fields NeMo ended with, or the error it
-raised. What is changed, and only that: the recipes turn on Transformer Engine's fused RoPE
-kernel (``apply_rope_fusion``), which megatron-core's ``TransformerConfig`` refuses without TE, a
-CUDA build this machine cannot install; the loader turns that kernel choice off (``NO_TE``) after
-the export has run. NeMo warns that TE and Apex are missing and falls back to its local layers.
+raised. What is changed, and only that: the recipes turn on Transformer Engine's fused RoPE and
+MoE permutation kernels (``apply_rope_fusion``, ``moe_permute_fusion``), which megatron-core's
+``TransformerConfig`` refuses without TE, a CUDA build this machine cannot install; the loader
+turns those kernel choices off (``NO_TE``) after the export has run. NeMo warns that TE and Apex
+are missing and falls back to its local layers.
 No NeMo, fiddle or megatron-core function is replaced or stubbed.
 """
 
@@ -41,7 +42,7 @@ PARALLEL = (
     "expert_model_parallel_size",
     "expert_tensor_parallel_size",
 )
-NO_TE = {"apply_rope_fusion": False}  # TE kernels the recipes ask for, off on this machine without TE
+NO_TE = {"apply_rope_fusion": False, "moe_permute_fusion": False}  # TE kernels the recipes ask for
 CONFIG = PARALLEL + ("num_moe_experts", "moe_router_topk", "rotary_base", "fp8", "fp8_recipe", "bf16", "fp16")
 
 

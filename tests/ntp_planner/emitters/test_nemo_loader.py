@@ -16,7 +16,8 @@ import pytest
 
 from cost_models.training import TrainingSpec
 from ntp_planner.emitters import export
-from tests.ntp_planner.test_emitters import _plan, frozen, make
+from ntp_planner.emitters.nemo2 import RECIPES
+from tests.ntp_planner.test_emitters import _catalogue_plan, _plan, frozen, make
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,7 @@ def _variants() -> dict:
         "dense-frozen": frozen("dense_pp_interleaved")[0],
         "moe-frozen": frozen("moe_folded")[0],
     }  # fmt: skip
+    plans |= {f"catalogue:{name}": _catalogue_plan(name) for name in RECIPES}  # every model with a NeMo recipe
     for recipe in ("delayed", "current"):
         t = TrainingSpec(seq_len=4096, global_batch=16, dtype="fp8", fp8_recipe=recipe)
         plans[f"fp8-{recipe}"] = _plan(gpus=16, training=t, **dense)
@@ -50,7 +52,7 @@ def loaded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("nemo")
     plans, cases = _variants(), []
     for name, plan in plans.items():
-        script = folder / f"{name}.py"
+        script = folder / f"{name.replace(':', '_')}.py"
         script.write_text(export(plan, "nemo2").files["nemo2_recipe.py"])
         cases.append({"name": name, "path": str(script)})
     broken = export(plans["vpp"], "nemo2").files["nemo2_recipe.py"]
