@@ -19,7 +19,8 @@ from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
 VERSIONS = "NeMo 2.x (nemo-toolkit 2.0 to 2.7, which have nemo.collections.llm); NeMo 3: --format bridge"
-# NeMo 2.0 recipe modules for catalogue models (llm.<module>.pretrain_recipe)
+# NeMo 2.0 recipe modules for catalogue models (llm.<module>.pretrain_recipe); GPT-OSS has only
+# finetune_recipe in 2.7
 RECIPES = {
     "llama3-8b": "llama3_8b",
     "llama3-70b": "llama3_70b",
@@ -33,8 +34,6 @@ RECIPES = {
     "nemotron-22b": "nemotron3_22b",
     "nemotron4-15b": "nemotron4_15b",
     "nemotron-340b": "nemotron4_340b",
-    "gpt-oss-20b": "gpt_oss_20b",
-    "gpt-oss-120b": "gpt_oss_120b",
 }
 # the MLP activations a recipe must bring (a callable in its model config, which the export does not set)
 ACTIVATION_NAMES = {"quick_gelu": "GPT-OSS's clamped, offset quick-GELU gate", "squared_relu": "a squared-ReLU MLP"}
@@ -49,6 +48,12 @@ STRATEGY_FIELDS = (
     "num_layers_in_first_pipeline_stage",
     "num_layers_in_last_pipeline_stage",
 )
+# the recipes' own pipeline settings (llm.mixtral_8x7b sets vpp 8): a plan without them clears them
+STRATEGY_CLEARED = {
+    "virtual_pipeline_model_parallel_size": None,
+    "num_layers_in_first_pipeline_stage": None,
+    "num_layers_in_last_pipeline_stage": None,
+}
 MODEL_FIELDS = (  # set on the model's TransformerConfig
     "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split",
@@ -64,6 +69,7 @@ MODEL_FIELDS = (  # set on the model's TransformerConfig
     "overlap_moe_expert_parallel_comm",
     "moe_layer_freq",
     "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_overlap",
     "multi_latent_attention",
     "q_lora_rank",
     "kv_lora_rank",
@@ -97,7 +103,7 @@ def emit(
         warnings.append(MLA_NOTE.format(target="NeMo 2.0", config="an MLA model config (llm.DeepSeekV3Config)"))
     warnings += _model_notes(plan)
     hosts, per_host = launch_geometry(plan)
-    fields = mcore_fields(plan, layout)
+    fields = _fields(plan, layout)
     lines = [f"    strategy.{k} = {fields[k]!r}" for k in STRATEGY_FIELDS if k in fields]
     lines += [f"    recipe.model.config.{k} = {fields[k]!r}" for k in MODEL_FIELDS if k in fields]
     ddp = sharding_fields(layout)
@@ -109,6 +115,10 @@ def emit(
     if plan.training.fp8_attention:  # MegatronMixedPrecision passes it to the model's TransformerConfig
         lines.append("    recipe.trainer.plugins.fp8_dot_product_attention = True")
     strategy = "\n".join(lines)
+    # the model config is built (and checked) before the strategy copies its parallelism into it:
+    # it gets the same sizes, which its checks (pipeline dtype, MoE overlap, dispatcher) read
+    copied = [k for k in STRATEGY_FIELDS if k in fields] + ["pipeline_dtype"]
+    config = "".join(f"    recipe.model.config.{k} = strategy.{k}\n" for k in copied)
     recipe = RECIPES.get(plan.model.name)
     dtype = "torch.float16" if plan.training.dtype == "fp16" else "torch.bfloat16"
     make = (
@@ -135,7 +145,7 @@ def configure(recipe):
     strategy = recipe.trainer.strategy
 {strategy}
     strategy.pipeline_dtype = {dtype}
-{data}    recipe.data.micro_batch_size = {layout.micro_batch}
+{config}{data}    recipe.data.micro_batch_size = {layout.micro_batch}
     recipe.data.global_batch_size = {layout.global_batch}
     recipe.data.seq_length = {plan.training.seq_len}
     return recipe
@@ -147,6 +157,20 @@ if __name__ == "__main__":
         configure(recipe)
 '''
     return Export(files={"nemo2_recipe.py": text}, warnings=warnings)
+
+
+def _fields(plan: Plan, layout) -> dict:
+    """megatron-core field values for the recipe, with what NeMo's recipes set of their own undone."""
+    fields = STRATEGY_CLEARED | mcore_fields(plan, layout)
+    if fields.get("pipeline_model_parallel_layout") and layout.vpp > 1:
+        # NeMo copies the strategy's vpp (None otherwise) over the one the layout implies, and
+        # megatron-core's EP overlap check then finds none
+        fields["virtual_pipeline_model_parallel_size"] = layout.vpp
+    if fields.get("moe_token_dispatcher_type", "alltoall") != "alltoall":
+        # megatron-core overlaps the shared experts with the alltoall dispatcher only, and
+        # llm.deepseek_v3's config turns that overlap on: with another dispatcher it refuses the config
+        fields["moe_shared_expert_overlap"] = False
+    return fields
 
 
 def _model_notes(plan: Plan) -> list[str]:
