@@ -21,7 +21,7 @@ TORCHTITAN_NO_DEPS := torchtitan==0.3.0 torchdata==0.11.0 torch_checkpointing==0
 # datasets (torchtitan asks for < 4.8) goes in without its dependencies too: it asks for huggingface_hub < 2,
 # and pip would downgrade the hub that transformers 5 needs (>= 2.4), so the next `make test` could not
 # import transformers; its other dependencies are here, and its torchtitan imports run with hub 2.4
-TORCHTITAN_DEPS := tyro==1.0.17 tensorboard einops triton==3.9.0 "pyarrow>=21.0.0" "dill>=0.3.0,<0.4.1" pandas \
+TORCHTITAN_DEPS := tyro==1.0.17 tensorboard protobuf==7.36.2 einops triton==3.9.0 "pyarrow>=21.0.0" "dill>=0.3.0,<0.4.1" pandas \
 	"httpx<1.0.0" "requests>=2.32.2" xxhash "multiprocess<0.70.19" "fsspec[http]>=2023.1.0,<=2026.2.0"
 # Megatron-Bridge 0.3.1: the slow tests load the Bridge exports with its own recipes and checks. It pins
 # transformers<5 (the main environment has 5) and CUDA-only packages (transformer-engine, mamba-ssm),
@@ -47,14 +47,15 @@ MEGATRON_PKGS := megatron-core==0.19.2
 # has 5) and asks for CUDA packages, so it goes, without its dependencies, into a folder of its own that only
 # those tests put first on PYTHONPATH, with what `from nemo.collections import llm` and its recipes import
 # (nemo_run and its launchers' clients, lightning 2.4, fiddle, modelopt, ...); megatron-core comes from the
-# main environment. About 40 s and 770 MB here.
+# main environment. About 40 s and 770 MB here. protobuf is pinned to the main environment's (TORCHTITAN_DEPS):
+# tensorboard there, which lightning imports, refuses a runtime older than its generated code.
 NEMO_DIR := $(VENV)/nemo
 NEMO_PKGS := nemo-toolkit==2.7.3 nemo-run==0.11.1 lightning==2.4.0 pytorch-lightning==2.4.0 \
 	lightning-utilities==0.15.3 torchmetrics==1.9.0 fiddle==0.3.1 absl-py==2.5.1 graphviz==0.21 \
 	libcst==1.9.0 hydra-core==1.3.2 antlr4-python3-runtime==4.9.3 omegaconf==2.3.0 cloudpickle==3.1.3 \
 	transformers==4.57.6 tokenizers==0.22.2 huggingface-hub==0.36.2 requests==2.34.2 urllib3==2.8.0 \
 	idna==3.21 certifi==2026.10.19.post1 charset-normalizer==3.5.3 wrapt==2.5.2 ruamel.yaml==0.19.1 \
-	text-unidecode==1.3 python-dateutil==4.0.0 six==1.17.0 wget==3.2 onnx==1.17.0 protobuf==5.29.6 \
+	text-unidecode==1.3 python-dateutil==4.0.0 six==1.17.0 wget==3.2 onnx==1.17.0 protobuf==7.36.2 \
 	ml-dtypes==0.7.0 nv-one-logger-core==2.3.1 nv-one-logger-training-telemetry==2.3.1 \
 	nv-one-logger-pytorch-lightning-integration==2.3.1 strenum==0.5.0 overrides==7.7.0 toml==0.10.2 \
 	einops==0.8.2 sentencepiece==0.2.3 webdataset==1.0.2 braceexpand==0.1.7 pandas==3.1.1 pytz==2026.6 \
