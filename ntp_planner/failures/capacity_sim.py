@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ntp_planner.failures.events import Events
+from ntp_planner.failures.goodput import elastic_stalls
 from ntp_planner.failures.renewal import recovery_windows
 from ntp_planner.failures.sampling import BLASTS
 from ntp_planner.failures.sim_config import SimConfig
@@ -102,17 +103,9 @@ def job_failures(pool: EventPool, tables: ThroughputTables, gpus: int, horizon_h
     used = cluster.used_per_domain
     domains = Domains(used=used, node=tables.node, idle=cluster.spec.domain_size - used)
     states = failure_states(ev, trials, bins, BIN_S / 3600, domains)
-    fails, rejoins = ev.start_h >= 0, (ev.end_h >= 0) & (ev.end_h < horizon_h)
-    trial = np.concatenate([ev.trial[fails], ev.trial[rejoins]])
-    start_s = np.concatenate([ev.start_h[fails], ev.end_h[rejoins]]) * 3600
-    duration = np.concatenate(
-        [np.full(int(fails.sum()), cfg.detection_s + cfg.reconfigure_s), np.full(int(rejoins.sum()), cfg.reconfigure_s)]
-    )
+    trial, start_s, lost = elastic_stalls(cfg, ev, horizon_h, trials, math.inf)  # simulate's windows, unclipped
     stall = np.zeros((trials, bins))
-    if trial.size:
-        heads, ends = recovery_windows(trial, start_s, duration, trials)
-        lost = ends[heads] - start_s[heads]
-        np.add.at(stall, (trial[heads], np.minimum(start_s[heads] // BIN_S, bins - 1).astype(np.int64)), lost)
+    np.add.at(stall, (trial, np.minimum(start_s // BIN_S, bins - 1).astype(np.int64)), lost)
     return JobFailures(ev, horizon_h, states, stall)
 
 

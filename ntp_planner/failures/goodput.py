@@ -152,7 +152,7 @@ def elastic_row(
     paused = (tp[inverse] == 0) if cfg.batch == "fixed" else np.zeros((size, bins), dtype=bool)
     paused_s = paused.sum(axis=1) * bin_h * 3600
     if batch.stalls is None:  # the same windows for every elastic strategy
-        batch.stalls = elastic_stalls(cfg, batch, run_s)
+        batch.stalls = elastic_stalls(cfg, batch.events, batch.run_h, size, run_s)
     stall = running_stalls(batch.stalls, paused, bin_h, size)
     write_s = cfg.checkpoint_write_s
     # the job keeps its state through stalls and pauses: one checkpoint clock over the time it runs
@@ -180,18 +180,20 @@ def elastic_row(
     return row, tput[0]
 
 
-def elastic_stalls(cfg: SimConfig, batch: Batch, run_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The windows (trial, start s, seconds) in which an elastic job stands still: detection +
-    reconfiguration after each failure, reconfiguration when a repaired GPU rejoins; one that lands
-    inside another's recovery joins it (``renewal.recovery_windows``)."""
-    ev = batch.events
-    fails, rejoins = batch.in_run, (ev.end_h >= 0) & (ev.end_h < batch.run_h)
+def elastic_stalls(
+    cfg: SimConfig, ev: Events, run_h: float, trials: int, run_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows (trial, start s, seconds up to ``run_s``) in which an elastic job stands still:
+    detection + reconfiguration after each failure during the run, reconfiguration when a repaired
+    GPU rejoins before ``run_h``; one that lands inside another's recovery joins it
+    (``renewal.recovery_windows``). The capacity planner bins the same windows."""
+    fails, rejoins = ev.start_h >= 0, (ev.end_h >= 0) & (ev.end_h < run_h)
     trial = np.concatenate([ev.trial[fails], ev.trial[rejoins]])
     start = np.concatenate([ev.start_h[fails], ev.end_h[rejoins]]) * 3600
     duration = np.concatenate(
         [np.full(int(fails.sum()), cfg.detection_s + cfg.reconfigure_s), np.full(int(rejoins.sum()), cfg.reconfigure_s)]
     )
-    return stall_windows(trial, start, duration, batch.trials, run_s)
+    return stall_windows(trial, start, duration, trials, run_s)
 
 
 def running_stalls(windows, paused: np.ndarray, bin_h: float, trials: int) -> np.ndarray:
