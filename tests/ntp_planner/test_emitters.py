@@ -147,6 +147,25 @@ def test_ntp_settings_follow_megatrons_config():
     assert all(len(v) == 1 for v in settings["non_active_ranks_per_dp"].values())
 
 
+# the dense layout every framework loader test varies (tests/ntp_planner/emitters/test_*_loader.py)
+LOADER_DENSE = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
+
+
+def loader_variants() -> dict:
+    """The variants of issue 25 every framework's loader test loads, on Llama 3 8B: vpp, cp, ZeRO-3,
+    and fp8 with delayed and with current scaling; each test adds its MoE, frozen and own cases."""
+    d = LOADER_DENSE
+    plans = {
+        "vpp": make("llama3-8b", 16, **{**d, "vpp": 2}),
+        "cp": make("llama3-8b", 16, **{**d, "pp": 1, "cp": 2}),
+        "zero3": make("llama3-8b", 16, **{**d, "pp": 1, "dp": 8, "zero": 3}),
+    }
+    for recipe in ("delayed", "current"):
+        t = TrainingSpec(seq_len=4096, global_batch=16, dtype="fp8", fp8_recipe=recipe)
+        plans[f"fp8-{recipe}"] = _plan(gpus=16, training=t, **d)
+    return plans
+
+
 def _catalogue_plan(name):
     m = MODELS[name]
     widths = [m.ffn_hidden_size] + ([m.moe_ffn_hidden_size] if m.is_moe else [])

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from cost_models.catalogue import MODELS
-from cost_models.training import TrainingSpec
 from ntp_planner.emitters import export
 from ntp_planner.emitters.bridge import precision_of, recipe_of
 from tests.ntp_planner.emitters.test_megatron_loader import HF_CONFIGS, _catalogue_variants, _hf_plan
-from tests.ntp_planner.test_emitters import _catalogue_plan, _plan, frozen, make
+from tests.ntp_planner.test_emitters import LOADER_DENSE, _catalogue_plan, frozen, loader_variants, make
 from topologies.gpus import GPUS
 
 pytestmark = pytest.mark.slow
@@ -81,20 +80,15 @@ def _variants() -> dict:
     plans = {f"catalogue:{name}": _catalogue_plan(name) for name in MODELS}
     plans |= {f"hf:{name}": _hf_plan(name) for name in HF_CONFIGS}
     plans |= {key: plan for name in MODELS for key, plan in _catalogue_variants(name).items()}
-    dense = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
+    dense = LOADER_DENSE
+    plans |= loader_variants()
     plans |= {
-        "vpp": make("llama3-8b", 16, **{**dense, "vpp": 2}),
-        "cp": make("llama3-8b", 16, **{**dense, "pp": 1, "cp": 2}),
-        "zero3": make("llama3-8b", 16, **{**dense, "pp": 1, "dp": 8, "zero": 3}),
         "moe-folded": make("qwen3-30b-a3b", 16, **{**dense, "ep": 4, "etp": 1}),
         "moe-vpp": make("deepseek-v3", 64, **{**dense, "pp": 4, "dp": 8, "vpp": 2, "ep": 8, "etp": 1,
                                               "global_batch": 64}),
         "dense-frozen": frozen("dense_pp_interleaved")[0],
         "moe-frozen": frozen("moe_folded")[0],
     }  # fmt: skip
-    for recipe in ("delayed", "current"):
-        t = TrainingSpec(seq_len=4096, global_batch=16, dtype="fp8", fp8_recipe=recipe)
-        plans[f"fp8-{recipe}"] = _plan(gpus=16, training=t, **dense)
     return plans
 
 

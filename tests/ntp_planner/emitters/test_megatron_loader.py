@@ -22,7 +22,7 @@ from ntp_planner.emitters.common import expressible_layout
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.solver.planner import make_plan, plan_from_layout
 from ntp_planner.solver.search import SearchSpace
-from tests.ntp_planner.test_emitters import _catalogue_plan, _plan, frozen, make
+from tests.ntp_planner.test_emitters import LOADER_DENSE, _catalogue_plan, frozen, loader_variants, make
 from topologies import CLUSTERS, Cluster
 from topologies.gpus import GPUS
 
@@ -90,12 +90,10 @@ def _variants() -> dict:
     plans = {f"catalogue:{name}": (_catalogue_plan(name), None) for name in MODELS}
     plans |= {f"hf:{name}": (_hf_plan(name), None) for name in HF_CONFIGS}
     plans |= {key: (plan, None) for name in MODELS for key, plan in _catalogue_variants(name).items()}
-    dense = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
+    dense = LOADER_DENSE
+    plans |= {key: (plan, None) for key, plan in loader_variants().items()}
     plans |= {
-        "vpp": (make("llama3-8b", 16, **{**dense, "vpp": 2}), None),
-        "cp": (make("llama3-8b", 16, **{**dense, "pp": 1, "cp": 2}), None),
         "zero2": (make("llama3-8b", 16, **{**dense, "pp": 1, "dp": 8, "zero": 2}), None),
-        "zero3": (make("llama3-8b", 16, **{**dense, "pp": 1, "dp": 8, "zero": 3}), None),
         "zero3-tp1": (make("llama3-8b", 16, **{**dense, "tp": 1, "pp": 1, "dp": 16, "zero": 3,
                                                "sequence_parallel": False}), None),
         "moe-folded": (make("qwen3-30b-a3b", 16, **{**dense, "ep": 4, "etp": 1}), None),
@@ -109,9 +107,6 @@ def _variants() -> dict:
     }  # fmt: skip
     plan, _ = frozen("ntp_replanned")
     plans["ntp-replan"] = (plan, Replanner(plan).replan(frozenset({3, 12}), "ntp"))
-    for recipe in ("delayed", "current"):
-        t = TrainingSpec(seq_len=4096, global_batch=16, dtype="fp8", fp8_recipe=recipe)
-        plans[f"fp8-{recipe}"] = (_plan(gpus=16, training=t, **dense), None)
     return plans
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.training import TrainingSpec
 from ntp_planner.emitters import export
 from ntp_planner.emitters.nemo2 import RECIPES
-from tests.ntp_planner.test_emitters import _catalogue_plan, _plan, frozen, make
+from tests.ntp_planner.test_emitters import LOADER_DENSE, _catalogue_plan, frozen, loader_variants, make
 
 pytestmark = pytest.mark.slow
 
@@ -27,20 +26,13 @@ MARK = "ntp-nemo-result "
 
 
 def _variants() -> dict:
-    dense = dict(tp=2, pp=2, dp=4, global_batch=16, sequence_parallel=True, distributed_optimizer=True)
-    plans = {
-        "vpp": make("llama3-8b", 16, **{**dense, "vpp": 2}),
-        "cp": make("llama3-8b", 16, **{**dense, "pp": 1, "cp": 2}),
-        "zero3": make("llama3-8b", 16, **{**dense, "pp": 1, "dp": 8, "zero": 3}),
+    plans = loader_variants() | {
         # Mixtral's recipe sets vpp 8 of its own: a plan without vpp must clear it
-        "moe": make("mixtral-8x7b", 16, **{**dense, "ep": 4, "etp": 1}),
+        "moe": make("mixtral-8x7b", 16, **{**LOADER_DENSE, "ep": 4, "etp": 1}),
         "dense-frozen": frozen("dense_pp_interleaved")[0],
         "moe-frozen": frozen("moe_folded")[0],
     }  # fmt: skip
     plans |= {f"catalogue:{name}": _catalogue_plan(name) for name in RECIPES}  # every model with a NeMo recipe
-    for recipe in ("delayed", "current"):
-        t = TrainingSpec(seq_len=4096, global_batch=16, dtype="fp8", fp8_recipe=recipe)
-        plans[f"fp8-{recipe}"] = _plan(gpus=16, training=t, **dense)
     return plans
 
 
