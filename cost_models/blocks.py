@@ -226,11 +226,20 @@ class CostEnv:
             rate, half = self._gemm[op.low_precision and self.training.low_precision]
             flops = op.flops * self.eff.tile_factor(self.arch, op.n, op.k)  # whole output tiles
             if op.name.startswith(moe.GROUPED):
+                flops *= self._expert_waves(op)
                 return flops / (rate * moe.grouped_gemm_factor(self.eff, op.m, op.n, op.k, half))
             return flops / (rate * self.eff.shape_factor(op.m, op.n, op.k, half))
         if op.kind == "flash":  # attention runs in bf16 whatever the GEMM format
             return op.flops / (self.bf16_peak * self._attention)
         return op.mem_bytes / self.mem_bw * self.memory_scale
+
+    def _expert_waves(self, op: Op) -> float:
+        """``moe.expert_waves`` of one expert GEMM of ``op`` (``op.batch`` local experts) on this GPU."""
+        tile = self.eff.gemm_tile.get(self.arch)
+        if tile is None:
+            return 1.0
+        concurrent = moe.expert_concurrency(op.batch, self.eff.expert_gemm_streams, self.training.cuda_graphs)
+        return moe.expert_waves(op.m, op.n, op.k, concurrent, tile, self.cluster.gpu.sm_count)
 
     def ops_pass(self, ops: list[Op]) -> Pass:
         """Forward and backward of ``ops``: each op's cost times its fwd / bwd multiplicity, plus

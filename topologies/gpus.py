@@ -272,8 +272,8 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_GB300}: up to 21 TB HBM3e per 72 GPUs; {_ULTRA}: 288GB per GPU, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_GB300}: up to 576 TB/s per 72 GPUs (8 TB/s per GPU)",
                 "tdp_watts": f"{_ULTRA}: GB300 up to 1,400 W per GPU",
-                "peak_basis_watts": f"{_GB300}: its FP16/BF16 and FP8 rates are the GB200 NVL72's, {_GB200} configurable "
-                "up to 1,200W",
+                "peak_basis_watts": f"{_GB300}: its FP16/BF16 and FP8 rates are the GB200 NVL72's, {_GB200} "
+                "configurable up to 1,200W",
             },
         ),
     ]

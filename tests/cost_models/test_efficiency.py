@@ -40,6 +40,7 @@ def test_tile_quantisation_pads_each_weight_dimension_to_whole_tiles():
     assert tile_quantisation(768, 2048, 256) == 1.0 and tile_quantisation(2048, 7168, 256) == 1.0
     eff = DEFAULT_EFFICIENCY
     assert eff.tile_factor("blackwell", 2880, 2880) == tile_quantisation(2880, 2880, 256)
+    assert eff.tile_factor("hopper", 2880, 2880) == tile_quantisation(2880, 2880, 128)
     assert eff.tile_factor("ampere", 2880, 2880) == 1.0  # no tile stated: no padding costed
 
 
@@ -50,7 +51,9 @@ def test_power_headroom_is_blackwell_ultras_extra_power_at_nvidias_own_exponent(
     b200, gb200 = GPUS["B200"], GPUS["GB200"]
     exponent = math.log(gb200.bf16_flops_per_s / b200.bf16_flops_per_s) / math.log(gb200.tdp_watts / b200.tdp_watts)
     assert DEFAULT_EFFICIENCY.power_rate_exponent == pytest.approx(exponent, abs=5e-4)
-    ultra = {name: DEFAULT_EFFICIENCY.power_headroom(g.tdp_watts, g.peak_basis_watts, "mxfp8") for name, g in GPUS.items()}
+    ultra = {
+        name: DEFAULT_EFFICIENCY.power_headroom(g.tdp_watts, g.peak_basis_watts, "mxfp8") for name, g in GPUS.items()
+    }
     assert ultra["GB300"] == pytest.approx((1400 / 1200) ** 0.578) and ultra["GB300"] == pytest.approx(1.0932, abs=1e-4)
     assert ultra["B300"] == pytest.approx(1.1**0.578) and ultra["B300"] == pytest.approx(1.0566, abs=1e-4)
     assert all(v == 1.0 for name, v in ultra.items() if name not in ("B300", "GB300"))
