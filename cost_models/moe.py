@@ -145,7 +145,10 @@ def expert_waves(m: int, n: int, k: int, concurrent: int, tile: tuple[int, int, 
     in whole waves, and the last one's idle slots cost as much as busy ones; the three passes
     (equal FLOPs) average. A dense GEMM has many waves and its tail is inside the fitted shape
     factor; an expert's, a few, makes it explicit (``Efficiency.gemm_tile``,
-    ``expert_gemm_streams``; CUTLASS and Transformer Engine's sources there).
+    ``expert_gemm_streams``; CUTLASS and Transformer Engine's sources there). It assumes cuBLAS
+    does not split the token reduction of a weight gradient (or stream-K a partial wave) for these
+    shapes: unmeasured here (no GPU check yet), and table G's fit prefers it (8.94% against 9.15%
+    without the weight gradient's waves).
 
     Qwen3-30B-A3B on a B200 at ep 8, micro-batch 4: 8,192 rows an expert, 2 x 768 wide up, 2,048
     hidden; four experts at once. Forward: 6 x 32 x 4 = 768 tiles on 74 SM pairs, 10.4 waves (11);
