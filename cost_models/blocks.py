@@ -125,7 +125,9 @@ class CostEnv:
         high = "fp16" if training.dtype == "fp16" else "bf16"
         self._gemm = {  # low_precision flag -> (FLOP/s of a large GEMM, half dimension)
             flag: (
-                gpu.peak_flops_per_s(fmt) * eff.gemm_peak_fraction(self.arch, fmt),
+                gpu.peak_flops_per_s(fmt)
+                * eff.gemm_peak_fraction(self.arch, fmt)
+                * eff.power_headroom(gpu.tdp_watts, gpu.peak_basis_watts, fmt),
                 eff.half_dim(gpu.peak_flops_per_s(fmt) / gpu.sm_count),
             )
             for flag, fmt in ((True, training.dtype), (False, high))
@@ -222,12 +224,22 @@ class CostEnv:
         """Seconds of one execution of ``op`` (its forward unit), launch overhead excluded."""
         if op.kind == "gemm":
             rate, half = self._gemm[op.low_precision and self.training.low_precision]
+            flops = op.flops * self.eff.tile_factor(self.arch, op.n, op.k)  # whole output tiles
             if op.name.startswith(moe.GROUPED):
-                return op.flops / (rate * moe.grouped_gemm_factor(self.eff, op.m, op.n, op.k, half))
-            return op.flops / (rate * self.eff.shape_factor(op.m, op.n, op.k, half))
+                flops *= self._expert_waves(op)
+                return flops / (rate * moe.grouped_gemm_factor(self.eff, op.m, op.n, op.k, half))
+            return flops / (rate * self.eff.shape_factor(op.m, op.n, op.k, half))
         if op.kind == "flash":  # attention runs in bf16 whatever the GEMM format
             return op.flops / (self.bf16_peak * self._attention)
         return op.mem_bytes / self.mem_bw * self.memory_scale
+
+    def _expert_waves(self, op: Op) -> float:
+        """``moe.expert_waves`` of one expert GEMM of ``op`` (``op.batch`` local experts) on this GPU."""
+        tile = self.eff.gemm_tile.get(self.arch)
+        if tile is None:
+            return 1.0
+        concurrent = moe.expert_concurrency(op.batch, self.eff.expert_gemm_streams, self.training.cuda_graphs)
+        return moe.expert_waves(op.m, op.n, op.k, concurrent, tile, self.cluster.gpu.sm_count)
 
     def ops_pass(self, ops: list[Op]) -> Pass:
         """Forward and backward of ``ops``: each op's cost times its fwd / bwd multiplicity, plus

@@ -23,6 +23,7 @@ is what makes small models slow on fast GPUs.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -176,6 +177,40 @@ class Efficiency(BaseModel):
         "SM and clock against 4 d FLOPs per score forward: FlashAttention-4's premise). Sourced, not fitted: "
         "table G's B300 / GB300 runs agree (mean |error| 15.0% -> 14.2%); tables A-F have none.",
     )
+    gemm_tile: dict[str, tuple[int, int, int]] = Field(
+        default={"blackwell": (256, 256, 2), "hopper": (128, 256, 1)},
+        description="The output tile of a large GEMM kernel, per architecture: its width along a weight dimension, "
+        "its width along the token dimension, and the SMs one tile occupies. Blackwell's tcgen05.mma runs on a pair "
+        "of SMs (cta_group::2) with M = 256 across the pair and N up to 256 (CUTLASS 'Blackwell SM100 GEMMs', "
+        "media/docs/cpp/blackwell_functionality.md); Hopper's wgmma is 64 rows a warpgroup, two consumer "
+        "warpgroups a 128 x 256 tile on one SM (CUTLASS sm90 kernels). cuBLAS puts the weight's output dimension "
+        "on M (column-major C^T = W X^T). A weight dimension that is not a multiple of the tile computes its last "
+        "tile in full (tile_quantisation); an expert's GEMMs fill the SMs in waves of tiles "
+        "(cost_models.moe.expert_waves). Sourced, not fitted: every dense model of tables A-F has weight "
+        "dimensions that are multiples of 256 (tables unchanged), GPT-OSS's 2,880 (11.25 tiles of 256, 22.5 of "
+        "128) and MLA's 576-wide KV down-projection are not.",
+    )
+    expert_gemm_streams: int = Field(
+        default=4,
+        ge=1,
+        description="Expert GEMMs that share the GPU at once when Transformer Engine issues them one expert at a "
+        "time (cost_models.moe.expert_waves): nvte_multi_tensor_gemm puts expert i on compute stream i mod "
+        "get_num_compute_streams(), a constant 4 (transformer_engine/common/util/multi_stream.cpp). Under a "
+        "full-iteration CUDA graph the single cuBLASLt grouped GEMM runs every local expert's tiles together. "
+        "Sourced, not fitted.",
+    )
+    power_rate_exponent: float = Field(
+        default=0.578,
+        ge=0,
+        description="How a GPU's sustained tensor rate grows with its board power at the same silicon and "
+        "datasheet peak: rate x (tdp_watts / peak_basis_watts) ** this (power_headroom). NVIDIA's own pair of "
+        "one Blackwell die at two power limits quotes B200 at 2.25 PFLOP/s dense bf16 for 1,000 W and GB200 at "
+        "2.5 for 1,200 W: ln(2.5 / 2.25) / ln(1.2) = 0.578. Blackwell Ultra repeats those bf16 / fp8 peaks at "
+        "more power (B300 1,100 W, GB300 1,400 W; SemiAnalysis 'GB300 & B300' 2024: part of the gain is the "
+        "extra 200 W), so its GEMMs run 1.057x (B300) and 1.093x (GB300) the rate the Blackwell fraction gives; "
+        "GB200 against B200 is in the datasheets already. Sourced, not fitted (table G 9.47% -> 8.94% with it; no run "
+        "of tables A-F or H is on Blackwell Ultra).",
+    )
     flash_efficiency: dict[str, dict[str, float]] = Field(
         default={
             "ampere": {"cudnn": 0.53, "flash2": 0.53},
@@ -291,6 +326,26 @@ class Efficiency(BaseModel):
         fwd, bwd = max(1.0 / tensor_speedup, exp), max(1.0 / tensor_speedup, exp / 2.5)
         return 3.5 / (fwd + 2.5 * bwd)
 
+    def tile_factor(self, architecture: str, n: int, k: int) -> float:
+        """``tile_quantisation`` of a GEMM with weight dimensions ``n`` x ``k`` on the weight-dimension
+        width of ``architecture``'s tile (``gemm_tile``; 1 for an architecture without one)."""
+        tile = self.gemm_tile.get(architecture)
+        return tile_quantisation(n, k, tile[0]) if tile else 1.0
+
+    def power_headroom(self, tdp_watts: float, peak_basis_watts: float | None, dtype: str) -> float:
+        """How much faster than its datasheet peak says a GPU's GEMMs in ``dtype`` run when it draws
+        ``tdp_watts`` but repeats the peaks of a part rated at ``peak_basis_watts``
+        (``GPUSpec.peak_basis_watts``): ``(tdp / basis) ** power_rate_exponent``; 1 without a basis
+        and for fp4, whose Blackwell Ultra peak is its own.
+
+        >>> headroom = DEFAULT_EFFICIENCY.power_headroom
+        >>> round(headroom(1400, 1200, "bf16"), 4), headroom(1400, 1200, "nvfp4"), headroom(1000, None, "bf16")
+        (1.0932, 1.0, 1.0)
+        """
+        if peak_basis_watts is None or FORMAT_CLASS[dtype] == "fp4":
+            return 1.0
+        return (tdp_watts / peak_basis_watts) ** self.power_rate_exponent
+
     def gemm_peak_fraction(self, architecture: str, dtype: str) -> float:
         """The sustained GEMM fraction of ``architecture`` in ``dtype``'s format class. There is
         no fallback: a GPU generation without a fitted or stated figure is an error, not a
@@ -305,6 +360,20 @@ class Efficiency(BaseModel):
         """Product of d / (d + half) over the three GEMM dimensions (1 for huge GEMMs)."""
         half = self.gemm_half_dim if half is None else half
         return (m / (m + half)) * (n / (n + half)) * (k / (k + half))
+
+
+def tile_quantisation(n: int, k: int, tile: int) -> float:
+    """Time of a GEMM whose weight is ``n`` x ``k`` over the same GEMM with both dimensions whole
+    multiples of ``tile``: each of its three passes computes its output in whole tiles along the
+    weight's dimensions (forward: ``n`` wide; data gradient: ``k``; weight gradient: ``n`` x ``k``),
+    so a dimension ``d`` costs ``ceil(d / tile) x tile / d``, and the three passes (equal FLOPs)
+    average. The token dimension is left out (its rows are many times the tile).
+
+    >>> round(tile_quantisation(2880, 2880, 256), 5), tile_quantisation(2048, 768, 256)
+    (1.09037, 1.0)
+    """
+    pad_n, pad_k = (math.ceil(d / tile) * tile / d if d > 0 else 1.0 for d in (n, k))
+    return (pad_n + pad_k + pad_n * pad_k) / 3
 
 
 def _lookup(table: dict[str, dict[str, float]], name: str, architecture: str, key: str) -> float:

@@ -69,6 +69,13 @@ class GPUSpec(BaseModel):
     hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes (the datasheet's GB are GiB).")
     hbm_bw_bytes_per_s: float = Field(gt=0, description="HBM bandwidth in bytes/s.")
     tdp_watts: float = Field(gt=0, description="Thermal design power (max board power), W.")
+    peak_basis_watts: float | None = Field(
+        default=None,
+        gt=0,
+        description="Board power, W, of the part whose bf16 / fp8 datasheet peaks this GPU repeats while drawing "
+        "tdp_watts (Blackwell Ultra repeats Blackwell's at 100-200 W more: Efficiency.power_headroom); None: the "
+        "peaks are its own.",
+    )
     sources: dict[str, str] = Field(description="Field name -> where the figure comes from.")
 
     _bounds = bounds_validator(_BOUNDS)
@@ -131,6 +138,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_A100}: 80GB HBM2e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_A100}: 2,039 GB/s",
                 "tdp_watts": f"{_A100}: max TDP 400W",
+                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
             },
         ),
         GPUSpec(
@@ -151,6 +159,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_H100}: 80GB HBM3, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_H100}: 3.35 TB/s",
                 "tdp_watts": f"{_H100}: up to 700W (configurable)",
+                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
             },
         ),
         GPUSpec(
@@ -171,6 +180,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_H200}: 141GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_H200}: 4.8 TB/s",
                 "tdp_watts": f"{_H200}: up to 700W (configurable)",
+                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
             },
         ),
         GPUSpec(
@@ -192,6 +202,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_B200}: 180GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_B200}: 7.7 TB/s",
                 "tdp_watts": f"{_B200}: configurable up to 1,000W",
+                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
             },
         ),
         GPUSpec(
@@ -213,6 +224,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_GB200}: 186GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_GB200}: 8 TB/s",
                 "tdp_watts": f"{_GB200}: configurable up to 1,200W",
+                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
             },
         ),
         GPUSpec(
@@ -225,6 +237,7 @@ GPUS: dict[str, GPUSpec] = {
             hbm_bytes=288 * GIB,
             hbm_bw_bytes_per_s=8e12,
             tdp_watts=1100,
+            peak_basis_watts=1000,
             sources={
                 "bf16_flops_per_s": f"{_B300}: FP16/BF16 36 PFLOPS sparse per 8 GPUs",
                 "fp8_flops_per_s": f"{_B300}: FP8/FP6 72 PFLOPS sparse per 8 GPUs",
@@ -234,6 +247,8 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_ULTRA}: 288GB HBM3e per GPU, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_ULTRA}: 8 TB/s HBM3e per GPU",
                 "tdp_watts": "NVIDIA DGX B300 / HGX B300 system guides (2025): 1,100 W per B300 GPU",
+                "peak_basis_watts": f"{_B300}: its FP16/BF16 and FP8 rates are the HGX B200's, {_B200} configurable up "
+                "to 1,000W",
             },
         ),
         GPUSpec(
@@ -246,6 +261,7 @@ GPUS: dict[str, GPUSpec] = {
             hbm_bytes=288 * GIB,
             hbm_bw_bytes_per_s=8e12,
             tdp_watts=1400,
+            peak_basis_watts=1200,
             sources={
                 "bf16_flops_per_s": f"{_GB300}: FP16/BF16 360 PFLOPS sparse per 72 GPUs",
                 "fp8_flops_per_s": f"{_GB300}: FP8/FP6 720 PFLOPS sparse per 72 GPUs",
@@ -256,6 +272,8 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_GB300}: up to 21 TB HBM3e per 72 GPUs; {_ULTRA}: 288GB per GPU, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_GB300}: up to 576 TB/s per 72 GPUs (8 TB/s per GPU)",
                 "tdp_watts": f"{_ULTRA}: GB300 up to 1,400 W per GPU",
+                "peak_basis_watts": f"{_GB300}: its FP16/BF16 and FP8 rates are the GB200 NVL72's, {_GB200} "
+                "configurable up to 1,200W",
             },
         ),
     ]

@@ -246,3 +246,25 @@ def test_mtp_module_adds_its_layer_projection_and_output_pass_to_the_head():
     dense, expert = with_mtp.block_params(HEAD, 1, last_stage_ties=True)
     assert expert == pytest.approx(v3.layer_expert_params(v3.mtp_layer_kind) / 64)
     assert with_mtp.block_activation_bytes(HEAD, 1) > 0 == without.block_activation_bytes(HEAD, 1)
+
+
+def test_expert_waves_count_whole_waves_of_tiles_over_the_sms():
+    from cost_models.moe import expert_concurrency, expert_waves
+
+    blackwell = EFF.gemm_tile["blackwell"]
+    assert blackwell == (256, 256, 2) and EFF.gemm_tile["hopper"] == (128, 256, 1)
+    # GPT-OSS on GB200 at ep 64, micro-batch 4: 2 local experts of 32,768 rows, up-projection 5,760 x 2,880.
+    # Forward 23 x 128 x 2 = 5,888 tiles on 74 SM pairs: 79.6 waves, 80; data gradient 12 x 128 x 2 = 3,072:
+    # 41.5, 42; weight gradient 23 x 12 x 2 = 552: 7.46, 8
+    fwd, dgrad, wgrad = 80 / (5888 / 74), 42 / (3072 / 74), 8 / (552 / 74)
+    assert expert_waves(32768, 5760, 2880, 2, blackwell, 148) == pytest.approx((fwd + dgrad + wgrad) / 3)
+    # one tile's worth of work takes a whole wave: 1 tile of 74 slots costs 74 tiles' time in each pass
+    assert expert_waves(256, 256, 256, 1, blackwell, 148) == pytest.approx(74.0)
+    # on Hopper a tile is 128 weight rows x 256 tokens on one of 132 SMs: 33 x 4 = 132 tiles, one wave
+    assert expert_waves(1024, 4224, 4224, 1, EFF.gemm_tile["hopper"], 132) == pytest.approx(
+        (1 + 1 + math.ceil(33 * 17 / 132) / (33 * 17 / 132)) / 3
+    )
+    # Transformer Engine's four compute streams, or every local expert in a CUDA graph's grouped GEMM
+    assert EFF.expert_gemm_streams == 4
+    assert [expert_concurrency(e, 4, False) for e in (1, 2, 16)] == [1, 2, 4]
+    assert expert_concurrency(16, 4, True) == 16

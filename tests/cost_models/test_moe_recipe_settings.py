@@ -186,7 +186,14 @@ def test_alternating_attention_reselects_its_backend_on_the_host():
     oss = MODELS["gpt-oss-120b"]
     assert moe.attention_switch_fraction(oss) == pytest.approx(35 / 36, rel=1e-12)
     assert moe.attention_switch_fraction(MIXTRAL) == 0.0
-    sync = EFF.model_copy(update={"moe_host_sync_s": {"alltoall": 0.008, "flex": 0.0}, "grouped_gemm_launch_s": 1e-5})
+    # (16 streams: the eager experts share the GPU as the graph's grouped GEMM does, moe.expert_waves alike)
+    sync = EFF.model_copy(
+        update={
+            "moe_host_sync_s": {"alltoall": 0.008, "flex": 0.0},
+            "grouped_gemm_launch_s": 1e-5,
+            "expert_gemm_streams": 16,
+        }
+    )
     flex = CostEnv(oss, TRAIN, _layout(moe_dispatcher="flex"), H64, sync)
     assert flex._host_sync_s(flex.degree(1)) == pytest.approx(0.006 * 35 / 36, rel=1e-12)
     # the longer of the dispatcher's stall and the re-selection, not their sum

@@ -189,15 +189,15 @@ def test_recipe_settings_per_era():
 
 
 def test_table_g_stays_where_the_mechanisms_put_it():
-    # issue 24 item 8 (round 2): 9.7% mean, 13 runs over 20%, every run fits (the goal, 8% and none over
+    # issue 24 item 8 (round 4): 8.9% mean, 8 runs over 20%, every run fits (the goal, 8% and none over
     # 20%, is not reached: README "Mixture-of-experts"); bounds a little above, so a change that makes it
     # worse fails
     from cost_models.step import estimate_step
 
     costs = [(r, estimate_step(r.model, r.training, r.layout, r.cluster)) for r in g.table_g()]
     errors = [abs(c.step_time_s / r.measured_step_time_s - 1) for r, c in costs]
-    assert sum(errors) / len(errors) <= 0.099
-    assert sum(e > 0.2 for e in errors) <= 13
+    assert sum(errors) / len(errors) <= 0.091
+    assert sum(e > 0.2 for e in errors) <= 8
     assert all(c.fits() for _, c in costs)
 
 
