@@ -9,7 +9,8 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
-from ntp_planner.failures.capacity import Candidate, CapacityResult, CapacitySpec, usd
+from ntp_planner.failures.capacity_front import usd
+from ntp_planner.failures.capacity_spec import Candidate, CapacityResult, CapacitySpec
 
 COLUMNS = ("cluster", "GPUs", "spares", "strategy", "layout", "P50 d", "P90 d", "P(deadline)", "GPU-hours", "cost")
 
