@@ -13,7 +13,9 @@ import sys
 import time
 
 from cost_models import TrainingSpec, resolve_model
-from ntp_planner.failures.capacity import CapacitySpec, plan_grid, search
+from ntp_planner.failures.capacity import search
+from ntp_planner.failures.capacity_job import plan_grid
+from ntp_planner.failures.capacity_spec import CapacitySpec
 from topologies import resolve_cluster_spec
 from topologies.prices import GPU_HOUR_PRICES
 

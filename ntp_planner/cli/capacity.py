@@ -85,7 +85,7 @@ def capacity(
                -c dgx-h100,dgx-b200,gb200-nvl72 --gpus 4096-32768
     """
     from cost_models import TrainingSpec, resolve_model
-    from ntp_planner.failures.capacity import CapacitySpec, check_workload, plan_grid, search
+    from ntp_planner.failures.capacity_spec import CapacitySpec, check_one_step, check_workload
     from topologies import resolve_cluster_spec
 
     names = parse_list(clusters, "--clusters", str, "dgx-h100,gb200-nvl72")
@@ -110,11 +110,7 @@ def capacity(
     model_spec = resolve_model(model)
     training = TrainingSpec(seq_len=seq_len, global_batch=global_batch)
     check_one_step(tokens, training)
-    grid = len(specs) * len(spec.gpus)
-    with progress("planning", grid, json_out) as advance:
-        plans = plan_grid(model_spec, training, specs, spec.gpus, advance)
-    with progress("candidates", grid * len(spec.spares) * len(spec.strategies), json_out) as advance:
-        result = search(spec, plans, {n: s.domain_size for n, s in specs.items()}, prices, progress=advance)
+    result = _plan_and_search(spec, model_spec, training, specs, prices, json_out)
     if plot is not None:
         from ntp_planner.views.capacity import plot_capacity
 
@@ -128,6 +124,19 @@ def capacity(
     show(capacity_view(result, spec, model_spec.name, sources))
     if plot is not None:
         show(f"plots written to {plot}/")
+
+
+def _plan_and_search(spec, model_spec, training, specs: dict, prices: dict[str, float], quiet: bool):
+    """Every cluster x GPU count planned, then every candidate searched, each under its progress
+    bar on stderr (none with --json)."""
+    from ntp_planner.failures.capacity import search
+    from ntp_planner.failures.capacity_job import plan_grid
+
+    grid = len(specs) * len(spec.gpus)
+    with progress("planning", grid, quiet) as advance:
+        plans = plan_grid(model_spec, training, specs, spec.gpus, advance)
+    with progress("candidates", grid * len(spec.spares) * len(spec.strategies), quiet) as advance:
+        return search(spec, plans, {n: s.domain_size for n, s in specs.items()}, prices, progress=advance)
 
 
 def result_json(result) -> dict:
@@ -174,17 +183,6 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     return counts
 
 
-def check_one_step(tokens: float, training) -> None:
-    """InputError for fewer tokens than one step trains: a run of a fraction of a step has no
-    time to train worth pricing (it would read as 0 days and $0)."""
-    step_tokens = training.global_batch * training.seq_len
-    if tokens < step_tokens:
-        raise InputError(
-            f"--tokens {tokens:g} is less than one step: global batch({training.global_batch:,}) x seq len"
-            f"({training.seq_len:,}) = {step_tokens:,} tokens; train at least that many"
-        )
-
-
 def _spares(text: str) -> tuple[int, ...]:
     pools = parse_list(text, "--spares", int, "0,1,2,4")
     if any(not 0 <= k <= MAX_SPARES for k in pools) or len(set(pools)) < len(pools):
@@ -198,6 +196,24 @@ def gpu_hour_prices(specs: dict, given: list[str]) -> tuple[dict[str, float], di
     cluster not searched, or a cluster without either."""
     from topologies.prices import GPU_HOUR_PRICES
 
+    chosen = _given_prices(specs, given)
+    prices, sources = {}, {}
+    for name, spec in specs.items():
+        if name in chosen:
+            prices[name], source = chosen[name], "--gpu-hour-cost"
+        elif spec.gpu in GPU_HOUR_PRICES:
+            prices[name], source = GPU_HOUR_PRICES[spec.gpu].usd_per_gpu_hour, GPU_HOUR_PRICES[spec.gpu].source
+        else:
+            raise InputError(
+                f"no default GPU-hour price for {spec.gpu} (cluster {name}); give one with --gpu-hour-cost {name}=USD"
+            )
+        sources[name] = {"usd_per_gpu_hour": prices[name], "source": source}
+    return prices, sources
+
+
+def _given_prices(specs: dict, given: list[str]) -> dict[str, float]:
+    """--gpu-hour-cost CLUSTER=USD as USD per GPU-hour per cluster; InputError for a malformed
+    price, a cluster not searched, or one priced twice differently."""
     chosen: dict[str, float] = {}
     for item in given:
         name, eq, usd_text = item.rpartition("=")  # a cluster file path may hold "="; a price never does
@@ -218,15 +234,4 @@ def gpu_hour_prices(specs: dict, given: list[str]) -> tuple[dict[str, float], di
         if name in chosen and chosen[name] != usd:  # the last one winning silently hides a typo
             raise InputError(f"--gpu-hour-cost prices {name} twice ({chosen[name]:g} and {usd:g}); give it once")
         chosen[name] = usd
-    prices, sources = {}, {}
-    for name, spec in specs.items():
-        if name in chosen:
-            prices[name], source = chosen[name], "--gpu-hour-cost"
-        elif spec.gpu in GPU_HOUR_PRICES:
-            prices[name], source = GPU_HOUR_PRICES[spec.gpu].usd_per_gpu_hour, GPU_HOUR_PRICES[spec.gpu].source
-        else:
-            raise InputError(
-                f"no default GPU-hour price for {spec.gpu} (cluster {name}); give one with --gpu-hour-cost {name}=USD"
-            )
-        sources[name] = {"usd_per_gpu_hour": prices[name], "source": source}
-    return prices, sources
+    return chosen

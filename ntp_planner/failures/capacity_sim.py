@@ -151,21 +151,7 @@ def restart_hours(
     >>> (h * 3600).tolist()
     [6100.0]
     """
-    in_run = (ev.start_h >= 0) & (ev.start_h < horizon_h)
-    trial, fail_s = ev.trial[in_run], ev.start_h[in_run] * 3600
-    heads, _ = recovery_windows(trial, fail_s, np.full(fail_s.shape, recovery_s), trials)
-    t, f = trial[heads], fail_s[heads]
-    order = np.lexsort((f, t))
-    t, f = t[order], f[order]
-    first = np.r_[True, t[1:] != t[:-1]] if t.size else np.zeros(0, dtype=bool)
-    begin = np.where(first, 0.0, np.r_[0.0, f[:-1]] + recovery_s)
-    last_begin = np.zeros(trials)
-    last_begin[t] = f + recovery_s  # sorted by time: the latest failure of each trial wins
-    seg_t = np.concatenate([t, np.arange(trials)])
-    seg_begin = np.concatenate([begin, last_begin])
-    seg_end = np.concatenate([f, np.full(trials, np.inf)])
-    order = np.lexsort((seg_begin, seg_t))
-    seg_t, seg_begin, seg_end = seg_t[order], seg_begin[order], seg_end[order]
+    seg_t, seg_begin, seg_end = _runs(ev, trials, horizon_h, recovery_s)
     cycle = interval_s + write_s
     closed = np.isfinite(seg_end)  # every run but each trial's last, which no failure ends
     kept = np.zeros(seg_t.size)
@@ -184,3 +170,24 @@ def restart_hours(
     out = np.full(trials, np.inf)
     np.minimum.at(out, seg_t, done_at)
     return np.where(out <= horizon_h * 3600, out / 3600, np.inf)
+
+
+def _runs(ev: Events, trials: int, horizon_h: float, recovery_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Checkpoint-restart's runs, by trial then start: trial, start and end in seconds. Each trial's
+    first starts at 0, the others ``recovery_s`` after a failure that starts a recovery (one inside
+    another's recovery joins it), each ends at the next such failure, the last never (inf)."""
+    in_run = (ev.start_h >= 0) & (ev.start_h < horizon_h)
+    trial, fail_s = ev.trial[in_run], ev.start_h[in_run] * 3600
+    heads, _ = recovery_windows(trial, fail_s, np.full(fail_s.shape, recovery_s), trials)
+    t, f = trial[heads], fail_s[heads]
+    order = np.lexsort((f, t))
+    t, f = t[order], f[order]
+    first = np.r_[True, t[1:] != t[:-1]] if t.size else np.zeros(0, dtype=bool)
+    begin = np.where(first, 0.0, np.r_[0.0, f[:-1]] + recovery_s)
+    last_begin = np.zeros(trials)
+    last_begin[t] = f + recovery_s  # sorted by time: the latest failure of each trial wins
+    seg_t = np.concatenate([t, np.arange(trials)])
+    seg_begin = np.concatenate([begin, last_begin])
+    seg_end = np.concatenate([f, np.full(trials, np.inf)])
+    order = np.lexsort((seg_begin, seg_t))
+    return seg_t[order], seg_begin[order], seg_end[order]

@@ -9,7 +9,8 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
-from ntp_planner.failures.capacity import Candidate, CapacityResult, CapacitySpec, usd
+from ntp_planner.failures.capacity_front import usd
+from ntp_planner.failures.capacity_spec import Candidate, CapacityResult, CapacitySpec
 
 COLUMNS = ("cluster", "GPUs", "spares", "strategy", "layout", "P50 d", "P90 d", "P(deadline)", "GPU-hours", "cost")
 
@@ -91,6 +92,16 @@ def plot_capacity(result: CapacityResult, spec: CapacitySpec, folder, title: str
 
     plt = _pyplot()
     folder = Path(folder)
+    pngs = {
+        "deadline_probability.png": _png(plt, _deadline_plot(plt, result, spec, title)),
+        "front.png": _png(plt, _front_plot(plt, result, spec, title)),
+    }
+    write_folder(folder, pngs)
+    return [folder / name for name in pngs]
+
+
+def _deadline_plot(plt, result: CapacityResult, spec: CapacitySpec, title: str):
+    """The best P(deadline) of each cluster's GPU counts, against the confidence asked for."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     for cluster in dict.fromkeys(c.cluster for c in result.candidates):
         best: dict[int, float] = {}
@@ -103,7 +114,11 @@ def plot_capacity(result: CapacityResult, spec: CapacitySpec, folder, title: str
     ax.set(xlabel="GPUs", ylabel=f"P(trained by day {spec.deadline_days:g}) (%)", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
-    pngs = {"deadline_probability.png": _png(plt, fig)}
+    return fig
+
+
+def _front_plot(plt, result: CapacityResult, spec: CapacitySpec, title: str):
+    """Time at the confidence against mean cost of every simulated candidate, and the front."""
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     for cluster in dict.fromkeys(c.cluster for c in result.candidates):
         mine = [c for c in result.candidates if c.cluster == cluster and c.days_at_confidence is not None]
@@ -121,6 +136,4 @@ def plot_capacity(result: CapacityResult, spec: CapacitySpec, folder, title: str
     ax.set(xlabel=f"days to train at {spec.confidence:.0%} confidence", ylabel="mean cost (M$)", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
-    pngs["front.png"] = _png(plt, fig)
-    write_folder(folder, pngs)
-    return [folder / name for name in pngs]
+    return fig

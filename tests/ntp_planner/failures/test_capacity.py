@@ -6,7 +6,9 @@ import pytest
 
 from cost_models import TrainingSpec, resolve_model
 from ntp_planner.failures import capacity_sim as sim
-from ntp_planner.failures.capacity import CapacitySpec, _Job, plan_grid, search, train_hours
+from ntp_planner.failures.capacity import search
+from ntp_planner.failures.capacity_job import Job, plan_grid, train_hours
+from ntp_planner.failures.capacity_spec import CapacitySpec
 from ntp_planner.failures.renewal import renewal_goodput
 from ntp_planner.failures.sim_config import SimConfig
 from topologies import resolve_cluster_spec
@@ -37,7 +39,7 @@ def plans():
 
 
 def _job(plans, cluster="dgx-h100", gpus=64):
-    return _Job(cluster, gpus, DOMAINS[cluster], plans[(cluster, gpus)])
+    return Job(cluster, gpus, DOMAINS[cluster], plans[(cluster, gpus)])
 
 
 @pytest.mark.parametrize("strategy", ["restart", "dp-drop", "ntp"])
@@ -85,9 +87,9 @@ def test_restart_trains_at_the_renewal_goodput(plans):
     spec = CapacitySpec(tokens=work_s * job.plan.predicted.tokens_per_s, deadline_days=3650, confidence=0.5,
                         gpus=(64,), trials=200, sim=cfg)  # fmt: skip
     hours = train_hours(spec, sim.EventPool(cfg, spec.trials, 64, seed=1), job, 0, "restart")
-    from ntp_planner.failures.capacity import _interval
+    from ntp_planner.failures.capacity_job import checkpoint_interval
 
-    interval, _ = _interval(spec, 64)
+    interval, _ = checkpoint_interval(spec, 64)
     good = renewal_goodput(64e-3 / 3600, interval, cfg.checkpoint_write_s, cfg.detection_s + cfg.restart_s)
     assert hours.mean() == pytest.approx(work_s / good / 3600, rel=0.01)
 
@@ -135,7 +137,7 @@ def test_failures_forgotten_between_candidates_are_drawn_again_the_same(plans, m
 def test_candidates_share_failures_and_the_horizon_changes_no_trial(plans):
     """Common random numbers: a job of 64 GPUs meets exactly the failures of GPUs 0-63 of the
     256-GPU job, and a trial's time to train is the same whichever horizon found it."""
-    from ntp_planner.failures.capacity import _tables
+    from ntp_planner.failures.capacity_job import job_tables
 
     cfg = SimConfig(failure_rate_per_gpu_hour=3e-4)
     pool = sim.EventPool(cfg, 30, 256, seed=5)
@@ -145,7 +147,7 @@ def test_candidates_share_failures_and_the_horizon_changes_no_trial(plans):
     assert small.trial.size > 1000  # about 3e-4 x 64 x (2,000 + 120) h x 30 trials = 1,221
     spec = CapacitySpec(tokens=1e11, deadline_days=30, confidence=0.9, gpus=(64,), trials=30, sim=cfg)
     job = _job(plans)
-    tables = _tables(job, spec, 0)
+    tables = job_tables(job, spec, 0)
     work_s = 36 * 3600.0
     short, long = (sim.job_failures(pool, tables, 64, h) for h in (48.0, 400.0))
     # no domain with three failures at once: states.failure_states counts those as two pairs, and
@@ -163,7 +165,7 @@ def test_candidates_share_failures_and_the_horizon_changes_no_trial(plans):
 
 
 def test_a_search_past_the_workload_bounds_is_refused_with_the_arithmetic():
-    from ntp_planner.failures.capacity import check_workload
+    from ntp_planner.failures.capacity_spec import check_workload
     from topologies.errors import InputError
 
     with pytest.raises(InputError, match=r"x 400,000 GPUs x .* failures a trial is over 5,000"):

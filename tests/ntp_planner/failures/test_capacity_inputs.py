@@ -20,8 +20,8 @@ from ntp_planner.cli.capacity import (
     result_json,
 )
 from ntp_planner.cli.options import MAX_GPUS
-from ntp_planner.failures import capacity
-from ntp_planner.failures.capacity import Candidate, CapacityResult, CapacitySpec, check_workload
+from ntp_planner.failures import capacity, capacity_job
+from ntp_planner.failures.capacity_spec import Candidate, CapacityResult, CapacitySpec, check_workload
 from topologies import resolve_cluster_spec
 from topologies.errors import InputError
 
@@ -169,7 +169,7 @@ def test_the_failures_held_for_later_candidates_are_bounded(monkeypatch):
             self.stall_s = type("A", (), {"size": cells})()
 
     def job(*cells):
-        return capacity._Job("c", 8, 8, None, failures={h: Failures(c) for h, c in enumerate(cells)})
+        return capacity_job.Job("c", 8, 8, None, failures={h: Failures(c) for h, c in enumerate(cells)})
 
     monkeypatch.setattr(capacity, "MAX_CACHED_CELLS", 100)
     jobs = [job(30, 20), job(40), job(50)]  # 50 + 40 + 50 = 140 > 100: the first goes
@@ -219,4 +219,4 @@ def test_a_validation_error_inside_the_planner_is_a_bug_not_a_candidate_s_reason
     monkeypatch.setattr(planner, "make_plan", broken)
     model, training = resolve_model("llama3-8b"), TrainingSpec(seq_len=4096, global_batch=256)
     with pytest.raises(ValidationError, match="Internal"):
-        capacity.plan_grid(model, training, {"dgx-h100": SPECS["dgx-h100"]}, (12, 64))
+        capacity_job.plan_grid(model, training, {"dgx-h100": SPECS["dgx-h100"]}, (12, 64))
