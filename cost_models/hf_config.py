@@ -69,7 +69,8 @@ _ALIASES = {
 KNOWN_TYPES = {
     "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True}, "qwen2_moe": {"qkv_bias": True},
     "qwen3": {"qk_norm": True}, "qwen3_moe": {"qk_norm": True}, "deepseek_v2": {}, "deepseek_v3": {},
-    "gpt_oss": {"gated": True}, "llama4": {}, "llama4_text": {}, "gemma": {"gated": True, "tie": True, "plus_one": True},
+    "gpt_oss": {"gated": True}, "llama4": {}, "llama4_text": {},
+    "gemma": {"gated": True, "tie": True, "plus_one": True},
     "gemma2": {"gated": True, "tie": True, "post_norms": True, "softcap": (50.0, 30.0), "plus_one": True},
     "gemma3": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True, "plus_one": True},
     "gemma3_text": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True, "plus_one": True},

@@ -99,6 +99,7 @@ FLAGS = {
     "window_attn_skip_freq": "--window-attn-skip-freq",
     "softmax_type": "--softmax-type",
     "qk_layernorm": "--qk-layernorm",
+    "qk_l2_norm": "--qk-l2-norm",
     # the model as its authors wrote it (emitters.moe.model_fields)
     "rotary_base": "--rotary-base",
     "rope_scaling": "--use-rope-scaling",
@@ -110,6 +111,8 @@ FLAGS = {
     "moe_router_enable_expert_bias": "--moe-router-enable-expert-bias",
     "glu_linear_offset": "--glu-linear-offset",
     "activation_func_clamp_value": "--activation-func-clamp-value",
+    "layernorm_zero_centered_gamma": "--apply-layernorm-1p",
+    "rotary_percent": "--rotary-percent",
 }
 
 
@@ -133,9 +136,12 @@ FP8_ATTENTION_WHY = "Megatron-LM 0.19.2's command line has no flag for it"
 
 def missing_model_notes(m) -> list[str]:
     """What the model has that no Megatron-LM flag builds: Gemma's norms after each block, Gemma 2's
-    attention and output logit soft-capping."""
+    attention and output logit soft-capping, OLMo 2's query and key norms over the whole projections
+    (megatron-core's ``qk_layernorm`` norms each head with head_dim weights)."""
+    whole_qk = m.qk_norm and m.qk_norm_span == "projection"
     lacks = [
         (m.post_norms, "norms after attention and after the MLP", "post-attention and post-MLP norms"),
+        (whole_qk, "query/key norms over whole projections", "query and key norms (over all heads at once)"),
         (m.attention_softcap is not None, "attention logit soft-capping", f"attention soft-cap {m.attention_softcap}"),
         (m.final_softcap is not None, "output logit soft-capping", f"output soft-cap {m.final_softcap}"),
     ]

@@ -256,11 +256,12 @@ def test_qk_norms_over_the_whole_projections_count_their_widths():
     # OLMo 2 7B's shape (transformers' Olmo2Attention: q_norm of num_heads x head_dim, k_norm of
     # num_kv_heads x head_dim): 32 layers x (4096 + 4096) = 262,144 weights; with 8 KV heads the
     # key norm is 1024 wide; split over TP with the projections, not kept whole
-    olmo = ModelSpec(**{**MODELS["llama2-7b"].model_dump(), "name": "olmo", "qk_norm": True, "qk_norm_span": "projection"})
-    assert olmo.qk_norm_params == 8192 and olmo.params_total - MODELS["llama2-7b"].params_total == 262_144
+    llama = MODELS["llama2-7b"]
+    olmo = ModelSpec(**{**llama.model_dump(), "name": "olmo", "qk_norm": True, "qk_norm_span": "projection"})
+    assert olmo.qk_norm_params == 8192 and olmo.params_total - llama.params_total == 262_144
     gqa = olmo.model_copy(update={"num_kv_heads": 8})
     assert gqa.qk_norm_params == 4096 + 1024
-    assert olmo.layer_tp_replicated_params(olmo.kinds[0]) == MODELS["llama2-7b"].layer_tp_replicated_params(olmo.kinds[0])
+    assert olmo.layer_tp_replicated_params(olmo.kinds[0]) == llama.layer_tp_replicated_params(llama.kinds[0])
 
 
 def test_biased_routers_count_a_bias_per_expert():
