@@ -142,8 +142,9 @@ def _moe(
 # Llama 4 (meta-llama/Llama-4-Scout-17B-16E, -Maverick-17B-128E): text_config; a shared expert of intermediate_size
 #   beside the routed ones; Maverick's interleave_moe_layer_step 2 makes layers 1, 3, ..., 47 MoE and the others dense
 #   of intermediate_size_mlp. Chunked attention (attention_chunk_size 8192) equals full causal attention at the
-#   pre-training sequence lengths (<= 8192), so it is not modelled. Scout L2-normalises queries and keys
-#   (use_qk_norm true, no weights); Maverick does not (use_qk_norm false).
+#   pre-training sequence lengths (<= 8192), so it is not modelled. Every 4th layer has no rotary positions
+#   (Llama4TextConfig's no_rope_layer_interval 4, its NoPE layers). Scout L2-normalises queries and keys in
+#   the other layers (use_qk_norm true, no weights); Maverick does not (use_qk_norm false).
 # Mixtral 8x22B (mistralai/Mixtral-8x22B-v0.1): 8 experts top-2.
 # Model settings the exports carry (rope_theta, rms_norm_eps, rope_scaling, router_aux_loss_coef / aux_loss_alpha,
 # scoring_func, topk_method in the same config.json files; Llama 3 from meta-llama/Meta-Llama-3-8B, -70B and
@@ -160,7 +161,9 @@ _GPT_OSS = dict(
     gate_linear_offset=1.0,
     activation_clamp=7.0,
 )
-_LLAMA4 = dict(rope_theta=500000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.001, moe_router_score_function="sigmoid")
+_LLAMA4 = dict(
+    rope_theta=500000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.001, moe_router_score_function="sigmoid", nope_every=4
+)
 _DSV3_ROUTER = dict(
     rope_theta=10000.0,
     norm_eps=1e-6,

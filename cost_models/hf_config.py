@@ -341,8 +341,9 @@ def _norm_and_rotary_fields(cfg: dict[str, Any], traits: dict, where: str, keys:
         out["norm_zero_centered"] = True
     if traits.get("qk_span"):
         out["qk_norm_span"] = traits["qk_span"]
-    if _is_llama4(cfg) and _flag(cfg, "use_qk_norm", where, True):
-        out["qk_l2_norm"] = True
+    if _is_llama4(cfg):
+        out["qk_l2_norm"] = _flag(cfg, "use_qk_norm", where, True) or None
+        out["nope_every"] = _nope_every(cfg, where, keys) or None
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     given = [(k, cfg[k]) for k in _ROTARY_KEYS if cfg.get(k) is not None]
     given += [(f"rope_parameters.{k}", rope[k]) for k in _ROTARY_KEYS if rope.get(k) is not None]
@@ -351,7 +352,29 @@ def _norm_and_rotary_fields(cfg: dict[str, Any], traits: dict, where: str, keys:
         out["rotary_fraction"] = _number(given[0][1], given[0][0], where)
     elif "rotary" in traits:
         out["rotary_fraction"] = traits["rotary"]
-    return out
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _nope_every(cfg: dict[str, Any], where: str, keys: dict[str, str]) -> int:
+    """Llama 4's layers without rotary positions as every k-th one: its no_rope_layers list (1 =
+    rotary, as Llama4TextConfig reads it; empty or absent: the interval's pattern), or layer i
+    when (i + 1) % no_rope_layer_interval == 0 (default 4). A list of another pattern is refused."""
+    layers = _whole(cfg["num_hidden_layers"], "num_hidden_layers", where)
+    listed = cfg.get("no_rope_layers")
+    if not listed:
+        keys["nope_every"] = "no_rope_layer_interval"
+        return _first(cfg, ("no_rope_layer_interval",), where, default=4)[0]
+    if not isinstance(listed, list) or len(listed) != layers:
+        raise InputError(f"{where}: no_rope_layers must list 1 (rotary) or 0 (none) for each of {layers} layers.")
+    nope = [i for i, rotary in enumerate(listed) if not _whole(rotary, "no_rope_layers", where)]
+    k = nope[0] + 1 if nope else 0
+    if k and nope != list(range(k - 1, layers, k)):
+        raise InputError(
+            f"{where}: no_rope_layers leaves layers {nope[:8]} without rotary positions; ntp writes them as every "
+            "k-th layer (layer i when (i + 1) % k == 0), which this is not."
+        )
+    keys["nope_every"] = "no_rope_layers"
+    return k
 
 
 def _softcap_fields(cfg: dict[str, Any], defaults: tuple, where: str) -> dict:

@@ -194,6 +194,13 @@ class ModelSpec(BaseModel):
         description="Share of each query/key head the rotary embedding turns (Nemotron: 0.5, GPT-NeoX's rotary_pct, "
         "Phi's partial_rotary_factor); 1 with learned positions.",
     )
+    nope_every: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_LAYERS,
+        description="Every k-th layer, i with (i + 1) % k == 0, attends without rotary positions (Llama 4: 4, its "
+        "NoPE layers, which skip its L2 query/key norm too); 0 = every layer rotates.",
+    )
     moe_router_expert_bias: bool = Field(
         default=False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
     )
@@ -289,6 +296,12 @@ class ModelSpec(BaseModel):
             raise InputError(
                 "qk_l2_norm (Llama 4's weightless L2 norm) and qk_norm (a weighted norm) both normalise queries and "
                 "keys; set one of them"
+            )
+        if self.nope_every and (self.position != "rope" or self.nope_every > self.num_layers):
+            raise InputError(
+                f"nope_every({self.nope_every}) picks the layers without rotary positions among num_layers"
+                f"({self.num_layers}) rotary ones (position {self.position!r}): set position 'rope' and k <= layers, "
+                "or leave nope_every 0"
             )
         if self.rotary_fraction != 1 and self.position != "rope":
             raise InputError(

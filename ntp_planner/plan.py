@@ -473,6 +473,7 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
             "qk_l2_norm",
             "norm_zero_centered",
             "rotary_fraction",
+            "nope_every",
         }
     ),
     "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),

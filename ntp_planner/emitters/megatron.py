@@ -100,6 +100,7 @@ FLAGS = {
     "softmax_type": "--softmax-type",
     "qk_layernorm": "--qk-layernorm",
     "qk_l2_norm": "--qk-l2-norm",
+    "no_rope_freq": "--no-rope-freq",
     # the model as its authors wrote it (emitters.moe.model_fields)
     "rotary_base": "--rotary-base",
     "rope_scaling": "--use-rope-scaling",
@@ -129,6 +130,12 @@ GEGLU_NOTE = (
 MISSING_NOTE = (
     "Megatron-LM's command line has no {what}, so the model it builds from this export lacks {name}'s {which}: "
     "add them in pretrain_gpt.py's model provider to train the model exactly as written"
+)
+# megatron-core's layer spec puts --qk-l2-norm's L2Norm in every layer; Llama 4 skips it where it skips rotary
+L2_NOPE_NOTE = (
+    "Megatron-LM's command line L2-normalises queries and keys in every layer (--qk-l2-norm), {name} only in its "
+    "layers with rotary positions (not each {k}th): give the NoPE layers' attention no L2 norm in pretrain_gpt.py's "
+    "model provider to train the model exactly as written"
 )
 # TransformerConfig.fp8_dot_product_attention is among the fields its argument code leaves out of the CLI
 FP8_ATTENTION_WHY = "Megatron-LM 0.19.2's command line has no flag for it"
@@ -410,6 +417,8 @@ def emit(
     if plan.model.gated_mlp and plan.model.gate_activation == "gelu":
         warnings.append(GEGLU_NOTE.format(name=plan.model.name))
     warnings += missing_model_notes(plan.model)
+    if plan.model.qk_l2_norm and plan.model.nope_every:
+        warnings.append(L2_NOPE_NOTE.format(name=plan.model.name, k=plan.model.nope_every))
     if plan.training.fp8_attention:
         how = "(TransformerConfig) in pretrain_gpt.py's model provider"
         warnings.append(FP8_ATTENTION_NOTE.format(target="Megatron-LM", why=FP8_ATTENTION_WHY, how=how))

@@ -82,7 +82,8 @@ def attention_fields(m: ModelSpec) -> dict:
     query and KV latents (DeepSeek-V3's ``q_a_layernorm``, ``kv_a_layernorm``) are megatron-core's
     ``qk_layernorm`` (without it, Megatron's local layers build MLA without them), as are Qwen3's and
     Gemma 3's per-head query and key norms (``ModelSpec.qk_norm``); Llama 4's weightless L2 norm of
-    each query and key head is ``qk_l2_norm``. The window: the model
+    each query and key head is ``qk_l2_norm``, its layers without rotary positions ``no_rope_freq``
+    (an int k: layer i from 1 skips rotary when i % k == 0). The window: the model
     holds Hugging Face's ``sliding_window`` (tokens seen, the current one included), megatron-core
     takes ``window_size = (left, right)`` tokens beside the current one, so (w - 1, 0) as
     Megatron-Bridge's GPT-OSS bridge converts it; ``window_attn_skip_freq`` k makes layer i (from 1)
@@ -100,6 +101,7 @@ def attention_fields(m: ModelSpec) -> dict:
         # (megatron-core has none over the whole projections, OLMo 2's: megatron.missing_model_notes)
         "qk_layernorm": (m.is_mla or (m.qk_norm and m.qk_norm_span == "head")) or None,
         "qk_l2_norm": m.qk_l2_norm or None,
+        "no_rope_freq": m.nope_every or None,  # megatron-core skips rotary on layer i when (i + 1) % k == 0
         "mtp_num_layers": m.mtp_layers or None,
         "window_size": (m.sliding_window - 1, 0) if windowed else None,
         "window_attn_skip_freq": (m.full_attention_every or None) if windowed else None,
@@ -173,6 +175,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "glu_linear_offset": _NEMO1.format(what="GPT-OSS's offset gate (glu_linear_offset)"),
         "activation_func_clamp_value": _NEMO1.format(what="GPT-OSS's clamped gate (activation_func_clamp_value)"),
         "qk_l2_norm": _NEMO1.format(what="Llama 4's L2 query/key norm (qk_l2_norm)"),
+        "no_rope_freq": _NEMO1.format(what="layers without rotary positions (no_rope_freq, Llama 4's NoPE layers)"),
     },
 }
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm")

@@ -278,6 +278,8 @@ def test_biased_routers_count_a_bias_per_expert():
         ({"qk_norm_span": "projection"}, r"qk_norm_span\('projection'\) says what the query/key norms span"),
         ({"qk_l2_norm": True, "qk_norm": True}, "qk_l2_norm .* and qk_norm .* both normalise"),
         ({"rotary_fraction": 0.5, "position": "learned"}, r"rotary_fraction\(0.5\) is the share"),
+        ({"nope_every": 4, "position": "learned"}, r"nope_every\(4\) picks the layers without rotary"),
+        ({"nope_every": 33}, r"nope_every\(33\) .* num_layers\(32\)"),
     ],
 )
 def test_query_key_norm_and_rotary_settings_that_contradict_are_refused(update, says):

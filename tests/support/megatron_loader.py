@@ -54,7 +54,7 @@ FIELDS = (
     "use_distributed_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy", "ckpt_format",
     "quick_geglu", "overlap_p2p_comm", "multi_latent_attention", "mtp_num_layers", "recompute_granularity",
     "pipeline_model_parallel_layout", "qk_layernorm", "squared_relu", "glu_linear_offset",
-    "activation_func_clamp_value", "qk_l2_norm", "layernorm_zero_centered_gamma", "rotary_percent",
+    "activation_func_clamp_value", "qk_l2_norm", "layernorm_zero_centered_gamma", "rotary_percent", "no_rope_freq",
 )  # fmt: skip
 
 
@@ -158,6 +158,7 @@ def _built_params(args) -> dict:
         "l2_norms": sum(type(mod).__name__ == "L2Norm" for mod in model.modules()),
         "rotary_dim": 2 * rotary.inv_freq.numel() if rotary is not None else 0,
         "zero_centered_gamma": zero_centered,
+        "nope_layers": sum(config.no_rope_freq or []),  # layers the attention runs without rotary (1 = skip)
         "activation": getattr(config.activation_func, "__name__", str(config.activation_func)),
         "gated_linear_unit": config.gated_linear_unit,
         "glu_linear_offset": config.glu_linear_offset,

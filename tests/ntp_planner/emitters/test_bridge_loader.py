@@ -160,7 +160,8 @@ def test_every_variant_is_accepted_by_bridge_and_keeps_the_plan(loaded):
             # Llama 4 Scout's L2 query/key norm (the field; the export says only Bridge's Llama 4 provider builds
             # it), Nemotron's and Gemma's (1 + w) norms, Nemotron's half-head rotation
             "qk_l2_norm": m.qk_l2_norm, "layernorm_zero_centered_gamma": m.norm_zero_centered,
-            "rotary_percent": m.rotary_fraction,
+            "rotary_percent": m.rotary_fraction,  # Llama 4's NoPE layers, as megatron-core expands no_rope_freq 4
+            "no_rope_freq": [int((i + 1) % m.nope_every == 0) for i in range(m.num_layers)] if m.nope_every else None,
         }  # fmt: skip
         if m.gated_mlp and m.gate_activation == "quick_gelu":
             want |= {"glu_linear_offset": m.gate_linear_offset, "activation_func_clamp_value": m.activation_clamp}

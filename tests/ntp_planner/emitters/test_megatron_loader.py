@@ -182,7 +182,7 @@ def test_every_variant_is_accepted_by_megatron_and_keeps_the_plan(loaded):
             "glu_linear_offset": m.gate_linear_offset if m.gated_mlp else 0.0,
             "activation_func_clamp_value": m.activation_clamp if m.gated_mlp else None,
             "qk_l2_norm": m.qk_l2_norm, "layernorm_zero_centered_gamma": m.norm_zero_centered,
-            "rotary_percent": m.rotary_fraction,
+            "rotary_percent": m.rotary_fraction, "no_rope_freq": m.nope_every or None,
         }  # fmt: skip
         if m.position == "rope":
             want["rotary_base"] = int(m.rope_theta or 10000)  # unset in the catalogue: Megatron's default
@@ -266,12 +266,15 @@ def test_megatron_rejects_a_broken_export(loaded):
 
 def test_megatron_builds_the_norms_and_rotation_as_written(loaded):
     """From the exported flags Megatron builds Llama 4 Scout's L2 query/key norms (a query and a key
-    norm in each of 48 layers; Maverick none), Nemotron's LayerNorm1P (--apply-layernorm-1p sets
+    norm in each of 48 layers, the NoPE ones too, which the export warns of; Maverick none), Llama 4's
+    12 layers without rotary positions, Nemotron's LayerNorm1P (--apply-layernorm-1p sets
     layernorm_zero_centered_gamma, Gemma 2's RMSNorm too) and its rotation of half of each 128-wide
     head (--rotary-percent 0.5: a 64-wide rotary embedding)."""
     plans, results = loaded
     built = {n: results[n]["built"] for n in plans if n.startswith(("catalogue:", "hf:"))}
     assert {n: b["l2_norms"] for n, b in built.items() if b["l2_norms"]} == {"catalogue:llama4-scout": 2 * 48}
+    nope = {n: b["nope_layers"] for n, b in built.items() if b["nope_layers"]}  # Llama 4: layers 4, 8, ..., 48
+    assert nope == {"catalogue:llama4-scout": 12, "catalogue:llama4-maverick": 12}
     zero_centered = {n for n, b in built.items() if b["zero_centered_gamma"]}
     assert zero_centered == {f"catalogue:{n}" for n in MODELS if n.startswith("nemotron")} | {"hf:gemma2-9b"}
     rotary = {n: b["rotary_dim"] for n, b in built.items()}

@@ -157,12 +157,19 @@ def test_nemotron_keeps_its_layernorm1p_and_half_rotary_in_every_target():
 def test_llama4_scout_l2_normalises_queries_and_keys_where_a_target_can():
     """Megatron-LM: --qk-l2-norm (pretrain_gpt.py hands it to the layer spec, megatron-core's L2Norm);
     Bridge has the field but builds the norm only through Llama4ModelProvider's spec, and says so;
-    NeMo 1.x has none. Maverick does not normalise (use_qk_norm false)."""
+    NeMo 1.x has none. Maverick does not normalise (use_qk_norm false). Both skip rotary positions on
+    every 4th layer (--no-rope-freq 4), where Scout skips its L2 norm too, which Megatron's spec does not."""
     plan = _plan("llama4-scout")
     args = _args(plan)
-    assert "--qk-l2-norm" in args and "--qk-layernorm" not in args
+    assert "--qk-l2-norm" in args and "--qk-layernorm" not in args and _value(args, "--no-rope-freq") == "4"
+    assert [w for w in export(plan, "megatron").warnings if "--qk-l2-norm" in w] == [
+        "Megatron-LM's command line L2-normalises queries and keys in every layer (--qk-l2-norm), llama4-scout only "
+        "in its layers with rotary positions (not each 4th): give the NoPE layers' attention no L2 norm in "
+        "pretrain_gpt.py's model provider to train the model exactly as written"
+    ]
     bridge = export(plan, "bridge")
-    assert yaml.safe_load(bridge.files["bridge_override.yaml"])["model"]["qk_l2_norm"] is True
+    model = yaml.safe_load(bridge.files["bridge_override.yaml"])["model"]
+    assert (model["qk_l2_norm"], model["no_rope_freq"]) == (True, 4)
     assert [w for w in bridge.warnings if "qk_l2_norm" in w] == [
         "Megatron-Bridge 0.3.1 builds llama4-scout's L2 query/key norm (qk_l2_norm) only with Llama4ModelProvider's "
         "layer spec, and qwen.qwen3_30b_a3b_pretrain_config's spec ignores the field: build the model with "
@@ -171,8 +178,11 @@ def test_llama4_scout_l2_normalises_queries_and_keys_where_a_target_can():
     nemo = export(plan, "nemo")
     assert "qk_l2_norm" not in yaml.safe_load(nemo.files["nemo_config.yaml"])["model"]
     assert any(w.startswith("NeMo: qk_l2_norm dropped") for w in nemo.warnings)
+    assert any(w.startswith("NeMo: no_rope_freq dropped") for w in nemo.warnings)
     maverick = _plan("llama4-maverick")
-    assert "--qk-l2-norm" not in _args(maverick)
+    assert "--qk-l2-norm" not in _args(maverick) and _value(_args(maverick), "--no-rope-freq") == "4"
+    assert not any("--qk-l2-norm" in w for w in export(maverick, "megatron").warnings)
+    assert "--no-rope-freq" not in _args(_plan("llama3-8b"))
     assert not any("qk_l2_norm" in w for w in export(maverick, "bridge").warnings)
 
 
