@@ -133,6 +133,8 @@ def test_gpt2_takes_four_times_its_width_without_n_inner():
         ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 0.5}}, "rope_scaling.factor"),
         ({"model_type": "llama", "rms_norm_eps": "1e-5"}, "rms_norm_eps is '1e-5'"),
         ({"model_type": "llama", "rope_theta": float("inf")}, "rope_theta is inf"),
+        ({"model_type": "phi", "partial_rotary_factor": 1.5}, "partial_rotary_factor: Input should be less than or"),
+        ({"model_type": "gpt_neox", "rotary_pct": "0.5"}, "rotary_pct is '0.5'; it must be a number"),
     ],
 )
 def test_a_bad_family_key_is_one_sentence_naming_it(keys, says):
