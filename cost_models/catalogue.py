@@ -58,6 +58,11 @@ _NEMOTRON = dict(
     vocab_size=256000,
     max_position_embeddings=4096,
     mlp_activation="squared_relu",
+    # NeMo's Nemotron configs and Megatron-Bridge's NemotronModelProvider: LayerNorm1P (weights as offsets
+    # from 1, layernorm_zero_centered_gamma) and rotary positions on half of each head (rotary_percent 0.5),
+    # as transformers' NemotronLayerNorm1P and NemotronConfig's partial_rotary_factor 0.5
+    norm_zero_centered=True,
+    rotary_fraction=0.5,
 )
 
 
@@ -137,7 +142,9 @@ def _moe(
 # Llama 4 (meta-llama/Llama-4-Scout-17B-16E, -Maverick-17B-128E): text_config; a shared expert of intermediate_size
 #   beside the routed ones; Maverick's interleave_moe_layer_step 2 makes layers 1, 3, ..., 47 MoE and the others dense
 #   of intermediate_size_mlp. Chunked attention (attention_chunk_size 8192) equals full causal attention at the
-#   pre-training sequence lengths (<= 8192), so it is not modelled.
+#   pre-training sequence lengths (<= 8192), so it is not modelled. Every 4th layer has no rotary positions
+#   (Llama4TextConfig's no_rope_layer_interval 4, its NoPE layers). Scout L2-normalises queries and keys in
+#   the other layers (use_qk_norm true, no weights); Maverick does not (use_qk_norm false).
 # Mixtral 8x22B (mistralai/Mixtral-8x22B-v0.1): 8 experts top-2.
 # Model settings the exports carry (rope_theta, rms_norm_eps, rope_scaling, router_aux_loss_coef / aux_loss_alpha,
 # scoring_func, topk_method in the same config.json files; Llama 3 from meta-llama/Meta-Llama-3-8B, -70B and
@@ -154,7 +161,9 @@ _GPT_OSS = dict(
     gate_linear_offset=1.0,
     activation_clamp=7.0,
 )
-_LLAMA4 = dict(rope_theta=500000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.001, moe_router_score_function="sigmoid")
+_LLAMA4 = dict(
+    rope_theta=500000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.001, moe_router_score_function="sigmoid", nope_every=4
+)
 _DSV3_ROUTER = dict(
     rope_theta=10000.0,
     norm_eps=1e-6,
@@ -173,7 +182,7 @@ _MOE_TABLE = [
     ("gpt-oss-120b", 2880, 2880, 36, 64, 8, 64, 201088, 131072, 128, 4, 2880,
      dict(bias=True, sliding_window=128, full_attention_every=2, attention_sinks=True, **_GPT_OSS)),
     ("llama4-scout", 5120, 16384, 48, 40, 8, 128, 202048, 10485760, 16, 1, 8192,
-     dict(moe_shared_ffn_hidden_size=8192, **_LLAMA4)),
+     dict(moe_shared_ffn_hidden_size=8192, qk_l2_norm=True, **_LLAMA4)),
     ("llama4-maverick", 5120, 16384, 48, 40, 8, 128, 202048, 1048576, 128, 1, 8192,
      dict(moe_shared_ffn_hidden_size=8192, moe_layer_freq=2, moe_first_dense_layers=1, **_LLAMA4)),
     ("mixtral-8x22b", 6144, 16384, 56, 48, 8, 128, 32768, 65536, 8, 2, 16384,

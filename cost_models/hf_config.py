@@ -58,25 +58,32 @@ _ALIASES = {
     "n_ctx": "max_position_embeddings",
 }
 # model_type -> what its modelling code does that no key says: a gated MLP whatever the activation
-# (Gemma's GeGLU), rotary positions (GPT-NeoX and Phi rotate a part of each head: no parameters),
-# QKV biases only (Qwen2), biases on every linear layer, tied embeddings by default, queries and keys
-# normalised per head (the q_norm / k_norm of head_dim in Qwen3's and Gemma 3's attention; OLMo 2's
-# q_norm / k_norm span all heads at once, which ntp does not model, and Llama 4's use_qk_norm has no weights),
-# norms after attention and after the MLP as well as before (Gemma 2 / 3), Gemma 2's logit soft-capping
-# when its keys are absent (Gemma2Config: attention 50, final 30)
+# (Gemma's GeGLU), rotary positions, the share of each head they turn when the file does not say
+# (partial_rotary_factor / rotary_pct defaults: GPT-NeoX 0.25, Phi 0.5, Nemotron 0.5), QKV biases only
+# (Qwen2), biases on every linear layer, tied embeddings by default, queries and keys normalised per
+# head (the q_norm / k_norm of head_dim in Qwen3's and Gemma 3's attention) or over the whole projections
+# (OLMo 2's q_norm of num_heads x head_dim, k_norm of num_kv_heads x head_dim), norms after attention and
+# after the MLP as well as before (Gemma 2 / 3), norms scaling by (1 + w) (Gemma's RMSNorm, Nemotron's
+# LayerNorm1P), Gemma 2's logit soft-capping when its keys are absent (Gemma2Config: attention 50, final
+# 30). Llama 4's weightless L2 query/key norm is its use_qk_norm key (default true, Llama4TextConfig).
 KNOWN_TYPES = {
     "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True}, "qwen2_moe": {"qkv_bias": True},
     "qwen3": {"qk_norm": True}, "qwen3_moe": {"qk_norm": True}, "deepseek_v2": {}, "deepseek_v3": {},
-    "gpt_oss": {"gated": True}, "llama4": {}, "llama4_text": {}, "gemma": {"gated": True, "tie": True},
-    "gemma2": {"gated": True, "tie": True, "post_norms": True, "softcap": (50.0, 30.0)},
-    "gemma3": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True},
-    "gemma3_text": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True},
+    "gpt_oss": {"gated": True}, "llama4": {}, "llama4_text": {},
+    "gemma": {"gated": True, "tie": True, "plus_one": True},
+    "gemma2": {"gated": True, "tie": True, "post_norms": True, "softcap": (50.0, 30.0), "plus_one": True},
+    "gemma3": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True, "plus_one": True},
+    "gemma3_text": {"gated": True, "tie": True, "qk_norm": True, "post_norms": True, "plus_one": True},
     "gpt2": {"bias": True, "tie": True, "position": "learned", "gated": False, "norm": "layernorm"},
-    "gpt_neox": {"bias": True, "position": "rope", "gated": False, "norm": "layernorm"},
-    "phi": {"bias": True, "position": "rope", "gated": False, "norm": "layernorm"}, "phi3": {"position": "rope"},
+    "gpt_neox": {"bias": True, "position": "rope", "gated": False, "norm": "layernorm", "rotary": 0.25},
+    "phi": {"bias": True, "position": "rope", "gated": False, "norm": "layernorm", "rotary": 0.5},
+    "phi3": {"position": "rope"},
     "starcoder2": {"bias": True, "tie": True, "position": "rope", "gated": False, "norm": "layernorm"},
-    "nemotron": {"position": "rope", "gated": False, "norm": "layernorm", "act": "relu2"}, "olmo2": {}, "granite": {},
+    "nemotron": {"position": "rope", "gated": False, "norm": "layernorm", "act": "relu2", "rotary": 0.5,
+                 "plus_one": True},
+    "olmo2": {"qk_norm": True, "qk_span": "projection"}, "granite": {},
 }  # fmt: skip
+_ROTARY_KEYS = ("partial_rotary_factor", "rotary_pct")  # GPT-NeoX: rotary_pct; transformers 5: in rope_parameters too
 # Gemma 2 / 3 window every layer but each k-th when the file has no layer_types (their configs' rule)
 _WINDOW_EVERY = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
 _GATED_ACTS = {"silu", "swiglu", "swish"}
@@ -324,6 +331,52 @@ def _exported_fields(cfg: dict[str, Any], where: str, keys: dict[str, str]) -> d
     return out
 
 
+def _norm_and_rotary_fields(cfg: dict[str, Any], traits: dict, where: str, keys: dict[str, str]) -> dict:
+    """What the exports carry of the norms and the rotation: norms scaling by (1 + w), the span of
+    the query/key norms, Llama 4's weightless L2 query/key norm (use_qk_norm) and the share of each
+    head rotated (partial_rotary_factor or rotary_pct, at the top or in rope_parameters; else the
+    family's default)."""
+    out: dict[str, Any] = {}
+    if traits.get("plus_one"):
+        out["norm_zero_centered"] = True
+    if traits.get("qk_span"):
+        out["qk_norm_span"] = traits["qk_span"]
+    if _is_llama4(cfg):
+        out["qk_l2_norm"] = _flag(cfg, "use_qk_norm", where, True) or None
+        out["nope_every"] = _nope_every(cfg, where, keys) or None
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    given = [(k, cfg[k]) for k in _ROTARY_KEYS if cfg.get(k) is not None]
+    given += [(f"rope_parameters.{k}", rope[k]) for k in _ROTARY_KEYS if rope.get(k) is not None]
+    if given:
+        keys["rotary_fraction"] = given[0][0]
+        out["rotary_fraction"] = _number(given[0][1], given[0][0], where)
+    elif "rotary" in traits:
+        out["rotary_fraction"] = traits["rotary"]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _nope_every(cfg: dict[str, Any], where: str, keys: dict[str, str]) -> int:
+    """Llama 4's layers without rotary positions as every k-th one: its no_rope_layers list (1 =
+    rotary, as Llama4TextConfig reads it; empty or absent: the interval's pattern), or layer i
+    when (i + 1) % no_rope_layer_interval == 0 (default 4). A list of another pattern is refused."""
+    layers = _whole(cfg["num_hidden_layers"], "num_hidden_layers", where)
+    listed = cfg.get("no_rope_layers")
+    if not listed:
+        keys["nope_every"] = "no_rope_layer_interval"
+        return _first(cfg, ("no_rope_layer_interval",), where, default=4)[0]
+    if not isinstance(listed, list) or len(listed) != layers:
+        raise InputError(f"{where}: no_rope_layers must list 1 (rotary) or 0 (none) for each of {layers} layers.")
+    nope = [i for i, rotary in enumerate(listed) if not _whole(rotary, "no_rope_layers", where)]
+    k = nope[0] + 1 if nope else 0
+    if k and nope != list(range(k - 1, layers, k)):
+        raise InputError(
+            f"{where}: no_rope_layers leaves layers {nope[:8]} without rotary positions; ntp writes them as every "
+            "k-th layer (layer i when (i + 1) % k == 0), which this is not."
+        )
+    keys["nope_every"] = "no_rope_layers"
+    return k
+
+
 def _softcap_fields(cfg: dict[str, Any], defaults: tuple, where: str) -> dict:
     """Gemma 2's attention and output logit soft-capping (null: none, as in transformers)."""
     out = {}
@@ -431,6 +484,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str, where: str = "config") 
     exported = _exported_fields(cfg, where, keys)
     exported |= _activation_fields(cfg, act, gated, where)
     exported |= {k: True for k in ("qk_norm", "post_norms") if traits.get(k)}
+    exported |= _norm_and_rotary_fields(cfg, traits, where, keys)
     exported |= _softcap_fields(cfg, traits.get("softcap", (None, None)), where)
     default_bias = traits.get("bias", not gated if kind is None else False)  # a typeless file: as before
     bias = _flag(cfg, "attention_bias", where, _flag(cfg, "bias", where, default_bias))

@@ -170,6 +170,37 @@ class ModelSpec(BaseModel):
         description="Queries and keys normalised per head before attention, a norm of head_dim weights each "
         "(Qwen3, Gemma 3).",
     )
+    qk_norm_span: Literal["head", "projection"] = Field(
+        default="head",
+        description="What a query/key norm (``qk_norm``) spans: one head, its head_dim weights shared by every head "
+        "(Qwen3, Gemma 3), or the whole query and key projections, num_heads x head_dim and num_kv_heads x "
+        "head_dim weights (OLMo 2).",
+    )
+    qk_l2_norm: bool = Field(
+        default=False,
+        description="Queries and keys L2-normalised per head after the rotation, with no weights (Llama 4 Scout's "
+        "use_qk_norm).",
+    )
+    norm_zero_centered: bool = Field(
+        default=False,
+        description="Norm weights stored as offsets from 1, the norm scaling by (1 + w): Nemotron's layernorm1p, "
+        "Gemma's RMSNorm (Megatron's layernorm_zero_centered_gamma); the same parameters either way.",
+    )
+    rotary_fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Share of each query/key head the rotary embedding turns (Nemotron: 0.5, GPT-NeoX's rotary_pct, "
+        "Phi's partial_rotary_factor); 1 with learned positions.",
+    )
+    nope_every: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_LAYERS,
+        description="Every k-th layer, i with (i + 1) % k == 0, attends without rotary positions (Llama 4: 4, its "
+        "NoPE layers, which skip its L2 query/key norm too); 0 = every layer rotates.",
+    )
     moe_router_expert_bias: bool = Field(
         default=False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
     )
@@ -212,6 +243,7 @@ class ModelSpec(BaseModel):
                 "is not gated (gated_mlp false): leave them out or make the MLP gated"
             )
         self._check_window()
+        self._check_qk_and_rotary()
         for o in self.layer_overrides:
             bad = [i for i in o.layers if not 0 <= i < self.num_layers]
             if bad:
@@ -253,6 +285,29 @@ class ModelSpec(BaseModel):
             )
         if self.position != "rope":
             raise InputError("MLA splits each head into a rotary and a non-rotary part: position must be 'rope'")
+
+    def _check_qk_and_rotary(self) -> None:
+        if self.qk_norm_span != "head" and not self.qk_norm:
+            raise InputError(
+                f"qk_norm_span({self.qk_norm_span!r}) says what the query/key norms span, and qk_norm is false: "
+                "set qk_norm true or leave qk_norm_span out"
+            )
+        if self.qk_l2_norm and self.qk_norm:
+            raise InputError(
+                "qk_l2_norm (Llama 4's weightless L2 norm) and qk_norm (a weighted norm) both normalise queries and "
+                "keys; set one of them"
+            )
+        if self.nope_every and (self.position != "rope" or self.nope_every > self.num_layers):
+            raise InputError(
+                f"nope_every({self.nope_every}) picks the layers without rotary positions among num_layers"
+                f"({self.num_layers}) rotary ones (position {self.position!r}): set position 'rope' and k <= layers, "
+                "or leave nope_every 0"
+            )
+        if self.rotary_fraction != 1 and self.position != "rope":
+            raise InputError(
+                f"rotary_fraction({self.rotary_fraction}) is the share of each head rotary positions turn, and "
+                f"position is {self.position!r}: set position 'rope' or leave rotary_fraction 1"
+            )
 
     def _check_window(self) -> None:
         w, k = self.sliding_window, self.full_attention_every
@@ -381,9 +436,14 @@ class ModelSpec(BaseModel):
 
     @property
     def qk_norm_params(self) -> int:
-        """The per-head query and key norms of one layer (``qk_norm``): two norms of head_dim, shared
-        by every head (Qwen3: 2 x 128 = 256 weights a layer; a LayerNorm doubles it with its bias)."""
-        return 2 * self.head_dim * (2 if self.norm == "layernorm" else 1) if self.qk_norm else 0
+        """The query and key norms of one layer (``qk_norm``): per head, two norms of head_dim shared
+        by every head (Qwen3: 2 x 128 = 256 weights a layer); over the whole projections, norms of
+        the query and key widths (OLMo 2 7B: 4096 + 4096 = 8,192 a layer). A LayerNorm doubles
+        either with its bias; Llama 4's L2 norm (``qk_l2_norm``) has no weights."""
+        if not self.qk_norm:
+            return 0
+        width = 2 * self.head_dim if self.qk_norm_span == "head" else self.q_width + self.kv_width
+        return width * (2 if self.norm == "layernorm" else 1)
 
     @property
     def mla_down_params(self) -> int:
@@ -419,7 +479,13 @@ class ModelSpec(BaseModel):
         """Per-layer parameters every TP rank keeps whole: the norms (the per-head query/key norms
         too) and the biases of the two row-parallel projections (attention output, MLP down),
         added after the reduction."""
-        return self.norm_params + self.qk_norm_params + (2 * self.hidden_size if self.bias else 0)
+        return self.norm_params + self._qk_norm_replicated + (2 * self.hidden_size if self.bias else 0)
+
+    @property
+    def _qk_norm_replicated(self) -> int:
+        """The query/key norms every TP rank keeps whole: per-head ones (each rank's heads share
+        them); norms spanning the whole projections split with the projections' columns."""
+        return self.qk_norm_params if self.qk_norm_span == "head" else 0
 
     def mlp_params(self, width: int) -> int:
         bias = (width * (self.mlp_matrices - 1) + self.hidden_size) if self.bias else 0
@@ -457,7 +523,7 @@ class ModelSpec(BaseModel):
         down-projections with their latent norms."""
         has_mlp = kind.moe or kind.ffn > 0
         bias = (kind.attention + has_mlp) * self.hidden_size if self.bias else 0
-        mla = (self._mla_replicated + self.qk_norm_params) if kind.attention else 0
+        mla = (self._mla_replicated + self._qk_norm_replicated) if kind.attention else 0
         return (kind.attention + has_mlp) * self._block_norm_size() + bias + mla
 
     @property
@@ -472,10 +538,16 @@ class ModelSpec(BaseModel):
         return self.num_experts * self.mlp_params(self.moe_ffn_hidden_size)
 
     @property
+    def router_params(self) -> int:
+        """One MoE layer's router: a weight row per expert, and with biased linear layers a bias per
+        expert (GPT-OSS: HF's GptOssTopKRouter; megatron-core's TopKRouter with add_bias_linear)."""
+        return self.num_experts * (self.hidden_size + (1 if self.bias else 0))
+
+    @property
     def moe_layer_nonexpert_params(self) -> int:
         """Attention, norms, router and shared expert of one MoE layer."""
         shared = self.mlp_params(self.moe_shared_ffn_hidden_size) if self.moe_shared_ffn_hidden_size else 0
-        return self.attention_params + self.norm_params + self.hidden_size * self.num_experts + shared
+        return self.attention_params + self.norm_params + self.router_params + shared
 
     @property
     def embedding_params(self) -> int:

@@ -469,13 +469,18 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
             "post_norms",
             "attention_softcap",
             "final_softcap",
+            "qk_norm_span",
+            "qk_l2_norm",
+            "norm_zero_centered",
+            "rotary_fraction",
+            "nope_every",
         }
     ),
     "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),
     "TrainingSpec": frozenset({"moe_capacity_factor", "moe_pad_to_capacity", "cuda_graphs", "fp8_attention"}),
 }
 """Fields added to the inputs after plans were first saved (issue 24's MoE fields, issue 25's model
-fields the exports carry): the hash leaves
+fields the exports carry and their follow-up's query/key norm, norm offset and rotary share): the hash leaves
 each out while it holds its default, so older plans and the hashes their exports carry stand.
 A field added to ModelSpec, TrainingSpec or ParallelLayout later belongs here."""
 

@@ -117,15 +117,42 @@ GPT3_OVERLAP_NOTE = (
 
 def structure_fields(m) -> dict:
     """What a recipe's provider may hold otherwise (another model's recipe): the MLP's gating, the
-    biases, the norm, the positions and the tied output layer (TransformerConfig / GPTModelProvider)."""
+    biases, the norm and whether it scales by (1 + w) (Gemma's recipes do), the positions and the
+    share of each head they turn, Llama 4's L2 query/key norm and the tied output layer
+    (TransformerConfig / GPTModelProvider)."""
     fused = {} if m.bias or m.gated_mlp else {"bias_activation_fusion": False}  # megatron-core: GELU's fuses a bias
     return fused | {
         "gated_linear_unit": m.gated_mlp,
         "add_bias_linear": m.bias,
         "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+        "layernorm_zero_centered_gamma": m.norm_zero_centered,
         "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
+        "rotary_percent": m.rotary_fraction,
+        "qk_l2_norm": m.qk_l2_norm,
         "share_embeddings_and_output_weights": m.tie_embeddings,
     }
+
+
+# Bridge 0.3.1 builds Llama 4's L2 query/key norm only through Llama4ModelProvider's layer spec
+# (llama4_utils.get_llama4_layer_spec, no recipe); the recipes' GPT specs read qk_layernorm alone
+L2_NOTE = (
+    "Megatron-Bridge 0.3.1 builds {name}'s L2 query/key norm (qk_l2_norm) only with Llama4ModelProvider's layer "
+    "spec, and {recipe}'s spec ignores the field: build the model with Llama4Experts16ModelProvider to train it "
+    "as written"
+)
+WHOLE_QK_NOTE = (
+    "Megatron-Bridge 0.3.1 has no query/key norms over the whole projections ({name}'s, OLMo 2 style; megatron-core's "
+    "qk_layernorm norms each head): the model it builds lacks them"
+)
+
+
+def model_notes(m, recipe: str) -> list[str]:
+    """What the recipe's provider cannot build of ``m``: Llama 4's L2 query/key norm outside its own
+    provider, query/key norms over the whole projections."""
+    notes = [L2_NOTE.format(name=m.name, recipe=recipe)] if m.qk_l2_norm else []
+    if m.qk_norm and m.qk_norm_span == "projection":
+        notes.append(WHOLE_QK_NOTE.format(name=m.name))
+    return notes
 
 
 def emit(
@@ -139,7 +166,7 @@ def emit(
         warnings.append(MLA_NOTE.format(target="Megatron-Bridge", config=provider))
     recipe, notes = recipe_of(plan)
     precision, differs = precision_of(plan)
-    warnings += notes + differs
+    warnings += notes + differs + model_notes(plan.model, recipe)
     if plan.training.fp8_attention:
         why = f"Bridge's {precision} recipe sets fp8_dot_product_attention false over the model's"
         how = "on the resolved mixed_precision config (cfg.mixed_precision.fp8_dot_product_attention = True)"

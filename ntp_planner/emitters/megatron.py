@@ -99,6 +99,8 @@ FLAGS = {
     "window_attn_skip_freq": "--window-attn-skip-freq",
     "softmax_type": "--softmax-type",
     "qk_layernorm": "--qk-layernorm",
+    "qk_l2_norm": "--qk-l2-norm",
+    "no_rope_freq": "--no-rope-freq",
     # the model as its authors wrote it (emitters.moe.model_fields)
     "rotary_base": "--rotary-base",
     "rope_scaling": "--use-rope-scaling",
@@ -110,6 +112,8 @@ FLAGS = {
     "moe_router_enable_expert_bias": "--moe-router-enable-expert-bias",
     "glu_linear_offset": "--glu-linear-offset",
     "activation_func_clamp_value": "--activation-func-clamp-value",
+    "layernorm_zero_centered_gamma": "--apply-layernorm-1p",
+    "rotary_percent": "--rotary-percent",
 }
 
 
@@ -127,15 +131,24 @@ MISSING_NOTE = (
     "Megatron-LM's command line has no {what}, so the model it builds from this export lacks {name}'s {which}: "
     "add them in pretrain_gpt.py's model provider to train the model exactly as written"
 )
+# megatron-core's layer spec puts --qk-l2-norm's L2Norm in every layer; Llama 4 skips it where it skips rotary
+L2_NOPE_NOTE = (
+    "Megatron-LM's command line L2-normalises queries and keys in every layer (--qk-l2-norm), {name} only in its "
+    "layers with rotary positions (not each {k}th): give the NoPE layers' attention no L2 norm in pretrain_gpt.py's "
+    "model provider to train the model exactly as written"
+)
 # TransformerConfig.fp8_dot_product_attention is among the fields its argument code leaves out of the CLI
 FP8_ATTENTION_WHY = "Megatron-LM 0.19.2's command line has no flag for it"
 
 
 def missing_model_notes(m) -> list[str]:
     """What the model has that no Megatron-LM flag builds: Gemma's norms after each block, Gemma 2's
-    attention and output logit soft-capping."""
+    attention and output logit soft-capping, OLMo 2's query and key norms over the whole projections
+    (megatron-core's ``qk_layernorm`` norms each head with head_dim weights)."""
+    whole_qk = m.qk_norm and m.qk_norm_span == "projection"
     lacks = [
         (m.post_norms, "norms after attention and after the MLP", "post-attention and post-MLP norms"),
+        (whole_qk, "query/key norms over whole projections", "query and key norms (over all heads at once)"),
         (m.attention_softcap is not None, "attention logit soft-capping", f"attention soft-cap {m.attention_softcap}"),
         (m.final_softcap is not None, "output logit soft-capping", f"output soft-cap {m.final_softcap}"),
     ]
@@ -404,6 +417,8 @@ def emit(
     if plan.model.gated_mlp and plan.model.gate_activation == "gelu":
         warnings.append(GEGLU_NOTE.format(name=plan.model.name))
     warnings += missing_model_notes(plan.model)
+    if plan.model.qk_l2_norm and plan.model.nope_every:
+        warnings.append(L2_NOPE_NOTE.format(name=plan.model.name, k=plan.model.nope_every))
     if plan.training.fp8_attention:
         how = "(TransformerConfig) in pretrain_gpt.py's model provider"
         warnings.append(FP8_ATTENTION_NOTE.format(target="Megatron-LM", why=FP8_ATTENTION_WHY, how=how))

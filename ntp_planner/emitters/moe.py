@@ -81,7 +81,9 @@ def attention_fields(m: ModelSpec) -> dict:
     ``qk_head_dim`` (no-rope part) + ``qk_pos_emb_head_dim`` (rope part); its RMSNorms of the
     query and KV latents (DeepSeek-V3's ``q_a_layernorm``, ``kv_a_layernorm``) are megatron-core's
     ``qk_layernorm`` (without it, Megatron's local layers build MLA without them), as are Qwen3's and
-    Gemma 3's per-head query and key norms (``ModelSpec.qk_norm``). The window: the model
+    Gemma 3's per-head query and key norms (``ModelSpec.qk_norm``); Llama 4's weightless L2 norm of
+    each query and key head is ``qk_l2_norm``, its layers without rotary positions ``no_rope_freq``
+    (an int k: layer i from 1 skips rotary when i % k == 0). The window: the model
     holds Hugging Face's ``sliding_window`` (tokens seen, the current one included), megatron-core
     takes ``window_size = (left, right)`` tokens beside the current one, so (w - 1, 0) as
     Megatron-Bridge's GPT-OSS bridge converts it; ``window_attn_skip_freq`` k makes layer i (from 1)
@@ -96,7 +98,10 @@ def attention_fields(m: ModelSpec) -> dict:
         "qk_pos_emb_head_dim": m.qk_rope_head_dim if m.is_mla else None,
         "v_head_dim": m.v_head_dim if m.is_mla else None,
         # MLA's latent norms (megatron-core builds them only with it), or the per-head query/key norms
-        "qk_layernorm": (m.is_mla or m.qk_norm) or None,
+        # (megatron-core has none over the whole projections, OLMo 2's: megatron.missing_model_notes)
+        "qk_layernorm": (m.is_mla or (m.qk_norm and m.qk_norm_span == "head")) or None,
+        "qk_l2_norm": m.qk_l2_norm or None,
+        "no_rope_freq": m.nope_every or None,  # megatron-core skips rotary on layer i when (i + 1) % k == 0
         "mtp_num_layers": m.mtp_layers or None,
         "window_size": (m.sliding_window - 1, 0) if windowed else None,
         "window_attn_skip_freq": (m.full_attention_every or None) if windowed else None,
@@ -109,7 +114,9 @@ def model_fields(m: ModelSpec) -> dict:
     """What makes the framework build the model its authors wrote, beyond the shapes (None:
     unset, the framework's default): the rotary base and Llama 3.1 scaling (GPT model arguments
     in Megatron: ``rotary_base``, ``rope_scaling``, ``rope_scaling_factor``), the norm epsilon,
-    Qwen2's QKV-only bias, GPT-OSS's gate offset and clamp, and the router's aux-loss weight, score
+    Qwen2's QKV-only bias, GPT-OSS's gate offset and clamp, norms scaling by (1 + w)
+    (``layernorm_zero_centered_gamma``), partial rotary (``rotary_percent``, a GPT model argument
+    like the rotary base), and the router's aux-loss weight, score
     function and expert bias (TransformerConfig fields). The activation function itself is a
     callable: each target says it its own way (Megatron-LM's switches, Bridge's recipe)."""
     fields = {
@@ -122,6 +129,9 @@ def model_fields(m: ModelSpec) -> dict:
         # activation_func_clamp_value, which its quick_gelu path and Bridge's GPT-OSS provider use)
         "glu_linear_offset": _number(m.gate_linear_offset) if m.gated_mlp and m.gate_linear_offset else None,
         "activation_func_clamp_value": _number(m.activation_clamp) if m.gated_mlp else None,
+        # Nemotron's LayerNorm1P, Gemma's (1 + w) RMSNorm; the share of each head rotary positions turn
+        "layernorm_zero_centered_gamma": m.norm_zero_centered or None,
+        "rotary_percent": _number(m.rotary_fraction) if m.position == "rope" and m.rotary_fraction != 1 else None,
     }
     if m.is_moe:
         fields |= {
@@ -164,6 +174,8 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "moe_router_enable_expert_bias": _NEMO1.format(what="aux-loss-free expert bias"),
         "glu_linear_offset": _NEMO1.format(what="GPT-OSS's offset gate (glu_linear_offset)"),
         "activation_func_clamp_value": _NEMO1.format(what="GPT-OSS's clamped gate (activation_func_clamp_value)"),
+        "qk_l2_norm": _NEMO1.format(what="Llama 4's L2 query/key norm (qk_l2_norm)"),
+        "no_rope_freq": _NEMO1.format(what="layers without rotary positions (no_rope_freq, Llama 4's NoPE layers)"),
     },
 }
 _MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm")

@@ -50,13 +50,17 @@ def emit(
             f"NeMo 1.x has no quick-GELU gate ({m.name}'s): exported as fast-geglu (tanh-approximated GELU)"
         )
     warnings += dropped + moe_warnings(plan, layout, "NeMo")
+    # NeMo 1.x's own spellings: the rotary share is rotary_percentage, a zero-centred LayerNorm layernorm1p
+    rotary = {"rotary_percentage": fields.pop("rotary_percent")} if "rotary_percent" in fields else {}
+    one_p = m.norm_zero_centered and m.norm == "layernorm"
     model = {
         **fields,
+        **rotary,
         "micro_batch_size": layout.micro_batch,
         "global_batch_size": layout.global_batch,
         "encoder_seq_length": t.seq_len,
         "max_position_embeddings": max(m.max_position_embeddings, t.seq_len),
-        "normalization": m.norm,
+        "normalization": "layernorm1p" if one_p else m.norm,
         "activation": GATES[m.gate_activation] if m.gated_mlp else PLAIN[m.mlp_activation],
         "bias": m.bias,
         "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",

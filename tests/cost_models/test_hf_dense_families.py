@@ -3,6 +3,7 @@ modelling code builds them: GPT-2's own key names, Gemma's GeGLU and windows, GP
 partial rotary, Qwen2's QKV-only biases, Mistral's window; the parameter count is checked against
 transformers building each model on the meta device, and an unknown model_type is refused."""
 
+import functools
 import re
 
 import pytest
@@ -28,11 +29,12 @@ CONFIGS = {
     "phi3": dict(SMALL, num_key_value_heads=4, vocab_size=32064),  # its pad id 32000 must be a token
     "starcoder2": dict(SMALL, num_key_value_heads=2),
     "nemotron": dict(SMALL, num_key_value_heads=2, norm_eps=1e-5),  # hidden_act relu2 by default
+    "olmo2": dict(SMALL, num_key_value_heads=2),  # q/k norms over the projections: 256 + 128 wide
 }
 # What each family's modelling code has that ntp does not count (parameters per layer, and once):
 # Phi-2's one LayerNorm per layer (attention and MLP side by side) and its output layer's bias.
-# Qwen3's and Gemma 3's per-head q/k RMSNorms (ModelSpec.qk_norm) and Gemma 2 / 3's norms after
-# attention and the MLP (post_norms) are counted.
+# Qwen3's and Gemma 3's per-head q/k RMSNorms (ModelSpec.qk_norm), OLMo 2's over the whole
+# projections (qk_norm_span) and Gemma 2 / 3's norms after attention and the MLP (post_norms) are counted.
 LEFT_OUT = {
     "phi": lambda m: m.vocab_size - m.num_layers * 2 * m.hidden_size,
 }
@@ -46,8 +48,9 @@ def test_a_dozen_dense_families_beside_the_moe_ones():
     assert len(CONFIGS) >= 12 and set(CONFIGS) <= set(KNOWN_TYPES)
 
 
-@pytest.mark.parametrize("kind", list(CONFIGS))
-def test_parameter_count_equals_transformers_on_the_meta_device(kind):
+@functools.cache
+def _built(kind: str):
+    """transformers' config and model for ``kind``, the model on the meta device (no memory)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     import logging
@@ -55,9 +58,33 @@ def test_parameter_count_equals_transformers_on_the_meta_device(kind):
     logging.getLogger("transformers").setLevel(logging.ERROR)
     cfg = transformers.AutoConfig.for_model(kind, **CONFIGS[kind])
     with torch.device("meta"):
-        hf = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+        return cfg, transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_parameter_count_equals_transformers_on_the_meta_device(kind):
+    hf = sum(p.numel() for p in _built(kind)[1].parameters())
     m = _read(kind)
     assert m.params_total + LEFT_OUT.get(kind, lambda _: 0)(m) == hf
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_norm_offset_and_rotary_share_are_what_transformers_builds(kind):
+    """A norm scales by (1 + w) when, its weights zeroed, it still passes its input on (Gemma's
+    RMSNorm, Nemotron's LayerNorm1P); the rotated share of each head is the one transformers'
+    config settles on (rope_parameters' partial_rotary_factor, 1 when unset)."""
+    import torch
+
+    cfg, model = _built(kind)
+    norm_class = next(type(mod) for mod in model.modules() if "norm" in type(mod).__name__.lower())
+    norm = norm_class(8, eps=1e-5)
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.zero_()
+        plus_one = bool(norm(torch.arange(8.0).view(1, 8)).abs().sum() > 0)
+    share = (getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+    m = _read(kind)
+    assert (m.norm_zero_centered, m.rotary_fraction) == (plus_one, share)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +98,10 @@ def test_parameter_count_equals_transformers_on_the_meta_device(kind):
                              post_norms=True, attention_softcap=None, final_softcap=None)),
         ("gemma2", dict(qk_norm=False, post_norms=True, attention_softcap=50.0, final_softcap=30.0)),
         ("qwen3", dict(qk_norm=True, head_dim=64, gated_mlp=True)),
-        ("nemotron", dict(gated_mlp=False, mlp_activation="squared_relu", norm="layernorm", norm_eps=1e-5)),
+        ("nemotron", dict(gated_mlp=False, mlp_activation="squared_relu", norm="layernorm", norm_eps=1e-5,
+                          norm_zero_centered=True, rotary_fraction=0.5)),
+        ("olmo2", dict(qk_norm=True, qk_norm_span="projection", gated_mlp=True, norm_zero_centered=False)),
+        ("gpt_neox", dict(rotary_fraction=0.25)),
         ("mistral", dict(sliding_window=256, full_attention_every=0, rope_theta=1e6)),
         ("qwen2", dict(qkv_bias=True, bias=False, rope_theta=1e6, norm_eps=1e-6)),
         ("phi", dict(position="rope", gated_mlp=False, bias=True)),
@@ -103,6 +133,8 @@ def test_gpt2_takes_four_times_its_width_without_n_inner():
         ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 0.5}}, "rope_scaling.factor"),
         ({"model_type": "llama", "rms_norm_eps": "1e-5"}, "rms_norm_eps is '1e-5'"),
         ({"model_type": "llama", "rope_theta": float("inf")}, "rope_theta is inf"),
+        ({"model_type": "phi", "partial_rotary_factor": 1.5}, "partial_rotary_factor: Input should be less than or"),
+        ({"model_type": "gpt_neox", "rotary_pct": "0.5"}, "rotary_pct is '0.5'; it must be a number"),
     ],
 )
 def test_a_bad_family_key_is_one_sentence_naming_it(keys, says):

@@ -45,11 +45,9 @@ def test_parameter_count_equals_transformers_on_the_meta_device(path):
         build = transformers.AutoModelForCausalLM.from_config
     with torch.device("meta"):
         hf = sum(p.numel() for p in build(cfg).parameters())
-    # What ntp leaves out: GPT-OSS's router bias (one per expert per layer); DeepSeek-V3's HF class
-    # builds no MTP module. Qwen3's per-head q/k RMSNorms (2 x 128 per layer) are counted (qk_norm).
-    m = MODELS[path.stem]
-    left_out = {"gpt_oss": m.num_experts * m.num_layers}
-    assert m.params_total + left_out.get(raw.get("model_type"), 0) == hf
+    # DeepSeek-V3's HF class builds no MTP module (params_total leaves it out too). Qwen3's per-head
+    # q/k RMSNorms (2 x 128 per layer) and GPT-OSS's router biases (one per expert a layer) are counted.
+    assert MODELS[path.stem].params_total == hf
 
 
 def test_deepseek_mla_keys_win_over_head_dim():
@@ -149,3 +147,30 @@ def test_gpt_oss_gates_with_a_clamped_offset_quick_gelu():
 def test_qwen3_moe_normalises_queries_and_keys_per_head():
     assert model_from_hf_config(_cfg("qwen3-30b-a3b"), "q").qk_norm is True
     assert model_from_hf_config(_cfg("mixtral-8x7b"), "m").qk_norm is False
+
+
+def test_llama4_l2_normalises_queries_and_keys_as_its_use_qk_norm_says():
+    """Scout's config.json says use_qk_norm true, Maverick's false, and transformers' Llama4TextConfig
+    reads the key so (true when absent); the L2 norm has no weights, so the counts above hold either way.
+    Both skip rotary positions on every 4th layer, as Llama4TextConfig's no_rope_layers has it."""
+    config = pytest.importorskip("transformers.models.llama4").Llama4TextConfig
+    for name, l2 in (("llama4-scout", True), ("llama4-maverick", False)):
+        text = _cfg(name)["text_config"]
+        assert MODELS[name].qk_l2_norm == config(**text).use_qk_norm == l2
+        nope = [i for i, rotary in enumerate(config(**text).no_rope_layers) if not rotary]
+        assert nope == [i for i in range(48) if (i + 1) % MODELS[name].nope_every == 0] == list(range(3, 48, 4))
+        unsaid = {k: v for k, v in text.items() if k != "use_qk_norm"}
+        assert model_from_hf_config({"text_config": unsaid}, name).qk_l2_norm == config(**unsaid).use_qk_norm
+    with pytest.raises(InputError, match="use_qk_norm is 'yes'; it must be true or false"):
+        model_from_hf_config({"text_config": {**_cfg("llama4-scout")["text_config"], "use_qk_norm": "yes"}}, "x")
+
+
+def test_llama4_nope_layers_are_read_from_the_list_or_the_interval():
+    text = _cfg("llama4-scout")["text_config"]
+    every_6th = [int((i + 1) % 6 != 0) for i in range(48)]
+    assert model_from_hf_config({"text_config": {**text, "no_rope_layers": every_6th}}, "x").nope_every == 6
+    assert model_from_hf_config({"text_config": {**text, "no_rope_layer_interval": 8}}, "x").nope_every == 8
+    assert model_from_hf_config({"text_config": {**text, "no_rope_layers": [1] * 48}}, "x").nope_every == 0
+    with pytest.raises(InputError, match=r"no_rope_layers leaves layers \[3, 5\] without rotary positions"):
+        model_from_hf_config({"text_config": {**text, "no_rope_layers": [0 if i in (3, 5) else 1 for i in range(48)]}},
+                             "x")  # fmt: skip

@@ -252,6 +252,41 @@ def test_qk_norm_adds_two_head_wide_norms_per_layer():
     assert normed.params_total - gpt.params_total == 24 * 2 * 2 * 128
 
 
+def test_qk_norms_over_the_whole_projections_count_their_widths():
+    # OLMo 2 7B's shape (transformers' Olmo2Attention: q_norm of num_heads x head_dim, k_norm of
+    # num_kv_heads x head_dim): 32 layers x (4096 + 4096) = 262,144 weights; with 8 KV heads the
+    # key norm is 1024 wide; split over TP with the projections, not kept whole
+    llama = MODELS["llama2-7b"]
+    olmo = ModelSpec(**{**llama.model_dump(), "name": "olmo", "qk_norm": True, "qk_norm_span": "projection"})
+    assert olmo.qk_norm_params == 8192 and olmo.params_total - llama.params_total == 262_144
+    gqa = olmo.model_copy(update={"num_kv_heads": 8})
+    assert gqa.qk_norm_params == 4096 + 1024
+    assert olmo.layer_tp_replicated_params(olmo.kinds[0]) == llama.layer_tp_replicated_params(llama.kinds[0])
+
+
+def test_biased_routers_count_a_bias_per_expert():
+    # GPT-OSS 20B: 32 experts of a 2880-wide router row plus a bias each, in each of 24 layers
+    oss, mixtral = MODELS["gpt-oss-20b"], MODELS["mixtral-8x7b"]
+    assert oss.router_params == 32 * 2881 == 92_192
+    assert mixtral.router_params == 8 * 4096  # no biases
+    assert oss.moe_layer_nonexpert_params == oss.attention_params + oss.norm_params + 92_192  # no shared expert
+
+
+@pytest.mark.parametrize(
+    ("update", "says"),
+    [
+        ({"qk_norm_span": "projection"}, r"qk_norm_span\('projection'\) says what the query/key norms span"),
+        ({"qk_l2_norm": True, "qk_norm": True}, "qk_l2_norm .* and qk_norm .* both normalise"),
+        ({"rotary_fraction": 0.5, "position": "learned"}, r"rotary_fraction\(0.5\) is the share"),
+        ({"nope_every": 4, "position": "learned"}, r"nope_every\(4\) picks the layers without rotary"),
+        ({"nope_every": 33}, r"nope_every\(33\) .* num_layers\(32\)"),
+    ],
+)
+def test_query_key_norm_and_rotary_settings_that_contradict_are_refused(update, says):
+    with pytest.raises(ValueError, match=says):
+        ModelSpec(**{**MODELS["llama2-7b"].model_dump(), **update})
+
+
 def test_qk_norm_is_refused_beside_mla_whose_latent_norms_it_would_double():
     with pytest.raises(ValueError, match="MLA .* normalises its latents instead"):
         ModelSpec(**{**MODELS["deepseek-v3"].model_dump(), "qk_norm": True})

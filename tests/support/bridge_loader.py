@@ -119,7 +119,8 @@ def _fields(cfg) -> dict:
         "moe_aux_loss_coeff", "recompute_granularity", "bf16", "fp16", "fp8", "fp8_recipe", "params_dtype",
         "pipeline_dtype", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "mtp_num_layers",
         "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "qk_layernorm", "normalization",
-        "position_embedding_type", "glu_linear_offset", "activation_func_clamp_value",
+        "position_embedding_type", "glu_linear_offset", "activation_func_clamp_value", "qk_l2_norm",
+        "layernorm_zero_centered_gamma", "rotary_percent", "no_rope_freq",
     )  # fmt: skip
     out = {k: getattr(m, k, None) for k in names}
     out.update(

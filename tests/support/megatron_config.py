@@ -103,6 +103,8 @@ def transformer_config_kwargs(args: list[str]) -> dict:
         kw["moe_router_score_function"] = values["--moe-router-score-function"]
     if "--moe-router-enable-expert-bias" in values:
         kw["moe_router_enable_expert_bias"] = True
+    kw["qk_l2_norm"] = "--qk-l2-norm" in values
+    kw["layernorm_zero_centered_gamma"] = "--apply-layernorm-1p" in values
     return {k: v for k, v in kw.items() if v is not None or k == "q_lora_rank"}
 
 

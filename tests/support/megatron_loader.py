@@ -13,9 +13,13 @@ With ``"build": true`` it then builds the model Megatron would train, on the met
 and the fused kernels, the all-to-all dispatcher and the shared-expert overlap off (they need
 CUDA streams or Transformer Engine and hold no parameters), and reports its parameters; for that
 build ``torch.cuda.current_device`` answers ``"meta"``, where the layers put the buffers they
-make on the GPU; and for multi-head latent attention, whose local spec passes its kernel
+make on the GPU; for multi-head latent attention, whose local spec passes its kernel
 (``DotProductAttention``, no parameters) a ``k_channels`` it does not take in megatron-core
-0.19.2, a parameterless stand-in is that kernel.
+0.19.2, a parameterless stand-in is that kernel; and ``layernorm_zero_centered_gamma``
+(``--apply-layernorm-1p``), which torch's norms in the local spec refuse, is turned off for the
+build (Transformer Engine's norms hold the same weights; the result reports what Megatron set).
+The spec and ``GPTModel`` get ``qk_l2_norm`` and ``rotary_percent`` as Megatron-LM's
+``megatron/training/models/gpt.py`` passes them; the result counts the L2 norms and the rotary width.
 
 What is patched, and only that (``_patch``): GPU and Transformer Engine detection.
 ``torch.cuda.get_device_capability`` and ``torch.cuda.get_device_properties`` answer with the
@@ -50,7 +54,7 @@ FIELDS = (
     "use_distributed_optimizer", "use_megatron_fsdp", "data_parallel_sharding_strategy", "ckpt_format",
     "quick_geglu", "overlap_p2p_comm", "multi_latent_attention", "mtp_num_layers", "recompute_granularity",
     "pipeline_model_parallel_layout", "qk_layernorm", "squared_relu", "glu_linear_offset",
-    "activation_func_clamp_value",
+    "activation_func_clamp_value", "qk_l2_norm", "layernorm_zero_centered_gamma", "rotary_percent", "no_rope_freq",
 )  # fmt: skip
 
 
@@ -129,7 +133,11 @@ def _built_params(args) -> dict:
     for key, value in whole.items():
         setattr(args, key, value)
     config = core_transformer_config_from_args(args)
-    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=args.normalization)
+    zero_centered = config.layernorm_zero_centered_gamma
+    config.layernorm_zero_centered_gamma = False  # torch's norms refuse it; TE's hold the same weights
+    spec = get_gpt_decoder_block_spec(  # as megatron/training/models/gpt.py's default_layer_spec asks
+        config, use_transformer_engine=False, normalization=args.normalization, qk_l2_norm=args.qk_l2_norm
+    )
     _Kernel = _kernel_class()
     if args.multi_latent_attention:  # the local spec's kernel takes no k_channels (megatron-core 0.19.2)
         for layer in spec.layer_specs:
@@ -142,9 +150,15 @@ def _built_params(args) -> dict:
             max_sequence_length=args.max_position_embeddings, position_embedding_type=args.position_embedding_type,
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
             rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling, mtp_block_spec=mtp,
+            rotary_percent=args.rotary_percent,
         )  # fmt: skip
+    rotary = getattr(model, "rotary_pos_emb", None)
     return {
         "params_total": sum(p.numel() for p in model.parameters()),
+        "l2_norms": sum(type(mod).__name__ == "L2Norm" for mod in model.modules()),
+        "rotary_dim": 2 * rotary.inv_freq.numel() if rotary is not None else 0,
+        "zero_centered_gamma": zero_centered,
+        "nope_layers": sum(config.no_rope_freq or []),  # layers the attention runs without rotary (1 = skip)
         "activation": getattr(config.activation_func, "__name__", str(config.activation_func)),
         "gated_linear_unit": config.gated_linear_unit,
         "glu_linear_offset": config.glu_linear_offset,

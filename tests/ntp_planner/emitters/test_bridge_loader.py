@@ -155,7 +155,13 @@ def test_every_variant_is_accepted_by_bridge_and_keeps_the_plan(loaded):
             # OpenAI's x * sigmoid(1.702 x) gate from GPT-OSS's recipe; Nemotron's squared ReLU has no recipe
             # (the export says the model gets GELU)
             "activation": ACTIVATIONS[m.gate_activation if m.gated_mlp else "plain"],
-            "qk_layernorm": m.qk_norm or m.is_mla,  # Qwen3's recipe keeps its own, another recipe's is turned off
+            # Qwen3's recipe keeps its own, another recipe's is turned off; OLMo 2's whole-projection norms: none
+            "qk_layernorm": (m.qk_norm and m.qk_norm_span == "head") or m.is_mla,
+            # Llama 4 Scout's L2 query/key norm (the field; the export says only Bridge's Llama 4 provider builds
+            # it), Nemotron's and Gemma's (1 + w) norms, Nemotron's half-head rotation
+            "qk_l2_norm": m.qk_l2_norm, "layernorm_zero_centered_gamma": m.norm_zero_centered,
+            "rotary_percent": m.rotary_fraction,  # Llama 4's NoPE layers, as megatron-core expands no_rope_freq 4
+            "no_rope_freq": [int((i + 1) % m.nope_every == 0) for i in range(m.num_layers)] if m.nope_every else None,
         }  # fmt: skip
         if m.gated_mlp and m.gate_activation == "quick_gelu":
             want |= {"glu_linear_offset": m.gate_linear_offset, "activation_func_clamp_value": m.activation_clamp}
@@ -195,16 +201,18 @@ def test_a_model_on_another_models_recipe_loses_that_recipes_qk_norm(loaded):
 def test_bridge_builds_the_model_ntp_counts(loaded):
     """The model Bridge's provider builds from each export (``provide()`` on the meta device, local
     layers, no MTP module) has ntp's parameter count (Qwen3's QK norms included) plus what ntp's
-    count leaves out: GPT-OSS's router biases; and learned positions for seq_length, not the
-    model's (the export warns). Gemma 2's provider has its own layer spec (post-norms), which the
-    local layers do not build: not counted here."""
+    count leaves out: learned positions for seq_length, not the model's (the export warns); less what
+    Bridge cannot build: OLMo 2's query/key norms over the whole projections (the export warns).
+    GPT-OSS's router biases are in both. Gemma 2's provider has its own layer spec (post-norms), which
+    the local layers do not build: not counted here."""
     plans, results = loaded
     built = {n: r["params_total"] for n, r in results.items() if "params_total" in r}
     want = {}
     for n in built:
         m = plans[n].model
-        router_bias = m.num_layers * m.num_experts if m.is_moe and m.bias else 0
         positions = (plans[n].training.seq_len - m.max_position_embeddings) * m.hidden_size  # Bridge: seq_length rows
-        want[n] = m.params_total + router_bias + (positions if m.position == "learned" else 0)
-    assert len(built) == len(MODELS) + 1 and built == want
+        whole_qk = m.num_layers * m.qk_norm_params if m.qk_norm and m.qk_norm_span == "projection" else 0
+        want[n] = m.params_total + (positions if m.position == "learned" else 0) - whole_qk
+    assert len(built) == len(MODELS) + 2 and built == want
+    assert plans["hf:olmo2-1b"].model.params_total - built["hf:olmo2-1b"] == 16 * (2048 + 2048)
     assert built["catalogue:llama3-8b"] == 8_030_261_248 and built["hf:qwen2.5-7b"] == 7_615_616_512

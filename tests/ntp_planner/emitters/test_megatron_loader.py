@@ -44,8 +44,9 @@ def _per_layer_plan():
     )  # fmt: skip
 
 
-# config.json files as their authors publish them (Gemma 2 9B, Qwen2.5 7B), for what the catalogue lacks:
-# a GELU-gated MLP with sliding windows, and QKV-only biases
+# config.json files as their authors publish them (Gemma 2 9B, Qwen2.5 7B, OLMo 2 1B), for what the catalogue
+# lacks: a GELU-gated MLP with sliding windows and (1 + w) norms, QKV-only biases, query/key norms over the
+# whole projections
 HF_CONFIGS = {
     "gemma2-9b": {
         "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
@@ -59,6 +60,12 @@ HF_CONFIGS = {
         "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
         "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "hidden_act": "silu",
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    },
+    "olmo2-1b": {
+        "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2",
+        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "vocab_size": 100352, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "rope_theta": 500000, "max_position_embeddings": 4096, "tie_word_embeddings": False,
     },
 }  # fmt: skip
 
@@ -170,9 +177,12 @@ def test_every_variant_is_accepted_by_megatron_and_keeps_the_plan(loaded):
             "swiglu": m.gated_mlp and m.gate_activation == "silu",
             "quick_geglu": m.gated_mlp and m.gate_activation in ("gelu", "quick_gelu"),
             "squared_relu": not m.gated_mlp and m.mlp_activation == "squared_relu",
-            "qk_layernorm": m.qk_norm or m.is_mla,  # MLA's latent norms ride on the same flag
+            # MLA's latent norms ride on the same flag; OLMo 2's whole-projection norms have none
+            "qk_layernorm": (m.qk_norm and m.qk_norm_span == "head") or m.is_mla,
             "glu_linear_offset": m.gate_linear_offset if m.gated_mlp else 0.0,
             "activation_func_clamp_value": m.activation_clamp if m.gated_mlp else None,
+            "qk_l2_norm": m.qk_l2_norm, "layernorm_zero_centered_gamma": m.norm_zero_centered,
+            "rotary_percent": m.rotary_fraction, "no_rope_freq": m.nope_every or None,
         }  # fmt: skip
         if m.position == "rope":
             want["rotary_base"] = int(m.rope_theta or 10000)  # unset in the catalogue: Megatron's default
@@ -186,10 +196,10 @@ def test_every_variant_is_accepted_by_megatron_and_keeps_the_plan(loaded):
         assert {k: got[k] for k in want} == want, name
 
 
-def _router_bias(m) -> int:
-    """The routers' biases of a model with biased linear layers (GPT-OSS: one per expert in each
-    MoE layer; Hugging Face's GptOssTopKRouter has them too), which ntp's count leaves out."""
-    return sum(m.num_experts for i in range(m.num_layers) if m.is_moe_layer(i)) if m.is_moe and m.bias else 0
+def _whole_qk_norms(m) -> int:
+    """OLMo 2's query/key norms over the whole projections, which Megatron-LM's command line cannot
+    build (the export says so; megatron-core's qk_layernorm norms each head)."""
+    return m.num_layers * m.qk_norm_params if m.qk_norm and m.qk_norm_span == "projection" else 0
 
 
 def _post_norms(m) -> int:
@@ -201,17 +211,21 @@ def _post_norms(m) -> int:
 def test_megatron_builds_the_model_ntp_counts(loaded):
     """The model Megatron builds from each catalogue export (GPTModel on the meta device, local
     spec) has the parameters ntp counts for it, MTP modules included (Megatron builds them):
-    shapes, gating, biases, tying, MLA with its latent norms, Qwen3's per-head QK norms, MTP."""
+    shapes, gating, biases (GPT-OSS's routers' too), tying, MLA with its latent norms, Qwen3's per-head
+    QK norms, MTP."""
     plans, results = loaded
     built = {n: results[n]["built"]["params_total"] for n in plans if n.startswith(("catalogue:", "hf:"))}
     ours = {
-        n: (m := plans[n].model).params_total + m.mtp_params + _router_bias(m) - _post_norms(m) for n in built
+        n: (m := plans[n].model).params_total + m.mtp_params - _post_norms(m) - _whole_qk_norms(m) for n in built
     }  # fmt: skip
     assert built == ours
     assert built["catalogue:llama3-8b"] == 8_030_261_248  # Meta's model card: 8.03B
     assert built["catalogue:deepseek-v3"] - plans["catalogue:deepseek-v3"].model.mtp_params == 671_026_404_352
     assert built["catalogue:qwen3-30b-a3b"] == 30_532_122_624  # transformers' Qwen3-30B-A3B, q/k norms included
-    assert _router_bias(plans["catalogue:gpt-oss-20b"].model) == 24 * 32
+    oss = plans["catalogue:gpt-oss-20b"].model  # its routers' biases (24 layers x 32 experts) in both counts
+    assert oss.router_params == 32 * (2880 + 1)
+    # OLMo 2 1B: 16 layers x (2048 + 2048) whole-projection q/k norms that Megatron's command line cannot build
+    assert ours["hf:olmo2-1b"] == plans["hf:olmo2-1b"].model.params_total - 16 * 4096
     # Gemma 2 9B: 9,241,705,984 in transformers (ntp's count), whose post-norms (2 x 3584 x 42) Megatron lacks
     assert plans["hf:gemma2-9b"].model.params_total == 9_241_705_984
     assert built["hf:gemma2-9b"] == 9_241_705_984 - 2 * 3584 * 42
@@ -248,3 +262,22 @@ def test_megatron_rejects_a_broken_export(loaded):
     assert "unrecognized arguments: --overlap-p2p-communication" in results["unknown-flag"]["error"]
     assert results["fsdp-one-connection"]["ok"] is False
     assert "CUDA_DEVICE_MAX_CONNECTIONS" in results["fsdp-one-connection"]["error"]
+
+
+def test_megatron_builds_the_norms_and_rotation_as_written(loaded):
+    """From the exported flags Megatron builds Llama 4 Scout's L2 query/key norms (a query and a key
+    norm in each of 48 layers, the NoPE ones too, which the export warns of; Maverick none), Llama 4's
+    12 layers without rotary positions, Nemotron's LayerNorm1P (--apply-layernorm-1p sets
+    layernorm_zero_centered_gamma, Gemma 2's RMSNorm too) and its rotation of half of each 128-wide
+    head (--rotary-percent 0.5: a 64-wide rotary embedding)."""
+    plans, results = loaded
+    built = {n: results[n]["built"] for n in plans if n.startswith(("catalogue:", "hf:"))}
+    assert {n: b["l2_norms"] for n, b in built.items() if b["l2_norms"]} == {"catalogue:llama4-scout": 2 * 48}
+    nope = {n: b["nope_layers"] for n, b in built.items() if b["nope_layers"]}  # Llama 4: layers 4, 8, ..., 48
+    assert nope == {"catalogue:llama4-scout": 12, "catalogue:llama4-maverick": 12}
+    zero_centered = {n for n, b in built.items() if b["zero_centered_gamma"]}
+    assert zero_centered == {f"catalogue:{n}" for n in MODELS if n.startswith("nemotron")} | {"hf:gemma2-9b"}
+    rotary = {n: b["rotary_dim"] for n, b in built.items()}
+    assert rotary["catalogue:nemotron4-15b"] == 64 and rotary["catalogue:llama3-8b"] == 128
+    assert all(rotary[n] == plans[n].model.head_dim * plans[n].model.rotary_fraction for n in rotary
+               if plans[n].model.position == "rope" and not plans[n].model.is_mla)  # fmt: skip

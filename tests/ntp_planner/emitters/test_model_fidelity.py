@@ -133,3 +133,79 @@ def test_megatron_says_what_gemma2_loses_on_its_command_line():
 def test_the_catalogue_counts_qk_norms(name, extra):
     m = MODELS[name]
     assert m.params_total - m.model_copy(update={"qk_norm": False}).params_total == extra
+
+
+def test_nemotron_keeps_its_layernorm1p_and_half_rotary_in_every_target():
+    """NeMo's and Bridge's Nemotron: LayerNorm1P (layernorm_zero_centered_gamma) and rotary positions on
+    half of each head; Megatron-LM 0.19.2 spells them --apply-layernorm-1p and --rotary-percent, NeMo 1.x
+    normalization layernorm1p and rotary_percentage."""
+    plan = _plan("nemotron4-15b")
+    args = _args(plan)
+    assert "--apply-layernorm-1p" in args and _value(args, "--rotary-percent") == "0.5"
+    bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])["model"]
+    assert (bridge["layernorm_zero_centered_gamma"], bridge["rotary_percent"]) == (True, 0.5)
+    nemo = yaml.safe_load(export(plan, "nemo").files["nemo_config.yaml"])["model"]
+    assert (nemo["normalization"], nemo["rotary_percentage"]) == ("layernorm1p", 0.5) and "rotary_percent" not in nemo
+    llama = _plan("llama3-8b")  # neither: and a recipe's own (Gemma's zero-centred norms) is turned off for Bridge
+    assert "--apply-layernorm-1p" not in _args(llama) and "--rotary-percent" not in _args(llama)
+    bridge = yaml.safe_load(export(llama, "bridge").files["bridge_override.yaml"])["model"]
+    assert (bridge["layernorm_zero_centered_gamma"], bridge["rotary_percent"]) == (False, 1.0)
+    gemma2 = _args(_plan(model_from_hf_config(GEMMA2, "gemma2-tiny")))  # Gemma's RMSNorm scales by (1 + w)
+    assert "--apply-layernorm-1p" in gemma2 and _value(gemma2, "--normalization") == "RMSNorm"
+
+
+def test_llama4_scout_l2_normalises_queries_and_keys_where_a_target_can():
+    """Megatron-LM: --qk-l2-norm (pretrain_gpt.py hands it to the layer spec, megatron-core's L2Norm);
+    Bridge has the field but builds the norm only through Llama4ModelProvider's spec, and says so;
+    NeMo 1.x has none. Maverick does not normalise (use_qk_norm false). Both skip rotary positions on
+    every 4th layer (--no-rope-freq 4), where Scout skips its L2 norm too, which Megatron's spec does not."""
+    plan = _plan("llama4-scout")
+    args = _args(plan)
+    assert "--qk-l2-norm" in args and "--qk-layernorm" not in args and _value(args, "--no-rope-freq") == "4"
+    assert [w for w in export(plan, "megatron").warnings if "--qk-l2-norm" in w] == [
+        "Megatron-LM's command line L2-normalises queries and keys in every layer (--qk-l2-norm), llama4-scout only "
+        "in its layers with rotary positions (not each 4th): give the NoPE layers' attention no L2 norm in "
+        "pretrain_gpt.py's model provider to train the model exactly as written"
+    ]
+    bridge = export(plan, "bridge")
+    model = yaml.safe_load(bridge.files["bridge_override.yaml"])["model"]
+    assert (model["qk_l2_norm"], model["no_rope_freq"]) == (True, 4)
+    assert [w for w in bridge.warnings if "qk_l2_norm" in w] == [
+        "Megatron-Bridge 0.3.1 builds llama4-scout's L2 query/key norm (qk_l2_norm) only with Llama4ModelProvider's "
+        "layer spec, and qwen.qwen3_30b_a3b_pretrain_config's spec ignores the field: build the model with "
+        "Llama4Experts16ModelProvider to train it as written"
+    ]
+    nemo = export(plan, "nemo")
+    assert "qk_l2_norm" not in yaml.safe_load(nemo.files["nemo_config.yaml"])["model"]
+    assert any(w.startswith("NeMo: qk_l2_norm dropped") for w in nemo.warnings)
+    assert any(w.startswith("NeMo: no_rope_freq dropped") for w in nemo.warnings)
+    maverick = _plan("llama4-maverick")
+    assert "--qk-l2-norm" not in _args(maverick) and _value(_args(maverick), "--no-rope-freq") == "4"
+    assert not any("--qk-l2-norm" in w for w in export(maverick, "megatron").warnings)
+    assert "--no-rope-freq" not in _args(_plan("llama3-8b"))
+    assert not any("qk_l2_norm" in w for w in export(maverick, "bridge").warnings)
+
+
+OLMO2 = {
+    "model_type": "olmo2", "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096, "rms_norm_eps": 1e-6,
+}  # fmt: skip
+
+
+def test_olmo2_whole_projection_qk_norms_are_counted_and_said_lost_where_no_target_builds_them():
+    """OLMo 2 normalises the whole query projection (8 x 128 = 1024 wide) and key projection (4 x 128 =
+    512): 1536 weights a layer in ntp's count; megatron-core's qk_layernorm would build per-head norms
+    of 128 instead, so no export asks for it, and Megatron-LM's and Bridge's say what is lost."""
+    olmo = model_from_hf_config(OLMO2, "olmo2-tiny")
+    assert olmo.qk_norm_params == 1536
+    assert olmo.params_total - olmo.model_copy(update={"qk_norm": False, "qk_norm_span": "head"}).params_total == 6144
+    plan = _plan(olmo)
+    assert "--qk-layernorm" not in _args(plan)
+    assert [w for w in export(plan, "megatron").warnings if "lacks" in w] == [
+        "Megatron-LM's command line has no query/key norms over whole projections, so the model it builds from this "
+        "export lacks olmo2-tiny's query and key norms (over all heads at once): add them in pretrain_gpt.py's model "
+        "provider to train the model exactly as written"
+    ]
+    bridge = export(plan, "bridge")
+    assert yaml.safe_load(bridge.files["bridge_override.yaml"])["model"]["qk_layernorm"] is False
+    assert any("no query/key norms over the whole projections (olmo2-tiny's" in w for w in bridge.warnings)
