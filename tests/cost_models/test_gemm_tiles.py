@@ -59,6 +59,10 @@ def test_a_weight_dimension_pads_to_whole_tiles_of_its_architecture():
     qkv = gemm("qkv", 4096, 2688, 18432)
     assert _ratio(qkv, "dgx-h100") == pytest.approx(1.0)
     assert _ratio(qkv) == pytest.approx((2816 / 2688 * 2 + 1) / 3, rel=1e-9)
+    # unfused attention: a 192-wide head is a head dimension, not a weight's (no 256 / 192 padding)
+    scores = gemm("attention-scores", 4096, 4096, 192, batch=8)
+    values = gemm("attention-values", 4096, 192, 4096, batch=8)
+    assert _ratio(scores, "dgx-h100") == _ratio(values, "dgx-h100") == pytest.approx(1.0)
 
 
 def test_blackwell_ultras_gemms_run_faster_by_its_extra_power():
