@@ -242,11 +242,13 @@ class CostEnv:
         return self.eff.tile_factor(self.arch, op.n, op.k)
 
     def _expert_waves(self, op: Op) -> float:
-        """``moe.expert_waves`` of one expert GEMM of ``op`` (``op.batch`` local experts) on this GPU."""
+        """``moe.expert_waves`` of one expert GEMM of ``op`` (``op.batch`` local experts) on this GPU;
+        torchtitan's experts are one ``torch._grouped_mm`` over every local expert, as under a graph."""
         tile = self.eff.gemm_tile.get(self.arch)
         if tile is None:
             return 1.0
-        concurrent = moe.expert_concurrency(op.batch, self.eff.expert_gemm_streams, self.training.cuda_graphs)
+        one_kernel = self.training.cuda_graphs or self.titan is not None
+        concurrent = moe.expert_concurrency(op.batch, self.eff.expert_gemm_streams, one_kernel)
         return moe.expert_waves(op.m, op.n, op.k, concurrent, tile, self.cluster.gpu.sm_count)
 
     def ops_pass(self, ops: list[Op]) -> Pass:

@@ -36,10 +36,12 @@ def test_an_expert_gemm_costs_its_whole_waves_of_tiles_four_experts_at_a_time():
     up = gemm("experts-up", 8192, 1536, 2048, batch=16)
     eager = (11 / (768 / 74) + 14 / (1024 / 74) + 3 / (192 / 74)) / 3
     assert _ratio(up) == pytest.approx(eager, rel=1e-9)
-    # every local expert at once (a CUDA graph's grouped GEMM): 16 x the
+    # every local expert at once (a CUDA graph's grouped GEMM, torchtitan's torch._grouped_mm): 16 x the
     # tiles, 41.5 -> 42, 55.4 -> 56, 10.4 -> 11 waves
     one_kernel = (42 / (3072 / 74) + 56 / (4096 / 74) + 11 / (768 / 74)) / 3
     assert _ratio(up, cuda_graphs=True) == pytest.approx(one_kernel, rel=1e-9)
+    titan = EFF.model_copy(update={"runtime": "torchtitan"})
+    assert _ratio(up, eff=titan, off=titan.model_copy(update={"gemm_tile": {}})) == pytest.approx(one_kernel, rel=1e-9)
 
 
 def test_a_partial_tile_and_its_waves_multiply():
