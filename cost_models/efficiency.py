@@ -186,9 +186,11 @@ class Efficiency(BaseModel):
         "warpgroups a 128 x 256 tile on one SM (CUTLASS sm90 kernels). cuBLAS puts the weight's output dimension "
         "on M (column-major C^T = W X^T). A weight dimension that is not a multiple of the tile computes its last "
         "tile in full (tile_quantisation); an expert's GEMMs fill the SMs in waves of tiles "
-        "(cost_models.moe.expert_waves). Sourced, not fitted: every dense model of tables A-F has weight "
-        "dimensions that are multiples of 256 (tables unchanged), GPT-OSS's 2,880 (11.25 tiles of 256, 22.5 of "
-        "128) and MLA's 576-wide KV down-projection are not.",
+        "(cost_models.moe.expert_waves). Sourced, not fitted. Most weight dimensions of tables A-F are whole "
+        "tiles; the TP shards that are not move E and F a little (Nemotron-340B's 2,688-wide QKV shard at TP 8 "
+        "on GB200, Llama 2 7B's 2,752-wide MLP shard at TP 4 on H100, Llama 3.1 405B's 32,128-row vocabulary "
+        "shard: E 4.717% -> 4.718%, F 5.682% -> 5.663%; A-D and H unchanged); GPT-OSS's 2,880 (11.25 tiles of "
+        "256, 22.5 of 128) and MLA's 576-wide KV down-projection move G.",
     )
     expert_gemm_streams: int = Field(
         default=4,
