@@ -55,7 +55,7 @@ def test_a_partial_tile_and_its_waves_multiply():
     assert _ratio(up, "gb200-nvl72", model="gpt-oss-120b") == pytest.approx(tiles * waves, rel=1e-9)
 
 
-def test_a_weight_dimension_pads_to_whole_tiles_of_its_architecture():
+def test_only_weight_gemms_wider_than_a_tile_are_padded():
     # Nemotron-340B's QKV shard at TP 8 on Hopper: 12 query heads and 2 KV heads of 192, 2,688 wide:
     # 21 tiles of 128 (whole); on Blackwell 10.5 tiles of 256 -> 11 (2,816), the 18,432 input whole
     qkv = gemm("qkv", 4096, 2688, 18432)
@@ -65,6 +65,8 @@ def test_a_weight_dimension_pads_to_whole_tiles_of_its_architecture():
     scores = gemm("attention-scores", 4096, 4096, 192, batch=8)
     values = gemm("attention-values", 4096, 192, 4096, batch=8)
     assert _ratio(scores, "dgx-h100") == _ratio(values, "dgx-h100") == pytest.approx(1.0)
+    # a router narrower than one tile (Mixtral's 8 experts; 128 here on Blackwell) is not padded to it
+    assert _ratio(gemm("router", 8192, 8, 4096)) == _ratio(gemm("router", 8192, 128, 2048)) == pytest.approx(1.0)
 
 
 def test_blackwell_ultras_gemms_run_faster_by_its_extra_power():
