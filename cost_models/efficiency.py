@@ -199,9 +199,9 @@ class Efficiency(BaseModel):
         "time (cost_models.moe.expert_waves): nvte_multi_tensor_gemm puts expert i on compute stream i mod "
         "get_num_compute_streams(), a constant 4 (transformer_engine/common/util/multi_stream.cpp). Under a "
         "full-iteration CUDA graph the experts' static buffers (Megatron's moe_expert_rank_capacity_factor) need "
-        "TE's fused grouped GEMM (GroupedLinear's graph-safe grouped-tensor path, cuBLASLt grouped GEMM: "
-        "cublaslt_grouped_gemm.cu), one kernel over every local expert's tiles; torchtitan's torch._grouped_mm "
-        "is one kernel too (CostEnv._expert_waves). Sourced, not fitted.",
+        "TE's op fuser, whose graph-safe GroupedLinear (transformer_engine/pytorch/ops/basic/grouped_linear.py) "
+        "runs one cuBLASLt grouped GEMM (common/gemm/cublaslt_grouped_gemm.cu) over every local expert's tiles; "
+        "torchtitan's torch._grouped_mm is one kernel too (CostEnv._expert_waves). Sourced, not fitted.",
     )
     power_rate_exponent: float = Field(
         default=0.578,
