@@ -224,7 +224,7 @@ class CostEnv:
         """Seconds of one execution of ``op`` (its forward unit), launch overhead excluded."""
         if op.kind == "gemm":
             rate, half = self._gemm[op.low_precision and self.training.low_precision]
-            flops = op.flops * self.eff.tile_factor(self.arch, op.n, op.k)  # whole output tiles
+            flops = op.flops * self._tile_factor(op)  # whole output tiles
             if op.name.startswith(moe.GROUPED):
                 flops *= self._expert_waves(op)
                 return flops / (rate * moe.grouped_gemm_factor(self.eff, op.m, op.n, op.k, half))
@@ -233,12 +233,22 @@ class CostEnv:
             return op.flops / (self.bf16_peak * self._attention)
         return op.mem_bytes / self.mem_bw * self.memory_scale
 
+    def _tile_factor(self, op: Op) -> float:
+        """``Efficiency.tile_factor`` of a weight GEMM. The unfused attention's score and value GEMMs
+        are left out: their ``k`` / ``n`` is a head dimension (128, 192) that cuBLAS covers with a
+        tile as narrow, not a weight width (padded, a 192-wide head made them 1.22x slower on Hopper)."""
+        if op.name.startswith("attention"):
+            return 1.0
+        return self.eff.tile_factor(self.arch, op.n, op.k)
+
     def _expert_waves(self, op: Op) -> float:
-        """``moe.expert_waves`` of one expert GEMM of ``op`` (``op.batch`` local experts) on this GPU."""
+        """``moe.expert_waves`` of one expert GEMM of ``op`` (``op.batch`` local experts) on this GPU;
+        torchtitan's experts are one ``torch._grouped_mm`` over every local expert, as under a graph."""
         tile = self.eff.gemm_tile.get(self.arch)
         if tile is None:
             return 1.0
-        concurrent = moe.expert_concurrency(op.batch, self.eff.expert_gemm_streams, self.training.cuda_graphs)
+        one_kernel = self.training.cuda_graphs or self.titan is not None
+        concurrent = moe.expert_concurrency(op.batch, self.eff.expert_gemm_streams, one_kernel)
         return moe.expert_waves(op.m, op.n, op.k, concurrent, tile, self.cluster.gpu.sm_count)
 
     def ops_pass(self, ops: list[Op]) -> Pass:

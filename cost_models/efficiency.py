@@ -186,9 +186,11 @@ class Efficiency(BaseModel):
         "warpgroups a 128 x 256 tile on one SM (CUTLASS sm90 kernels). cuBLAS puts the weight's output dimension "
         "on M (column-major C^T = W X^T). A weight dimension that is not a multiple of the tile computes its last "
         "tile in full (tile_quantisation); an expert's GEMMs fill the SMs in waves of tiles "
-        "(cost_models.moe.expert_waves). Sourced, not fitted: every dense model of tables A-F has weight "
-        "dimensions that are multiples of 256 (tables unchanged), GPT-OSS's 2,880 (11.25 tiles of 256, 22.5 of "
-        "128) and MLA's 576-wide KV down-projection are not.",
+        "(cost_models.moe.expert_waves). Sourced, not fitted. Most weight dimensions of tables A-F are whole "
+        "tiles; the TP shards that are not move E and F a little (Nemotron-340B's 2,688-wide QKV shard at TP 8 "
+        "on GB200, Llama 2 7B's 2,752-wide MLP shard at TP 4 on H100, Llama 3.1 405B's 32,128-row vocabulary "
+        "shard: E 4.717% -> 4.718%, F 5.682% -> 5.663%; A-D and H unchanged); GPT-OSS's 2,880 (11.25 tiles of "
+        "256, 22.5 of 128) and MLA's 576-wide KV down-projection move G.",
     )
     expert_gemm_streams: int = Field(
         default=4,
@@ -196,8 +198,10 @@ class Efficiency(BaseModel):
         description="Expert GEMMs that share the GPU at once when Transformer Engine issues them one expert at a "
         "time (cost_models.moe.expert_waves): nvte_multi_tensor_gemm puts expert i on compute stream i mod "
         "get_num_compute_streams(), a constant 4 (transformer_engine/common/util/multi_stream.cpp). Under a "
-        "full-iteration CUDA graph the single cuBLASLt grouped GEMM runs every local expert's tiles together. "
-        "Sourced, not fitted.",
+        "full-iteration CUDA graph the experts' static buffers (Megatron's moe_expert_rank_capacity_factor) need "
+        "TE's op fuser, whose graph-safe GroupedLinear (transformer_engine/pytorch/ops/basic/grouped_linear.py) "
+        "runs one cuBLASLt grouped GEMM (common/gemm/cublaslt_grouped_gemm.cu) over every local expert's tiles; "
+        "torchtitan's torch._grouped_mm is one kernel too (CostEnv._expert_waves). Sourced, not fitted.",
     )
     power_rate_exponent: float = Field(
         default=0.578,
@@ -367,12 +371,17 @@ def tile_quantisation(n: int, k: int, tile: int) -> float:
     multiples of ``tile``: each of its three passes computes its output in whole tiles along the
     weight's dimensions (forward: ``n`` wide; data gradient: ``k``; weight gradient: ``n`` x ``k``),
     so a dimension ``d`` costs ``ceil(d / tile) x tile / d``, and the three passes (equal FLOPs)
-    average. The token dimension is left out (its rows are many times the tile).
+    average. The token dimension is left out (its rows are many times the tile). A dimension
+    narrower than one tile is not padded: cuBLAS runs a narrower kernel there, and the fitted
+    ``Efficiency.shape_factor`` already charges a narrow dimension (padding Mixtral's 8-wide router
+    output to 256 made its GEMM 21.7x slower on Blackwell).
 
     >>> round(tile_quantisation(2880, 2880, 256), 5), tile_quantisation(2048, 768, 256)
     (1.09037, 1.0)
+    >>> tile_quantisation(8, 4096, 256), round(tile_quantisation(576, 7168, 256), 4)  # router; MLA's KV latent
+    (1.0, 1.2222)
     """
-    pad_n, pad_k = (math.ceil(d / tile) * tile / d if d > 0 else 1.0 for d in (n, k))
+    pad_n, pad_k = (math.ceil(d / tile) * tile / d if d >= tile else 1.0 for d in (n, k))
     return (pad_n + pad_k + pad_n * pad_k) / 3
 
 

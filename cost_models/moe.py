@@ -169,15 +169,16 @@ def expert_waves(m: int, n: int, k: int, concurrent: int, tile: tuple[int, int, 
     return (waves(n, m) + waves(k, m) + waves(n, k)) / 3
 
 
-def expert_concurrency(local_experts: int, streams: int, cuda_graphs: bool) -> int:
-    """Expert GEMMs that share the GPU at once: all the rank's experts in one grouped GEMM under a
-    full-iteration CUDA graph, else Transformer Engine's ``streams`` compute streams (one expert
+def expert_concurrency(local_experts: int, streams: int, one_kernel: bool) -> int:
+    """Expert GEMMs that share the GPU at once: all the rank's experts when one grouped kernel runs
+    them (``one_kernel``: the fused grouped GEMM a full-iteration CUDA graph needs, torchtitan's
+    ``torch._grouped_mm``), else Transformer Engine's ``streams`` compute streams (one expert
     each), never more than the rank holds.
 
     >>> expert_concurrency(16, 4, False), expert_concurrency(2, 4, False), expert_concurrency(16, 4, True)
     (4, 2, 16)
     """
-    return local_experts if cuda_graphs else min(streams, local_experts)
+    return local_experts if one_kernel else min(streams, local_experts)
 
 
 FUSED_BY_HYBRIDEP = ("permute", "unpermute")  # ``flops.moe_ops``' passes HybridEP's kernels do on the way

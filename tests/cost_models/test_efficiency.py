@@ -38,6 +38,9 @@ def test_tile_quantisation_pads_each_weight_dimension_to_whole_tiles():
     assert tile_quantisation(2880, 2880, 128) == pytest.approx((2 * 2944 / 2880 + (2944 / 2880) ** 2) / 3)
     # Qwen3-30B's 768-wide experts beside its 2,048 hidden size, DeepSeek-V3's 2,048 beside 7,168: whole tiles
     assert tile_quantisation(768, 2048, 256) == 1.0 and tile_quantisation(2048, 7168, 256) == 1.0
+    # narrower than one tile: no padding (a router's 8 or 128 experts); one tile and a bit: two
+    assert tile_quantisation(8, 4096, 256) == tile_quantisation(128, 2048, 256) == 1.0
+    assert tile_quantisation(384, 4096, 256) == pytest.approx((2 * 512 / 384 + 1) / 3)  # forward, weight gradient
     eff = DEFAULT_EFFICIENCY
     assert eff.tile_factor("blackwell", 2880, 2880) == tile_quantisation(2880, 2880, 256)
     assert eff.tile_factor("hopper", 2880, 2880) == tile_quantisation(2880, 2880, 128)
