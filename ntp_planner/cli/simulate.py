@@ -24,6 +24,7 @@ from ntp_planner.cli.simulate_trace import (
     TraceOpt,
     TraceOutOpt,
     TraceTrialOpt,
+    check_apart,
     check_trace_options,
     finish_trace,
     prepare,
@@ -241,6 +242,7 @@ def simulate(
 
         pngs = ["spares.png"] if len(pools) > 1 else list(SIMULATION_PLOTS)
         check_output_folder(plot, "--plot", pngs, [plan_file, recovery_from, trace])  # before the trials
+        check_apart(io.out, plot, pngs)
     p = Plan.load(plan_file)
     cfg, io = prepare(io, p, cfg, seed)
     settings = {**_settings_json(cfg, sources, recovery_from), **io.settings}

@@ -75,6 +75,20 @@ def check_trace_options(trace, trace_out, trace_trial: int, trials: int, inputs:
     return TraceIO(trace, out, trace_trial)
 
 
+def check_apart(out: Path | None, plot: Path | None, pngs: list[str]) -> None:
+    """--trace-out must be neither --plot's folder nor one of the plots in it: one write would
+    fail after the trials or replace the other's file."""
+    if out is None or plot is None or str(out) == "-":
+        return
+    folder = Path(plot).resolve()
+    if out.resolve() == folder:
+        raise InputError(f"--trace-out {out} is the folder --plot {plot} writes; give the trace another path")
+    if out.name in pngs and out.parent.resolve() == folder:
+        raise InputError(
+            f"--trace-out {out} is the plot {out.name} that --plot {plot} writes; give the trace another path"
+        )
+
+
 def _refuse_draw_options(ctx: typer.Context, trials: int) -> None:
     """With --trace, refuse in one sentence an option given (on the command line or from the
     environment) that only shapes random draws (``NOT_FOR_A_REPLAY``), and --trials above 1: a
