@@ -1,0 +1,123 @@
+"""Bad inputs that once escaped the one-line refusal (issue: hostile and malformed inputs), each
+pinned to the sentence it now gets: two outputs of one command on one path, keys given twice in
+a file, a runs file nested past any record, paths for launch files holding control characters.
+Each case runs in this process through the real entry point (``test_fuzz.run``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.ntp_planner import test_fuzz
+from tests.ntp_planner.test_fuzz import FUZZ, check, run
+from topologies.errors import InputError
+from topologies.files import parse
+
+# test_fuzz's module fixtures, under their names here (a plan of 64 GPUs; a profile and its runs)
+plan_file = test_fuzz.plan_file
+profile_files = test_fuzz.profile_files
+
+
+def _refused(args: list, message: str) -> None:
+    code, out, err = run(args)
+    assert code == 2, (args, code, (out + err)[-1500:])
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert message in err, err
+
+
+# ---- simulate: --trace-out on the path --plot writes ------------------------------------------
+# The trace used to be written after the trials and the plots, and failed there: the run's work
+# was lost and the plot folder stood where the trace was asked for.
+@pytest.mark.parametrize(
+    ("trace_out", "folder", "message"),
+    [
+        ("out", False, "--trace-out out is the folder --plot out writes"),
+        ("./out", False, "--trace-out out is the folder --plot out writes"),
+        ("out/goodput_distribution.png", True, "is the plot goodput_distribution.png that --plot out writes"),
+    ],
+)
+def test_trace_out_may_not_be_where_the_plots_go(plan_file, tmp_path, monkeypatch, trace_out, folder, message):
+    monkeypatch.chdir(tmp_path)
+    if folder:
+        (tmp_path / "out").mkdir()  # empty: the plots would fill it, then the trace replace one
+    _refused(["simulate", plan_file, "--days", 1, "--trials", 2, "--plot", "out", "--trace-out", trace_out], message)
+    assert list(tmp_path.iterdir()) == ([tmp_path / "out"] if folder else [])  # refused before the trials
+    assert not folder or list((tmp_path / "out").iterdir()) == []
+
+
+# ---- a key given twice: JSON and YAML keep the last one silently ------------------------------
+@pytest.mark.parametrize(
+    ("text", "kind", "key"),
+    [
+        ('{"a": 1, "b": {"c": 1, "c": 2}}', "JSON", "c"),
+        ('{"tp": 1, "tp": 8}', "JSON", "tp"),
+        ("a: 1\nb: 2\na: 3\n", "YAML", "a"),
+        ("a: 1\n'a': 2\n", "YAML", "a"),  # quoting does not make it another key
+        ("l: [{x: 1, x: 2}]\n", "YAML", "x"),
+    ],
+)
+def test_a_key_given_twice_is_refused(text, kind, key):
+    with pytest.raises(InputError, match=f"f.txt gives the key '{key}' twice in one mapping; keep one"):
+        parse(text, Path("f.txt"), "f", kind)
+
+
+def test_yaml_merge_keys_may_be_overridden():
+    # `<<: *base` then `a: 3` names a twice on purpose: a merge is how YAML overrides a block
+    text = "base: &b {a: 1, b: 2}\nother:\n  <<: *b\n  a: 3\n"
+    assert parse(text, Path("f"), "f", "YAML") == {"base": {"a": 1, "b": 2}, "other": {"a": 3, "b": 2}}
+    assert parse('{"1": 1, "01": 2}', Path("f"), "f", "JSON") == {"1": 1, "01": 2}  # two keys, not one
+
+
+def test_a_plan_edited_to_give_a_field_twice_is_refused(plan_file, tmp_path):
+    text = plan_file.read_text()
+    edited = tmp_path / "plan.json"
+    edited.write_text(text.replace('"tp": ', '"tp": 8, "tp": ', 1))  # the first tp: the layout's
+    assert json.loads(edited.read_text())["layout"]["tp"] == json.loads(text)["layout"]["tp"]  # last one wins
+    _refused(["explain", edited], f"plan {edited} gives the key 'tp' twice in one mapping; keep one.")
+
+
+# ---- calibrate: a runs file is parsed with the other files' limits ----------------------------
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "line 1 nests deeper than 32 levels"),  # was RecursionError, exit 1
+        ('{"name": "a", "name": "b"}', "line 1 gives the key 'name' twice in one mapping"),
+        ("9" * 5000, "line 1 holds a number of more than 4,300 digits"),  # was Python's set_int_max_str_digits advice
+        ("{not json", "line 1 is not valid JSON: Expecting property name"),
+    ],
+)
+def test_hostile_runs_files(profile_files, tmp_path, line, message):
+    profile, runs = profile_files
+    edited = tmp_path / "runs.jsonl"
+    edited.write_text(line + "\n" + runs.read_text())
+    _refused(["calibrate", edited, "--profile", profile, "-o", tmp_path / "out.json"], f"runs file {edited} {message}")
+    assert not (tmp_path / "out.json").exists()
+
+
+# ---- export: paths written into launch files ---------------------------------------------------
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--save-dir", "ckpt\nrm -rf /", r"--save-dir 'ckpt\nrm -rf /' holds the control character '\n'"),
+        ("--data-path", "data\x00", r"--data-path 'data\x00' holds the control character '\x00'"),
+        ("--data-path", "a\x1b[2Jb", r"holds the control character '\x1b'"),
+        # a byte that is not UTF-8 on the command line: used to end in "'utf-8' codec can't encode"
+        ("--save-dir", "ckpt\udcff", "holds a byte that is not UTF-8 text"),
+    ],
+)
+def test_export_paths_must_be_printable(plan_file, tmp_path, option, value, message):
+    _refused(["export", plan_file, "-o", tmp_path / "out", option, value], message)
+    assert not (tmp_path / "out").exists()
+
+
+@settings(FUZZ, max_examples=20)
+@given(value=st.text(min_size=1, max_size=12))
+def test_export_paths_any_text(plan_file, tmp_path_factory, value):
+    """Whatever text --save-dir is, export writes the files or refuses in one line."""
+    folder = tmp_path_factory.mktemp("export")
+    check(["export", plan_file, "-o", folder / "out", "--save-dir", value], folder)
