@@ -121,3 +121,43 @@ def test_export_paths_any_text(plan_file, tmp_path_factory, value):
     """Whatever text --save-dir is, export writes the files or refuses in one line."""
     folder = tmp_path_factory.mktemp("export")
     check(["export", plan_file, "-o", folder / "out", "--save-dir", value], folder)
+
+
+# ---- two inputs from standard input -----------------------------------------------------------
+# Standard input holds one file: the first reader took the plan as a recovery file, or the second
+# found it empty, and the sentence named the wrong file.
+@pytest.mark.parametrize(
+    ("args", "pair"),
+    [
+        (["simulate", "-", "--recovery-from", "-"], "plan_file and --recovery-from"),
+        (["simulate", "{plan}", "--recovery-from", "-", "--trace", "-"], "--recovery-from and --trace"),
+        (["explain", "-", "--profile", "-"], "plan_file and --profile"),
+        (["export", "-", "--replan", "-"], "plan_file and --replan"),
+        (["calibrate", "-", "--profile", "-", "-o", "out.json"], "runs_file and --profile"),
+        (["validate", "-", "--profile", "-"], "plan_file and --profile"),
+    ],
+)
+def test_two_inputs_from_stdin_are_refused(plan_file, tmp_path, monkeypatch, args, pair):
+    import io
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(plan_file.read_bytes())))
+    args = [str(plan_file) if a == "{plan}" else a for a in args]
+    _refused(args, f"error: {pair} are both - (standard input), which holds one file; give one of them as a path.")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_path_parameter_is_an_input_or_an_output():
+    """GuardedCommand knows which paths are read (two of them may not both be -) and which
+    written (- is standard output): a new path option must be put in one of the two."""
+    import typing
+
+    from ntp_planner.cli import app
+    from ntp_planner.cli.errors import INPUT_PATHS, OUTPUT_PATHS
+
+    paths = set()
+    for info in app.registered_commands:
+        hints = typing.get_type_hints(info.callback, include_extras=True)
+        paths |= {name for name, hint in hints.items() if "pathlib.Path" in str(hint)}
+    assert paths == INPUT_PATHS | OUTPUT_PATHS and not INPUT_PATHS & OUTPUT_PATHS
