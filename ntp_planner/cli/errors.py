@@ -82,7 +82,13 @@ def error_json(code: int, message: str) -> None:
     import json
     import sys
 
-    sys.stdout.write(json.dumps({"error": {"code": code, "kind": KINDS.get(code, "input"), "message": message}}) + "\n")
+    try:
+        sys.stdout.write(
+            json.dumps({"error": {"code": code, "kind": KINDS.get(code, "input"), "message": message}}) + "\n"
+        )
+        sys.stdout.flush()
+    except OSError:  # standard output is what failed (> /dev/full): the line on stderr says so
+        pass
 
 
 def report(exc: Exception, command, debug: bool, json_mode: bool = False) -> typer.Exit:

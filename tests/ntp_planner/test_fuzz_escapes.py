@@ -161,3 +161,69 @@ def test_every_path_parameter_is_an_input_or_an_output():
         hints = typing.get_type_hints(info.callback, include_extras=True)
         paths |= {name for name, hint in hints.items() if "pathlib.Path" in str(hint)}
     assert paths == INPUT_PATHS | OUTPUT_PATHS and not INPUT_PATHS & OUTPUT_PATHS
+
+
+# ---- a write the file system or standard output refuses ---------------------------------------
+# A full disk, a quota, `ulimit -f`, `> /dev/full`: was "internal error: OSError ... this is a bug",
+# exit 1 (and with --json a traceback, the error object failing on the same stdout).
+def test_a_refused_file_write_keeps_the_old_file(plan_file, tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "replan.json"
+    out.write_text("old\n")
+    limit = 1024  # bytes: the re-plan of the 64-GPU plan is some 2 kB
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    args = ["replan", str(plan_file), "--failed", "1", "-o", str(out)]
+    code = "from ntp_planner.cli import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, preexec_fn=small_files, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: cannot write {out}: file too large; make room there or pick another folder."
+    )
+    assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["replan.json"]  # no temp file
+
+
+class FullStdout:
+    """Standard output on a full device (``> /dev/full``)."""
+
+    def write(self, text):
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    buffer = property(lambda self: self)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["models"], ["explain", "{plan}", "--json"], ["replan", "{plan}", "--failed", "1", "-o", "-"]],
+)
+def test_a_full_stdout_is_one_sentence(plan_file, monkeypatch, args):
+    import io
+    import sys
+
+    from ntp_planner.cli import main
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", FullStdout())
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(sys, "argv", ["ntp", *(str(plan_file) if a == "{plan}" else a for a in args)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2
+    assert err.getvalue().splitlines()[-1] == (
+        "error: cannot write to standard output: no space left on device; send it to a file or device with room."
+    )
