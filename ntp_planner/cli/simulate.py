@@ -28,6 +28,7 @@ from ntp_planner.cli.simulate_trace import (
     check_trace_options,
     finish_trace,
     prepare,
+    refuse_idle_options,
 )
 from ntp_planner.outputs import check_output_folder
 from topologies.errors import InputError
@@ -236,6 +237,7 @@ def simulate(
     )
     check_pool_sweep(pools, cfg, len(names))
     io = check_trace_options(trace, trace_out, trace_trial, trials, [plan_file, recovery_from], ctx)
+    refuse_idle_options(ctx)
     need_matplotlib(plot)
     if plot is not None:
         from ntp_planner.views.plots import SIMULATION_PLOTS

@@ -227,3 +227,42 @@ def test_a_full_stdout_is_one_sentence(plan_file, monkeypatch, args):
     assert err.getvalue().splitlines()[-1] == (
         "error: cannot write to standard output: no space left on device; send it to a file or device with room."
     )
+
+
+# ---- options the run would ignore ---------------------------------------------------------------
+# Given on the command line, each was dropped without a word, and the table read as shaped by it
+# (replan already refused --fallback and --max-power where its policy does not use them).
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sweep", "--policies", "dp-drop", "--fallback", "ntp"], "--fallback ntp only applies to the spares policy"),
+        (["sweep", "--policies", "ntp", "--max-power", "1.5"], "--max-power 1.5 only applies when ntp-pw decides"),
+        (["sweep", "--policies", "spares", "--max-power", "1.5"], "--max-power 1.5 only applies when ntp-pw decides"),
+        (["simulate", "--weibull-shape", "2"], "--weibull-shape 2.0 does nothing here: it shapes"),
+        (["simulate", "--lemon-factor", "5"], "--lemon-factor 5.0 does nothing here: it applies to lemon hosts and"),
+        (["simulate", "--straggler-hours", "3"], "--straggler-hours 3.0 does nothing here: it applies to stragglers"),
+        (["simulate", "--straggler-slowdown", "2"], "--straggler-slowdown 2.0 does nothing here"),
+        (["simulate", "--hw-share", "0", "--hw-blast", "node"], "--hw-blast node does nothing here: it applies"),
+        (["simulate", "--hw-share", "1", "--sw-repair-hours", "9"], "--sw-repair-hours 9 does nothing here"),
+    ],
+)
+def test_an_option_the_run_ignores_is_refused(plan_file, args, message):
+    command, *options = args
+    base = ["--samples", "2", "--fractions", "0.01"] if command == "sweep" else ["--days", "1", "--trials", "2"]
+    _refused([command, plan_file, *base, *options], message)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--policies", "spares", "--fallback", "ntp-pw", "--max-power", "1.5"],  # sweep: spares falls back to ntp-pw
+        ["--failure-dist", "weibull", "--weibull-shape", "2"],
+        ["--lemon-fraction", "0.1", "--lemon-factor", "5"],
+        ["--hw-share", "0.5", "--sw-blast", "node", "--hw-repair-days", "1-2"],
+    ],
+)
+def test_the_same_options_where_they_apply_run(plan_file, options):
+    command = "sweep" if "--policies" in options else "simulate"
+    base = ["--samples", "2", "--fractions", "0.01"] if command == "sweep" else ["--days", "1", "--trials", "2"]
+    code, _, err = run([command, plan_file, *base, *options, "--json"])
+    assert code == 0, err
