@@ -266,3 +266,27 @@ def test_the_same_options_where_they_apply_run(plan_file, options):
     base = ["--samples", "2", "--fractions", "0.01"] if command == "sweep" else ["--days", "1", "--trials", "2"]
     code, _, err = run([command, plan_file, *base, *options, "--json"])
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--fp8-recipe", "current"], "--fp8-recipe current scales fp8 GEMMs and --dtype bf16 runs none"),
+        (["--fp8-recipe", "current", "--dtype", "mxfp8"], "--fp8-recipe current scales fp8 GEMMs and --dtype mxfp8"),
+        (["--moe-capacity-factor", "1.5"], "moe_capacity_factor(1.5) caps the tokens each expert takes; llama3-8b is"),
+        (["--moe-capacity-factor", "1", "--moe-pad-to-capacity"], "moe_capacity_factor(1) caps the tokens each"),
+    ],
+)
+def test_a_training_option_the_model_or_format_ignores_is_refused(options, message):
+    _refused(["estimate", "-m", "llama3-8b", "-c", "dgx-b200", "-n", "8", "--tp", "8", *options], message)
+
+
+def test_the_same_training_options_where_they_apply_run():
+    base = ["estimate", "-c", "dgx-b200", "-n", "8", "--tp", "8", "--seq-len", "2048", "--global-batch", "8", "--json"]
+    for args in (
+        ["-m", "llama3-8b", "--dtype", "fp8", "--fp8-recipe", "current"],
+        ["-m", "llama3-8b", "--dtype", "mxfp8", "--fp8-recipe", "delayed"],  # the default passes with any format
+        ["-m", "mixtral-8x7b", "--moe-capacity-factor", "1.5"],
+    ):
+        code, _, err = run([*base, *args])
+        assert code == 0, (args, err)
