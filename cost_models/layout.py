@@ -424,6 +424,11 @@ def check_layout(
             raise InputError(f"etp({lay.expert_tp}) does not divide the {width} GPUs of a pipeline stage")
     if (lay.moe_dispatcher != "alltoall" or lay.moe_overlap != "none") and not m.is_moe:
         raise InputError(f"moe_dispatcher and moe_overlap apply to MoE models; {m.name} is dense")
+    if training.moe_capacity_factor is not None and not m.is_moe:
+        raise InputError(
+            f"moe_capacity_factor({training.moe_capacity_factor:g}) caps the tokens each expert takes; {m.name} is "
+            "dense (leave it unset)"
+        )
     if "mla_up_proj" in lay.recompute_modules and not m.is_mla:
         raise InputError(f"recompute module 'mla_up_proj' needs multi-latent attention; {m.name} has none")
     if "moe_act" in lay.recompute_modules and not m.is_moe:

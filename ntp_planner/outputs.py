@@ -107,7 +107,7 @@ def write_files(files: dict[Path, Content], executable: Iterable[str] = ()) -> N
             remove_stale(folder)
             tmp = _mkstemp(folder, path)
             staged.append((tmp, path))
-            _write(Path(tmp), content, path.name in set(executable))
+            _write(Path(tmp), content, path.name in set(executable), path)
         for tmp, path in staged:
             os.replace(tmp, path)
         for content in to_stdout:
@@ -125,11 +125,18 @@ def _write_stdout(content: Content) -> None:
         with tempfile.TemporaryDirectory(prefix=_tmp_prefix()) as tmp:
             content(Path(tmp) / "out")
             content = (Path(tmp) / "out").read_bytes()
-    if isinstance(content, bytes):
-        sys.stdout.buffer.write(content)
-    else:
-        sys.stdout.write(content if content.endswith("\n") else content + "\n")
-    sys.stdout.flush()
+    try:
+        if isinstance(content, bytes):
+            sys.stdout.buffer.write(content)
+        else:
+            sys.stdout.write(content if content.endswith("\n") else content + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped reading (| head): Python's own handling
+        raise
+    except OSError as exc:
+        raise InputError(
+            f"cannot write to standard output: {_reason(exc)}; send it to a file or device with room"
+        ) from None
 
 
 def write_folder(
@@ -162,7 +169,7 @@ def write_folder(
         raise InputError(f"cannot write {folder}: {_reason(exc)} in {parent}; pick a writable folder") from None
     try:
         for name, content in files.items():
-            _write(stage / name, content, name in set(executable))
+            _write(stage / name, content, name in set(executable), folder / name)
         if not folder.exists():
             os.chmod(stage, 0o777 & ~_umask())
             os.rename(stage, folder)  # the whole set appears at once
@@ -301,16 +308,21 @@ def _umask() -> int:
     return mask
 
 
-def _write(tmp: Path, content: Content, executable: bool) -> None:
-    """Write ``content`` at ``tmp`` with a plain open()'s mode (mkstemp makes 0600), plus x bits."""
-    if callable(content):
-        content(tmp)
-    elif isinstance(content, bytes):
-        tmp.write_bytes(content)
-    else:
-        with open(tmp, "w") as f:
-            f.write(content)
-    os.chmod(tmp, (0o777 if executable else 0o666) & ~_umask())
+def _write(tmp: Path, content: Content, executable: bool, target: Path) -> None:
+    """Write ``content`` at ``tmp`` with a plain open()'s mode (mkstemp makes 0600), plus x bits.
+    A write the file system refuses (full, over a quota or ``ulimit -f``, an I/O error) is an
+    InputError naming ``target``: the callers remove the temp file, ``target`` keeps its old content."""
+    try:
+        if callable(content):
+            content(tmp)
+        elif isinstance(content, bytes):
+            tmp.write_bytes(content)
+        else:
+            with open(tmp, "w") as f:
+                f.write(content)
+        os.chmod(tmp, (0o777 if executable else 0o666) & ~_umask())
+    except OSError as exc:
+        raise InputError(f"cannot write {target}: {_reason(exc)}; make room there or pick another folder") from None
 
 
 def _alive(pid: int) -> bool:

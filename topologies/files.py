@@ -26,6 +26,33 @@ class _Loader(yaml.SafeLoader):
     models that read these files refuse a quoted number instead of converting it."""
 
 
+class _DuplicateKey(Exception):
+    """A mapping names a key twice: JSON and YAML parsers keep the last silently, so that a hand
+    edit above an old line, or a pasted block, changes nothing and nobody is told."""
+
+
+def _unique_json(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _DuplicateKey(next(k for i, k in enumerate(keys) if k in keys[:i]))
+    return dict(pairs)
+
+
+def _compose_unique(loader: _Loader, anchor):
+    """PyYAML's ``compose_mapping_node``, refusing a key written twice in one mapping (a merge
+    ``<<`` may repeat keys: that is what it is for)."""
+    node = yaml.composer.Composer.compose_mapping_node(loader, anchor)
+    seen: set[tuple[str, str]] = set()
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        if (key.tag, key.value) in seen:
+            raise _DuplicateKey(key.value)
+        seen.add((key.tag, key.value))
+    return node
+
+
+_Loader.compose_mapping_node = _compose_unique
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(
@@ -106,13 +133,23 @@ def _decode(data: bytes, what: str, path: Path) -> str:
 def parse(text: str, path: Path, what: str, kind: str) -> Any:
     """``text`` parsed as ``kind`` ("JSON" or "YAML"), checked to be a tree of bounded depth."""
     try:
-        data = json.loads(text) if kind == "JSON" else yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+        if kind == "JSON":
+            data = json.loads(text, object_pairs_hook=_unique_json)
+        else:
+            data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except _DuplicateKey as exc:
+        raise InputError(f"{what} {path} gives the key {exc.args[0]!r} twice in one mapping; keep one.") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise InputError(f"{what} {path} is not valid {kind}: {str(exc).splitlines()[0]}; fix the syntax.") from None
     except RecursionError:
         raise InputError(f"{what} {path} nests deeper than {MAX_DEPTH} levels; a {what} needs a few.") from None
-    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
-        raise InputError(f"{what} {path} is not valid {kind}: {str(exc).splitlines()[0]}.") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits, a YAML date 2024-13-45
+        if "integer string conversion" in str(exc):  # Python's advice (set_int_max_str_digits) is not the user's
+            raise InputError(
+                f"{what} {path} holds a number of more than {sys.get_int_max_str_digits():,} digits; no field "
+                "takes one that long, fix the value."
+            ) from None
+        raise InputError(f"{what} {path} is not valid {kind}: {str(exc).splitlines()[0]}; fix the value.") from None
     check_tree(data, f"{what} {path}")
     return data
 

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from ntp_planner.cli import calibrate, capacity, estimate, export, failures, plan, profile, simulate, validate
-from ntp_planner.cli.errors import EXIT_CODES, GuardedGroup, error_json
+from ntp_planner.cli.errors import EXIT_CODES, GuardedCommand, GuardedGroup, error_json
 
 EPILOG = "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + "."
 
@@ -46,7 +46,7 @@ COMMANDS = (
     ("calibrate", calibrate.calibrate),
 )
 for _name, _fn in COMMANDS:
-    app.command(name=_name)(_fn)
+    app.command(name=_name, cls=GuardedCommand)(_fn)
 
 
 def version() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import traceback
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
 # Options whose library field has another name; the value must be in the same unit.
@@ -82,7 +82,13 @@ def error_json(code: int, message: str) -> None:
     import json
     import sys
 
-    sys.stdout.write(json.dumps({"error": {"code": code, "kind": KINDS.get(code, "input"), "message": message}}) + "\n")
+    try:
+        sys.stdout.write(
+            json.dumps({"error": {"code": code, "kind": KINDS.get(code, "input"), "message": message}}) + "\n"
+        )
+        sys.stdout.flush()
+    except OSError:  # standard output is what failed (> /dev/full): the line on stderr says so
+        pass
 
 
 def report(exc: Exception, command, debug: bool, json_mode: bool = False) -> typer.Exit:
@@ -123,3 +129,26 @@ class GuardedGroup(TyperGroup):
             name = ctx.invoked_subcommand
             command = self.get_command(ctx, name) if name else None
             raise report(exc, command, bool(ctx.params.get("debug")), json_mode) from None
+
+
+# The commands' parameters that name files they read (``-`` is standard input) and files they write
+# (``-`` is standard output): a test checks that every path parameter is one or the other.
+INPUT_PATHS = frozenset({"plan_file", "replan_file", "profile", "recovery_from", "trace", "runs_file"})
+OUTPUT_PATHS = frozenset({"output", "out_dir", "plot", "trace_out", "cluster_out", "record", "checkpoint_dir"})
+
+
+class GuardedCommand(TyperCommand):
+    """A command that refuses two input files given as ``-`` before it reads either: standard
+    input holds one file, and the second reader got what the first left, or the first read the
+    other's file (``ntp simulate - --recovery-from -`` said the plan lacked recovery costs)."""
+
+    def invoke(self, ctx):
+        stdin = [p for p in self.params if p.name in INPUT_PATHS and str(ctx.params.get(p.name)) == "-"]
+        if len(stdin) > 1:
+            from topologies.errors import InputError
+
+            first, second = (max(p.opts, key=len) if p.opts[0].startswith("-") else p.name for p in stdin[:2])
+            raise InputError(
+                f"{first} and {second} are both - (standard input), which holds one file; give one of them as a path"
+            )
+        return super().invoke(ctx)

@@ -34,6 +34,7 @@ from ntp_planner.cli.options import (
     SeqOpt,
     attention_kernel_for,
     parse_list,
+    refuse_unused_training,
 )
 from ntp_planner.cli.output import show, show_json
 from ntp_planner.cli.plan import plan_inputs
@@ -180,6 +181,7 @@ def estimate(
     from ntp_planner.cli.options import profile_efficiency
     from ntp_planner.outputs import check_output
 
+    refuse_unused_training(dtype, fp8_recipe)
     if output:
         check_output(output, "--output", [model, cluster, profile])
 

@@ -9,6 +9,7 @@ import typer
 
 from ntp_planner.cli.options import Format, JsonOpt, PlanArg
 from ntp_planner.cli.output import show, show_json
+from topologies.errors import InputError
 
 FormatOpt = Annotated[
     Format,
@@ -20,6 +21,22 @@ ExportReplanOpt = Annotated[
 ]
 DataPathOpt = Annotated[str | None, typer.Option("--data-path", help="Training data (default: mock data).")]
 SaveDirOpt = Annotated[str | None, typer.Option("--save-dir", help="Checkpoint folder.")]
+
+
+def check_path_text(value: str | None, option: str) -> None:
+    """A path written into launch files must be printable text: no control character (no file
+    system takes a NUL; a newline or a tab is a paste gone wrong, and splits the lines of a launch
+    script or a log) and no byte that is not UTF-8 (Python keeps one from the command line as a
+    lone surrogate, which no UTF-8 file can hold: the write failed with a codec error)."""
+    if value is None:
+        return
+    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF), None)
+    if bad is None:
+        return
+    what = f"the control character {bad!r}" if ord(bad) < 0xD800 else "a byte that is not UTF-8 text"
+    raise InputError(
+        f"{option} {value!r} holds {what}, which no launch file can carry; give the path in printable characters"
+    )
 
 
 def export_cmd(
@@ -50,6 +67,8 @@ def export_cmd(
     from ntp_planner.plan import Plan
     from ntp_planner.replan_result import ReplanResult
 
+    for option, value in (("--data-path", data_path), ("--save-dir", save_dir)):
+        check_path_text(value, option)
     check_options(fmt, replan=replan_file, data_path=data_path, save_dir=save_dir)
     p = Plan.load(plan_file)
     replan_result = None if replan_file is None else ReplanResult.load(replan_file, p, "export")

@@ -129,6 +129,7 @@ def _replan_settings(policy: str, fallback: str | None, max_power: float | None)
 
 
 def sweep(
+    ctx: typer.Context,
     plan_file: PlanArg,
     fractions: FractionsOpt = "0.0005,0.001,0.002,0.004",
     samples: SamplesOpt = 200,
@@ -159,6 +160,7 @@ def sweep(
     if bad:
         raise InputError(f"--fractions must be numbers in [0, 1); got {bad}")
     names = parse_list(policies, "--policies", str, "dp-drop,ntp")
+    _refuse_unused_sweep_options(ctx, names, fallback, max_power)
     p = Plan.load(plan_file)
     need_matplotlib(plot)
     if plot is not None:
@@ -176,6 +178,26 @@ def sweep(
     show(sweep_table(rows))
     if plot is not None:
         show(f"plot written to {plot}")
+
+
+def _refuse_unused_sweep_options(ctx: typer.Context, names: list[str], fallback: str, max_power: float) -> None:
+    """--fallback and --max-power given (not defaulted) where no policy swept uses them, as
+    ``_replan_settings`` refuses them for one policy: the sweep would ignore them and its table
+    read as if it had not."""
+
+    def given(name: str) -> bool:
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name != "DEFAULT"
+
+    if given("fallback") and "spares" not in names:
+        raise InputError(
+            f"--fallback {fallback} only applies to the spares policy, which --policies lacks; drop it or add spares"
+        )
+    if given("max_power") and "ntp-pw" not in names and not ("spares" in names and fallback == "ntp-pw"):
+        raise InputError(
+            f"--max-power {max_power:g} only applies when ntp-pw decides the replicas (ntp-pw in --policies, or spares "
+            "with --fallback ntp-pw); drop it or add ntp-pw"
+        )
 
 
 def need_matplotlib(plot: Path | None) -> None:

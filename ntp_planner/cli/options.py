@@ -131,6 +131,17 @@ HeadroomOpt = Annotated[
     typer.Option("--headroom", min=0, max=0.99, help="Fraction of HBM kept free (fragmentation, spikes), below 1."),
 ]
 
+
+def refuse_unused_training(dtype: str, fp8_recipe: str) -> None:
+    """--fp8-recipe current without fp8 GEMMs: the run would drop it without a word (as
+    --fp8-params without a low-precision format is refused). The default, delayed, passes with
+    any format: scripts that always pass it (the calibration tables do) stay valid."""
+    if fp8_recipe != "delayed" and dtype != "fp8":
+        raise InputError(
+            f"--fp8-recipe {fp8_recipe} scales fp8 GEMMs and --dtype {dtype} runs none; drop it or use --dtype fp8"
+        )
+
+
 # ---- output ------------------------------------------------------------------------------
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
 OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Save the Plan as JSON here (written atomically).")]

@@ -30,11 +30,31 @@ def show(renderable) -> None:
     from rich.console import Console
 
     stderr = _views_to_stderr()
-    Console(width=width(sys.stderr if stderr else sys.stdout), stderr=stderr).print(renderable)
+    with _stream_errors(stderr):
+        Console(width=width(sys.stderr if stderr else sys.stdout), stderr=stderr).print(renderable)
 
 
 def show_json(data) -> None:
-    (sys.stderr if _views_to_stderr() else sys.stdout).write(json.dumps(data, indent=1) + "\n")
+    stderr = _views_to_stderr()
+    with _stream_errors(stderr):
+        (sys.stderr if stderr else sys.stdout).write(json.dumps(data, indent=1) + "\n")
+
+
+@contextmanager
+def _stream_errors(stderr: bool) -> Iterator[None]:
+    """A write to standard output that fails (``> /dev/full``, a full disk, a file-size limit) is
+    said in one sentence, exit 2, not as a bug. A reader that stopped reading (``| head``) is
+    left to Python's own handling."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        from topologies.errors import InputError
+
+        reason = (exc.strerror or type(exc).__name__).lower()
+        name = "error" if stderr else "output"
+        raise InputError(f"cannot write to standard {name}: {reason}; send it to a file or device with room") from None
 
 
 @contextmanager

@@ -31,6 +31,7 @@ from ntp_planner.cli.options import (
     SeqOpt,
     Strategy,
     attention_kernel_for,
+    refuse_unused_training,
 )
 from ntp_planner.cli.output import show, show_json
 from topologies.errors import InputError
@@ -128,6 +129,7 @@ def plan(
             f"--strategy {strategy} only applies to --objective goodput (the search ranks by {objective}); "
             "add --objective goodput or drop --strategy"
         )
+    refuse_unused_training(dtype, fp8_recipe)
     if output:
         check_output(output, "--output", [model, cluster, profile])  # before the search, not after
 

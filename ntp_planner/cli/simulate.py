@@ -24,9 +24,11 @@ from ntp_planner.cli.simulate_trace import (
     TraceOpt,
     TraceOutOpt,
     TraceTrialOpt,
+    check_apart,
     check_trace_options,
     finish_trace,
     prepare,
+    refuse_idle_options,
 )
 from ntp_planner.outputs import check_output_folder
 from topologies.errors import InputError
@@ -235,12 +237,14 @@ def simulate(
     )
     check_pool_sweep(pools, cfg, len(names))
     io = check_trace_options(trace, trace_out, trace_trial, trials, [plan_file, recovery_from], ctx)
+    refuse_idle_options(ctx)
     need_matplotlib(plot)
     if plot is not None:
         from ntp_planner.views.plots import SIMULATION_PLOTS
 
         pngs = ["spares.png"] if len(pools) > 1 else list(SIMULATION_PLOTS)
         check_output_folder(plot, "--plot", pngs, [plan_file, recovery_from, trace])  # before the trials
+        check_apart(io.out, plot, pngs)
     p = Plan.load(plan_file)
     cfg, io = prepare(io, p, cfg, seed)
     settings = {**_settings_json(cfg, sources, recovery_from), **io.settings}

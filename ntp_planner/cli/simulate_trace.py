@@ -63,8 +63,6 @@ def check_trace_options(trace, trace_out, trace_trial: int, trials: int, inputs:
 
     if trace is not None and ctx is not None:
         _refuse_draw_options(ctx, trials)
-    if str(trace) == "-" and "-" in map(str, inputs):
-        raise InputError("--trace -: standard input already carries another of the command's files; give a path")
     runs = 1 if trace is not None else trials
     if trace_trial >= runs:
         what = "a replay is one trial, 0" if trace is not None else f"--trials {trials} numbers them 0..{runs - 1}"
@@ -73,6 +71,44 @@ def check_trace_options(trace, trace_out, trace_trial: int, trials: int, inputs:
         raise InputError(f"--trace-trial {trace_trial} picks the trial --trace-out writes; give --trace-out FILE too")
     out = None if trace_out is None else check_output(trace_out, "--trace-out", [*inputs, trace], "trace.csv")
     return TraceIO(trace, out, trace_trial)
+
+
+def check_apart(out: Path | None, plot: Path | None, pngs: list[str]) -> None:
+    """--trace-out must be neither --plot's folder nor one of the plots in it: one write would
+    fail after the trials or replace the other's file."""
+    if out is None or plot is None or str(out) == "-":
+        return
+    folder = Path(plot).resolve()
+    if out.resolve() == folder:
+        raise InputError(f"--trace-out {out} is the folder --plot {plot} writes; give the trace another path")
+    if out.name in pngs and out.parent.resolve() == folder:
+        raise InputError(
+            f"--trace-out {out} is the plot {out.name} that --plot {plot} writes; give the trace another path"
+        )
+
+
+# Options that shape only a part of the draws, and when that part is absent: refused when given
+# (on the command line or from the environment) with it absent, so that nobody reads a table as
+# shaped by an option the run ignored. option name -> (the test for "absent", why)
+IDLE_WITHOUT = {
+    "weibull_shape": (lambda p: p["failure_dist"] != "weibull", "it shapes --failure-dist weibull, not poisson"),
+    "lemon_factor": (lambda p: p["lemon_fraction"] == 0, "it applies to lemon hosts and --lemon-fraction is 0"),
+    "straggler_hours": (lambda p: p["straggler_rate"] == 0, "it applies to stragglers and --straggler-rate is 0"),
+    "straggler_slowdown": (lambda p: p["straggler_rate"] == 0, "it applies to stragglers and --straggler-rate is 0"),
+    "hw_repair_days": (lambda p: p["hw_share"] == 0, "it applies to hardware failures and --hw-share 0 has none"),
+    "hw_blast": (lambda p: p["hw_share"] == 0, "it applies to hardware failures and --hw-share 0 has none"),
+    "sw_repair_hours": (lambda p: p["hw_share"] == 1, "it applies to software failures and --hw-share 1 has none"),
+    "sw_blast": (lambda p: p["hw_share"] == 1, "it applies to software failures and --hw-share 1 has none"),
+}
+
+
+def refuse_idle_options(ctx: typer.Context) -> None:
+    """An option of ``IDLE_WITHOUT`` given while the draws it shapes are absent, in one sentence."""
+    for name, (absent, why) in IDLE_WITHOUT.items():
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name != "DEFAULT" and absent(ctx.params):
+            option = "--" + name.replace("_", "-")
+            raise InputError(f"{option} {ctx.params[name]} does nothing here: {why}; drop it")
 
 
 def _refuse_draw_options(ctx: typer.Context, trials: int) -> None:

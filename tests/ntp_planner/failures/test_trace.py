@@ -150,7 +150,11 @@ def test_an_option_for_random_draws_is_refused_with_trace_naming_it(plan_file, t
     trace.write_text(HAND_MADE)
     out = run(plan_file, "--days", "1", "--trace", trace, *option, code=2)  # given, even at its default value
     assert out.output.startswith(f"error: {why}") and out.output.count("\n") == 1, out.output
-    run(plan_file, "--days", "1", *option)  # without --trace it is the draws' option
+    # without --trace it is the draws' option (with the draws it shapes: alone, simulate refuses it as idle)
+    run(plan_file, "--days", "1", *option, *SHAPED_DRAWS.get(option[0], []))
+
+
+SHAPED_DRAWS = {"--weibull-shape": ["--failure-dist", "weibull"], "--lemon-factor": ["--lemon-fraction", "0.1"]}
 
 
 def test_trials_1_is_what_a_replay_is_and_accepted(plan_file, tmp_path):
@@ -313,8 +317,8 @@ def test_a_file_of_ten_million_rows_is_refused_before_it_is_read(plan_file, tmp_
 def test_trace_trial_must_be_a_trial_of_the_run(plan_file, tmp_path):
     out = run(plan_file, "--trials", "3", "--trace-out", tmp_path / "t.csv", "--trace-trial", "3", code=2)
     assert "--trace-trial 3 is not a trial of this run: --trials 3 numbers them 0..2" in out.output
-    out = run("-", "--trace", "-", code=2)  # the plan from standard input too
-    assert "--trace -: standard input already carries another of the command's files; give a path" in out.output
+    out = run("-", "--trace", "-", code=2)  # the plan from standard input too (cli.errors.GuardedCommand)
+    assert "plan_file and --trace are both - (standard input), which holds one file; give one" in out.output
     out = run(plan_file, "--trials", "3", "--trace-trial", "2", "--json", code=2)  # no --trace-out: it would do nothing
     message = "--trace-trial 2 picks the trial --trace-out writes; give --trace-out FILE too."
     assert json.loads(out.stdout)["error"]["message"] == message
