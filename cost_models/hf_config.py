@@ -43,7 +43,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cost_models.model import ModelSpec
+from cost_models.model import MAX_LAYERS, ModelSpec
 from topologies.errors import InputError
 from topologies.files import read_mapping
 
@@ -217,6 +217,8 @@ def _is_llama4(cfg: dict[str, Any]) -> bool:
 def _moe_layers(cfg: dict[str, Any], layers: int, where: str, keys: dict[str, str]) -> tuple[int, int]:
     """(dense prefix, every k-th layer after it) of the MoE layers, from whichever family's keys
     the file has, refusing a pattern of MoE layers that is not a prefix-then-every-k-th one."""
+    if not 0 < layers <= MAX_LAYERS:  # ModelSpec refuses the count, naming num_hidden_layers; the
+        return 0, 1  # patterns below list every layer, which would not end for 10**30 of them
     if cfg.get("moe_layers") is not None or cfg.get("interleave_moe_layer_step") is not None:  # Llama 4
         step, keys["moe_layer_freq"] = _first(cfg, ("interleave_moe_layer_step",), where, default=1)
         moe = cfg.get("moe_layers")
@@ -226,7 +228,10 @@ def _moe_layers(cfg: dict[str, Any], layers: int, where: str, keys: dict[str, st
             return 0, step  # ModelSpec refuses it, naming interleave_moe_layer_step
     elif cfg.get("decoder_sparse_step") is not None or cfg.get("mlp_only_layers"):  # Qwen-MoE
         step, keys["moe_layer_freq"] = _first(cfg, ("decoder_sparse_step",), where, default=1)
-        dense = {_whole(i, "mlp_only_layers", where) for i in cfg.get("mlp_only_layers") or []}
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, list):
+            raise InputError(f"{where}: mlp_only_layers is {_shown(only)}; it must be a list of layer indices, e.g. [0, 1].")
+        dense = {_whole(i, "mlp_only_layers", where) for i in only}
         if any(not 0 <= i < layers for i in dense):
             raise InputError(
                 f"{where}: mlp_only_layers {sorted(dense)[:8]} names layers outside 0..{layers - 1} "
