@@ -42,6 +42,7 @@ MAX_RATE_PER_GPU_HOUR = 1.0  # every GPU failing every hour; Llama 3 saw 2e-5
 MIN_RATE_PER_GPU_HOUR = 1e-12  # once per 10**8 GPU-years; below it a rate underflows the expected counts
 MAX_SECONDS = 86_400  # a checkpoint write or a restart longer than a day is not a running job
 MAX_INTERVAL_MIN = 525_600  # a year between checkpoints
+MIN_INTERVAL_MIN = 1 / 60  # a checkpoint a second
 MIN_SHAPE, MAX_SHAPE = 0.1, 10.0  # failure studies fit Weibull shapes of 0.5 to 1.5
 MAX_HOURS = 8760  # a straggler episode lasting a year
 MAX_SLOWDOWN = 100.0  # a job 100x slower is down, not slow
@@ -372,9 +373,9 @@ def _interval_s(text: str) -> float | None:
         minutes = float(text)
     except ValueError:
         raise InputError(f"--checkpoint-interval {text!r} must be auto or minutes") from None
-    if not 0 < minutes <= MAX_INTERVAL_MIN:  # also refuses nan and inf
+    if not MIN_INTERVAL_MIN <= minutes <= MAX_INTERVAL_MIN:  # also refuses nan and inf
         raise InputError(
-            f"--checkpoint-interval {text} must be auto or minutes above 0 and at most {MAX_INTERVAL_MIN:,} (a year)"
+            f"--checkpoint-interval {text} must be auto or minutes from 1/60 (a second) to {MAX_INTERVAL_MIN:,} (a year)"
         )
     return minutes * 60
 

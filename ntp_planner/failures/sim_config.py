@@ -19,6 +19,7 @@ MAX_RATE_PER_GPU_HOUR = 1.0  # every GPU failing every hour; Llama 3 saw 2e-5
 MIN_RATE_PER_GPU_HOUR = 1e-12  # once per 10**8 GPU-years: below it the expected counts underflow
 MAX_SECONDS = 86_400  # a checkpoint write, restart or reconfiguration longer than a day
 MAX_INTERVAL_S = 365 * 86_400  # a year between checkpoints
+MIN_INTERVAL_S = 1.0  # a checkpoint a second: below it the productive share I / (I + w) underflows
 MAX_HOURS = 8760  # a year: repairs and straggler episodes
 MIN_SHAPE, MAX_SHAPE = 0.1, 10.0  # failure studies fit Weibull shapes of 0.5 to 1.5
 MAX_SLOWDOWN = 100.0  # a job 100x slower is down, not slow
@@ -103,7 +104,10 @@ class SimConfig(BaseModel):
         default=1.0, ge=1, le=MAX_LEMON_FACTOR, description="How much more often a lemon host fails."
     )
     checkpoint_interval_s: float | None = Field(
-        default=None, gt=0, le=MAX_INTERVAL_S, description="None = Daly's optimum."
+        default=None,
+        ge=MIN_INTERVAL_S,
+        le=MAX_INTERVAL_S,
+        description="None = Daly's optimum; else at least a second and at most a year.",
     )
     checkpoint_write_s: float = Field(
         default=300,

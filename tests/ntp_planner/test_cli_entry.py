@@ -179,6 +179,9 @@ def test_option_bounds_match_the_library(cli_bound, library):
     assert value("ntp_planner.cli.simulate:MAX_INTERVAL_MIN") * 60 == value(
         "ntp_planner.failures.sim_config:MAX_INTERVAL_S"
     )
+    assert value("ntp_planner.cli.simulate:MIN_INTERVAL_MIN") * 60 == value(
+        "ntp_planner.failures.sim_config:MIN_INTERVAL_S"
+    )
     repair = value("ntp_planner.cli.simulate:MAX_REPAIR")
     assert (
         repair["--hw-repair-days"] * 24

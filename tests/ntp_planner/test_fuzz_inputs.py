@@ -310,3 +310,13 @@ def test_no_simulate_figure_is_nan_or_inf(plan16, option, value):
 def test_checkpoint_write_0_is_refused_not_a_division_by_zero(plan16):
     code, _, err = run(_argv(SIM, "--checkpoint-write-s", 0, plan16))
     assert code == 2 and err.strip().startswith("error: --checkpoint-write-s 0.0: Input should be greater than 0")
+
+
+@pytest.mark.parametrize("minutes", ["1e-320", "0.001"])
+def test_a_checkpoint_interval_under_a_second_is_refused_not_a_division_by_zero(plan16, minutes):
+    # 1e-320 minutes made the productive share I / (I + w) zero and the trace 0 / 0 (numpy warned)
+    code, _, err = run(_argv(SIM, "--checkpoint-interval", minutes, plan16))
+    assert code == 2
+    assert err.strip() == (
+        f"error: --checkpoint-interval {minutes} must be auto or minutes from 1/60 (a second) to 525,600 (a year)."
+    )
