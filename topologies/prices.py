@@ -13,12 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field
 _COREWEAVE = "CoreWeave GPU cloud pricing (coreweave.com/pricing), on-demand list price as of February 2026"
 
 
+MAX_USD_PER_GPU_HOUR = 10_000.0  # a thousand times what a GPU hour rents for
+
+
 class GpuHourPrice(BaseModel):
     """The price of one GPU-hour and where it comes from."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    usd_per_gpu_hour: float = Field(gt=0, le=10_000, description="US dollars for one GPU for one hour.")
+    usd_per_gpu_hour: float = Field(gt=0, le=MAX_USD_PER_GPU_HOUR, description="US dollars for one GPU for one hour.")
     source: str = Field(min_length=1, description="Where the figure comes from, with the instance it divides.")
 
 

@@ -162,6 +162,7 @@ def test_choices_match_the_library(cli_choice, library):
         ("ntp_planner.cli.simulate:MAX_SLOWDOWN", "ntp_planner.failures.sim_config:MAX_SLOWDOWN"),
         ("ntp_planner.cli.simulate:MAX_LEMON_FACTOR", "ntp_planner.failures.sim_config:MAX_LEMON_FACTOR"),
         ("ntp_planner.cli.options:MAX_GPUS", "ntp_planner.failures.sim_config:MAX_SPARES"),
+        ("ntp_planner.cli.capacity:MAX_USD_PER_GPU_HOUR", "topologies.prices:MAX_USD_PER_GPU_HOUR"),
     ],
 )
 def test_option_bounds_match_the_library(cli_bound, library):
