@@ -230,7 +230,9 @@ def _moe_layers(cfg: dict[str, Any], layers: int, where: str, keys: dict[str, st
         step, keys["moe_layer_freq"] = _first(cfg, ("decoder_sparse_step",), where, default=1)
         only = cfg.get("mlp_only_layers") or []
         if not isinstance(only, list):
-            raise InputError(f"{where}: mlp_only_layers is {_shown(only)}; it must be a list of layer indices, e.g. [0, 1].")
+            raise InputError(
+                f"{where}: mlp_only_layers is {_shown(only)}; it must be a list of layer indices, e.g. [0, 1]."
+            )
         dense = {_whole(i, "mlp_only_layers", where) for i in only}
         if any(not 0 <= i < layers for i in dense):
             raise InputError(

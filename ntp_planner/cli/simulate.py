@@ -375,7 +375,8 @@ def _interval_s(text: str) -> float | None:
         raise InputError(f"--checkpoint-interval {text!r} must be auto or minutes") from None
     if not MIN_INTERVAL_MIN <= minutes <= MAX_INTERVAL_MIN:  # also refuses nan and inf
         raise InputError(
-            f"--checkpoint-interval {text} must be auto or minutes from 1/60 (a second) to {MAX_INTERVAL_MIN:,} (a year)"
+            f"--checkpoint-interval {text} must be auto or minutes from 1/60 (a second) "
+            f"to {MAX_INTERVAL_MIN:,} (a year)"
         )
     return minutes * 60
 

@@ -92,7 +92,6 @@ def test_qwen_dense_layers_outside_the_model_are_refused(listed):
         model_from_hf_config(cfg, "q")
 
 
-
 def test_qwen_mlp_only_layers_must_be_a_list():
     cfg = {**_cfg("qwen3-30b-a3b"), "num_hidden_layers": 8, "mlp_only_layers": 5}
     with pytest.raises(ValueError, match=r"mlp_only_layers is 5; it must be a list of layer indices"):
@@ -107,6 +106,7 @@ def test_a_huge_layer_count_is_refused_before_the_moe_pattern_lists_every_layer(
     inner["num_hidden_layers"] = 10**30  # listing 10**30 layers would never end
     with pytest.raises(ValueError, match=r"num_hidden_layers: must lie in 1\.\.10,000 layers, not 1e\+30"):
         model_from_hf_config(cfg, "q")
+
 
 def test_llama4_interleaving_and_moe_layers_list():
     text = _cfg("llama4-maverick")["text_config"]
