@@ -62,6 +62,17 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
   other printed rows agree with themselves (GBS = dp x MBS x GA) but for 25.11's Qwen3-235B on
   GB300 (dp 64 x MBS 2 x GA 32 = 4,096, GBS 8,192 printed), kept as printed: a step's time and
   the model's scale alike with GBS, so its error does not depend on which cell is wrong.
+- Two more rows give way to their recipe (2026-12-06), both Qwen3-30B-A3B on H100, whose printed
+  layout cells repeat the previous release's row while the recipe of their own release changed:
+  25.11 prints MBS 2 and VP 24 (25.09's cells; r0.1.0's yaml itself says VP 12); v0.2.2's
+  ``QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG`` sets PP 2, VP 12 and the A2A overlap and leaves MBS at
+  its default 1, and the run's 5,275 tokens/s/GPU is 26.02's 5,113 at that layout (MBS 1, VP 12,
+  overlap), half of 25.09's 10,494 at MBS 2 without the overlap: per sample 48.5 against 50.1 ms.
+  26.02.01 prints PP 2, VP 12, EP 8 (26.02's cells); v0.3.1's ``QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1``
+  sets EP 16 without pipelining, HybridEP and no overlap (the dispatcher and overlap this table
+  already took from it), and its 9,058 tokens/s/GPU is 26.04's 8,901 at that layout (printed there),
+  not 26.02's 5,113 at PP 2. r0.1.0's VP 12 for 25.09 (printed 24) is not taken: nothing else
+  corroborates it, and the cost model gives the same time at either (one or two layers a chunk).
 - GB200 / GB300 runs of 64 GPUs or more use 64 of each NVL72 rack. The 26.06.01 GPT-OSS rows carry
   the summary's note of a cuDNN regression (fixed in 26.08); they are kept as measured.
 """
@@ -262,7 +273,9 @@ _G = {
         ("25.11", "B200", "mxfp8", 8, 512, 1, 4096, 1, 1, 1, 1, 8, 9299, "a2a", False, "", None, ""),
         ("25.11", "GB200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 23766, "hybridep", False, "", None, ""),
         ("25.11", "GB300", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 28934, "hybridep", False, "", None, ""),
-        ("25.11", "H100", "fp8-cs", 16, 512, 2, 4096, 1, 2, 1, 24, 8, 5275, "a2a", True, "", None, ""),
+        # the recipe's MBS 1 and VP 12 (25.11), and EP 16 without pipelining (26.02.01), where the rows print
+        # the cells of the release before: see the docstring
+        ("25.11", "H100", "fp8-cs", 16, 512, 1, 4096, 1, 2, 1, 12, 8, 5275, "a2a", True, "", None, ""),
         ("26.02", "B200", "mxfp8", 8, 512, 1, 4096, 1, 1, 1, 1, 8, 9691, "a2a", False, "", None, ""),
         ("26.02", "B300", "mxfp8", 8, 512, 8, 4096, 1, 1, 1, 1, 8, 29521, "hybridep", False, "", None, ""),
         ("26.02", "GB200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 26084, "hybridep", False, "", None, ""),
@@ -272,7 +285,7 @@ _G = {
         ("26.02.01", "B300", "mxfp8", 8, 512, 8, 4096, 1, 1, 1, 1, 8, 29454, "hybridep", False, "", None, ""),
         ("26.02.01", "GB200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 26373, "hybridep", False, "", None, ""),
         ("26.02.01", "GB300", "mxfp8", 8, 512, 8, 4096, 1, 1, 1, 1, 8, 30411, "hybridep", False, "", None, ""),
-        ("26.02.01", "H100", "fp8-cs", 16, 1024, 1, 4096, 1, 2, 1, 12, 8, 9058, "hybridep", False, "", None, ""),
+        ("26.02.01", "H100", "fp8-cs", 16, 1024, 1, 4096, 1, 1, 1, 1, 16, 9058, "hybridep", False, "", None, ""),
         ("26.04", "B200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 26859, "hybridep", False, "", None, ""),
         ("26.04", "B300", "mxfp8", 8, 512, 8, 4096, 1, 1, 1, 1, 8, 30553, "hybridep", False, "", None, ""),
         ("26.04", "GB200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 26032, "hybridep", False, "", None, ""),
