@@ -73,6 +73,17 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
   already took from it), and its 9,058 tokens/s/GPU is 26.04's 8,901 at that layout (printed there),
   not 26.02's 5,113 at PP 2. r0.1.0's VP 12 for 25.09 (printed 24) is not taken: nothing else
   corroborates it, and the cost model gives the same time at either (one or two layers a chunk).
+- The dispatcher is the recipe's own, not the printed layout's neighbour's: v0.4.2 (26.04.01) moved
+  Qwen3-235B-A22B on B300 from the all-to-all to flex with HybridEP (``moe_flex_dispatcher_backend=
+  "hybridep"`` in ``QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_CS_V1`` and ``moe_token_dispatcher_type =
+  "flex"`` in ``qwen3_235b_a22b_pretrain_config_b300``; Megatron-Bridge #3490, "Use HybridEP flex
+  dispatcher for Qwen3 235B B300 perf configs"), and the run's 5,936 tokens/s/GPU is 22% above 26.04's
+  4,865 at the same printed layout with the all-to-all. Every other row's dispatcher, overlap, MBS,
+  TP, PP, VP and EP were compared with its release's recipe (v0.3.0 on, the config of its GPU count and
+  GBS): the printed cells differ only for GPT-OSS 26.02.01 on B200 / B300 (EP 8 printed, 64 in the
+  recipe; 13,722 / 15,031 tokens/s/GPU against 26.02's 8,047 / 8,359 at EP 64, so the printed EP ran)
+  and Qwen3-235B-A22B 26.02.01 on B300 (VP 4 printed, none in the recipe; 2,644 tokens/s/GPU, 26.02's
+  2,691 at VP 4, so the printed VP ran), both kept as printed.
 - GB200 / GB300 runs of 64 GPUs or more use 64 of each NVL72 rack. The 26.06.01 GPT-OSS rows carry
   the summary's note of a cuDNN regression (fixed in 26.08); they are kept as measured.
 """
@@ -254,7 +265,8 @@ _G = {
         ("26.04", "GB300", "mxfp8", 256, 8192, 2, 4096, 1, 4, 1, 12, 32, 6994, "hybridep", False, "", None, ""),
         ("26.04", "H100", "fp8-cs", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1686, "a2a", True, "", None, ""),
         ("26.04.01", "B200", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 1, 8, 3776, "a2a", False, "", None, ""),
-        ("26.04.01", "B300", "mxfp8", 256, 8192, 2, 4096, 1, 8, 1, 1, 8, 5936, "a2a", False, "", None, ""),
+        # HybridEP from v0.4.2 (#3490; v0.4.0 and v0.4.1 ran the all-to-all): see the docstring
+        ("26.04.01", "B300", "mxfp8", 256, 8192, 2, 4096, 1, 8, 1, 1, 8, 5936, "hybridep", False, "", None, ""),
         ("26.04.01", "GB200", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 5680, "hybridep", False, "", None, ""),
         ("26.04.01", "GB300", "mxfp8", 256, 8192, 2, 4096, 1, 4, 1, 12, 32, 6944, "hybridep", False, "", None, ""),
         ("26.04.01", "H100", "fp8-cs", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1712, "a2a", True, "", None, ""),

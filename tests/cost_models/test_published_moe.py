@@ -203,6 +203,26 @@ def test_qwen3_30b_h100_rows_take_their_releases_recipe():
     assert g.tokens_to_step_time_s(1024, 4096, 16, 5113) / 1024 == pytest.approx(0.05007, abs=1e-5)
 
 
+def test_qwen3_235b_b300_takes_hybridep_from_v0_4_2():
+    """v0.4.2 (26.04.01) runs Qwen3-235B-A22B on B300 with flex / HybridEP (Megatron-Bridge #3490); 26.04's
+    v0.4.0 ran the all-to-all at the same printed layout (PP 8, MBS 2, EP 8), 4,865 tokens/s/GPU against 5,936."""
+    by = {
+        e["release"]: run
+        for n, runs in g._G.items()
+        if n == "qwen3-235b-a22b"
+        for run in runs
+        for e in [dict(zip(_KEY, run, strict=False))]
+        if e["system"] == "B300"
+    }
+    assert by["26.04.01"][5:12] == by["26.04"][5:12] == (2, 4096, 1, 8, 1, 1, 8)  # mb, seq, tp, pp, cp, vp, ep
+    assert (by["26.04"][13], by["26.04.01"][13]) == ("a2a", "hybridep")
+    assert (by["26.04"][12], by["26.04.01"][12]) == (4865, 5936)
+    row = next(
+        r for r in g.table_g() if r.model.name == "qwen3-235b-a22b" and r.release == "26.04.01" and r.system == "B300"
+    )
+    assert row.layout.moe_dispatcher == "flex" and row.moe.dispatcher_backend == "hybridep"
+
+
 def test_table_g_stays_where_the_mechanisms_put_it():
     # issue 24 item 8 (round 5): 8.6% mean, 8 runs over 20%, every run fits (the goal, 8% and none over
     # 20%, is not reached: README "Mixture-of-experts"); bounds a little above, so a change that makes it
@@ -211,7 +231,7 @@ def test_table_g_stays_where_the_mechanisms_put_it():
 
     costs = [(r, estimate_step(r.model, r.training, r.layout, r.cluster)) for r in g.table_g()]
     errors = [abs(c.step_time_s / r.measured_step_time_s - 1) for r, c in costs]
-    assert sum(errors) / len(errors) <= 0.0875
+    assert sum(errors) / len(errors) <= 0.086
     assert sum(e > 0.2 for e in errors) <= 8
     assert all(c.fits() for _, c in costs)
 
