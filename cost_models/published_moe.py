@@ -381,6 +381,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         grad_reduce_in_fp32=False,
         moe_capacity_factor=moe.capacity_factor,
         moe_pad_to_capacity=moe.capacity_factor is not None,
+        moe_flex_backend=None if dispatcher == "a2a" else dispatcher,
         cuda_graphs=_graphed(name, release, system),
         fp8_attention=_fp8_attention(name, release, system) and dtype == "mxfp8",
     )
