@@ -64,15 +64,18 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
   the model's scale alike with GBS, so its error does not depend on which cell is wrong.
 - Two more rows give way to their recipe (2026-12-06), both Qwen3-30B-A3B on H100, whose printed
   layout cells repeat the previous release's row while the recipe of their own release changed:
-  25.11 prints MBS 2 and VP 24 (25.09's cells; r0.1.0's yaml itself says VP 12); v0.2.2's
-  ``QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG`` sets PP 2, VP 12 and the A2A overlap and leaves MBS at
-  its default 1, and the run's 5,275 tokens/s/GPU is 26.02's 5,113 at that layout (MBS 1, VP 12,
-  overlap), half of 25.09's 10,494 at MBS 2 without the overlap: per sample 48.5 against 50.1 ms.
-  26.02.01 prints PP 2, VP 12, EP 8 (26.02's cells); v0.3.1's ``QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1``
-  sets EP 16 without pipelining, HybridEP and no overlap (the dispatcher and overlap this table
-  already took from it), and its 9,058 tokens/s/GPU is 26.04's 8,901 at that layout (printed there),
-  not 26.02's 5,113 at PP 2. r0.1.0's VP 12 for 25.09 (printed 24) is not taken: nothing else
-  corroborates it, and the cost model gives the same time at either (one or two layers a chunk).
+  25.11 prints MBS 2 and VP 24, 25.09's cells (its September 2025 yaml, Megatron-Bridge #729: VP 24,
+  fp8 MBS 2); v0.2.x moved to VP 12 with MBS 2 (2025-11-10) and then to VP 12, MBS 1 (the default)
+  and the A2A overlap (#1348, 2025-11-21, what v0.2.2 holds and where this row's overlap comes
+  from), and the run's 5,275 tokens/s/GPU is 26.02's 5,113 at that layout (MBS 1, VP 12, overlap),
+  half of 25.09's 10,494 at MBS 2 without the overlap: per sample 48.5 against 50.1 ms. 26.02.01
+  prints PP 2, VP 12, EP 8 (26.02's cells); #2477 ("Update Qwen3 30B H100 Base Configs with
+  HybridEP", 2026-02-23, in v0.3.1's ``QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1``) set EP 16
+  without pipelining together with HybridEP and no overlap (the dispatcher and overlap this table
+  already took from it), and its 9,058 tokens/s/GPU is 26.04's 8,901 at that layout (printed
+  there), not 26.02's 5,113 at PP 2. Checked and kept: 25.09's GB200 Qwen3-235B-A22B row (TP 2,
+  EP 64) is what the 25.09-era yaml set until 2025-10-11 (the r0.1.0 branch head has TP 1, PP 8,
+  EP 8), and its H100 Qwen3-30B-A3B row's VP 24 likewise.
 - The dispatcher is the recipe's own, not the printed layout's neighbour's: v0.4.2 (26.04.01) moved
   Qwen3-235B-A22B on B300 from the all-to-all to flex with HybridEP (``moe_flex_dispatcher_backend=
   "hybridep"`` in ``QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_CS_V1`` and ``moe_token_dispatcher_type =
