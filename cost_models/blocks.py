@@ -463,7 +463,8 @@ class CostEnv:
         old = {op.name for op in moe_ops(m, d.tokens, d.t, self.layout.ep)} | {"main-grad-accumulate"}
         new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load)
         spec = self.cluster.spec
-        hybridep = moe.flex_backend(spec.domain_size, spec.gpus_per_node) == "hybridep"
+        backend = moe.flex_backend_of(self.training.moe_flex_backend, spec.domain_size, spec.gpus_per_node)
+        hybridep = backend == "hybridep"
         if self.layout.moe_dispatcher == "flex" and hybridep:  # permuted inside dispatch and combine
             new = [op for op in new if op.name not in moe.FUSED_BY_HYBRIDEP]
         kept = [op for op in ops if op.name not in old] + new

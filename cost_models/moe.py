@@ -30,8 +30,9 @@ has the load (``imbalance_factor``, ``routed_load``), the grouped GEMMs' efficie
 the host sync of ``Efficiency.moe_host_sync_s``, the expert GEMMs launched one at a time
 (``grouped_gemm_launch_s``) and the combined 1F1B schedule's host floor
 (``overlap_host_floor_s``), and ``cost_models.step`` adds the unpaired
-micro-batches' dispatch. HybridEP (``flex_backend``) permutes inside its dispatch and combine, so
-its layers have no permute or unpermute pass; layers whose attention differs from the previous
+micro-batches' dispatch. HybridEP (``flex_backend_of``: the recipe's backend, else the
+cluster's rule, ``flex_backend``) permutes inside its dispatch and combine, so its layers have no
+permute or unpermute pass; layers whose attention differs from the previous
 layer's stall the host on Transformer Engine's backend re-selection (``attention_switch_fraction``).
 The constants are ``Efficiency``'s ``grouped_gemm_*``, ``moe_load_cv``, ``moe_host_sync_s``,
 ``moe_attention_reselect_s`` and ``moe_overlap_host_s``, fitted to or sourced against table G
@@ -199,6 +200,20 @@ def flex_backend(domain_size: int, gpus_per_node: int) -> str:
     ('hybridep', 'deepep')
     """
     return "hybridep" if domain_size > gpus_per_node else "deepep"
+
+
+def flex_backend_of(chosen: str | None, domain_size: int, gpus_per_node: int) -> str:
+    """The flex dispatcher's backend a run uses: the one its recipe names
+    (``TrainingSpec.moe_flex_backend``, Megatron's ``moe_flex_dispatcher_backend``), else the
+    cluster's rule (``flex_backend``). HybridEP is not only for multi-host NVLink domains:
+    Megatron-Bridge's recipes set it on 8-GPU B200 / B300 / H100 hosts too (Qwen3-30B-A3B from
+    26.02.01, DeepSeek-V3 on B200 / B300 from 26.02, GPT-OSS and Qwen3-235B-A22B on B300 from
+    26.04), and Megatron-Core's ``_HybridEPManager`` permutes inside its kernels wherever it runs.
+
+    >>> flex_backend_of(None, 8, 8), flex_backend_of("hybridep", 8, 8), flex_backend_of("deepep", 72, 4)
+    ('deepep', 'hybridep', 'deepep')
+    """
+    return chosen or flex_backend(domain_size, gpus_per_node)
 
 
 def attention_switch_fraction(model: ModelSpec) -> float:

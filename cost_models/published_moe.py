@@ -62,6 +62,31 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
   other printed rows agree with themselves (GBS = dp x MBS x GA) but for 25.11's Qwen3-235B on
   GB300 (dp 64 x MBS 2 x GA 32 = 4,096, GBS 8,192 printed), kept as printed: a step's time and
   the model's scale alike with GBS, so its error does not depend on which cell is wrong.
+- Two more rows give way to their recipe (2026-12-06), both Qwen3-30B-A3B on H100, whose printed
+  layout cells repeat the previous release's row while the recipe of their own release changed:
+  25.11 prints MBS 2 and VP 24, 25.09's cells (its September 2025 yaml, Megatron-Bridge #729: VP 24,
+  fp8 MBS 2); v0.2.x moved to VP 12 with MBS 2 (2025-11-10) and then to VP 12, MBS 1 (the default)
+  and the A2A overlap (#1348, 2025-11-21, what v0.2.2 holds and where this row's overlap comes
+  from), and the run's 5,275 tokens/s/GPU is 26.02's 5,113 at that layout (MBS 1, VP 12, overlap),
+  half of 25.09's 10,494 at MBS 2 without the overlap: per sample 48.5 against 50.1 ms. 26.02.01
+  prints PP 2, VP 12, EP 8 (26.02's cells); #2477 ("Update Qwen3 30B H100 Base Configs with
+  HybridEP", 2026-02-23, in v0.3.1's ``QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1``) set EP 16
+  without pipelining together with HybridEP and no overlap (the dispatcher and overlap this table
+  already took from it), and its 9,058 tokens/s/GPU is 26.04's 8,901 at that layout (printed
+  there), not 26.02's 5,113 at PP 2. Checked and kept: 25.09's GB200 Qwen3-235B-A22B row (TP 2,
+  EP 64) is what the 25.09-era yaml set until 2025-10-11 (the r0.1.0 branch head has TP 1, PP 8,
+  EP 8), and its H100 Qwen3-30B-A3B row's VP 24 likewise.
+- The dispatcher is the recipe's own, not the printed layout's neighbour's: v0.4.2 (26.04.01) moved
+  Qwen3-235B-A22B on B300 from the all-to-all to flex with HybridEP (``moe_flex_dispatcher_backend=
+  "hybridep"`` in ``QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_CS_V1`` and ``moe_token_dispatcher_type =
+  "flex"`` in ``qwen3_235b_a22b_pretrain_config_b300``; Megatron-Bridge #3490, "Use HybridEP flex
+  dispatcher for Qwen3 235B B300 perf configs"), and the run's 5,936 tokens/s/GPU is 22% above 26.04's
+  4,865 at the same printed layout with the all-to-all. Every other row's dispatcher, overlap, MBS,
+  TP, PP, VP and EP were compared with its release's recipe (v0.3.0 on, the config of its GPU count and
+  GBS): the printed cells differ only for GPT-OSS 26.02.01 on B200 / B300 (EP 8 printed, 64 in the
+  recipe; 13,722 / 15,031 tokens/s/GPU against 26.02's 8,047 / 8,359 at EP 64, so the printed EP ran)
+  and Qwen3-235B-A22B 26.02.01 on B300 (VP 4 printed, none in the recipe; 2,644 tokens/s/GPU, 26.02's
+  2,691 at VP 4, so the printed VP ran), both kept as printed.
 - GB200 / GB300 runs of 64 GPUs or more use 64 of each NVL72 rack. The 26.06.01 GPT-OSS rows carry
   the summary's note of a cuDNN regression (fixed in 26.08); they are kept as measured.
 """
@@ -243,7 +268,8 @@ _G = {
         ("26.04", "GB300", "mxfp8", 256, 8192, 2, 4096, 1, 4, 1, 12, 32, 6994, "hybridep", False, "", None, ""),
         ("26.04", "H100", "fp8-cs", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1686, "a2a", True, "", None, ""),
         ("26.04.01", "B200", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 1, 8, 3776, "a2a", False, "", None, ""),
-        ("26.04.01", "B300", "mxfp8", 256, 8192, 2, 4096, 1, 8, 1, 1, 8, 5936, "a2a", False, "", None, ""),
+        # HybridEP from v0.4.2 (#3490; v0.4.0 and v0.4.1 ran the all-to-all): see the docstring
+        ("26.04.01", "B300", "mxfp8", 256, 8192, 2, 4096, 1, 8, 1, 1, 8, 5936, "hybridep", False, "", None, ""),
         ("26.04.01", "GB200", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 5680, "hybridep", False, "", None, ""),
         ("26.04.01", "GB300", "mxfp8", 256, 8192, 2, 4096, 1, 4, 1, 12, 32, 6944, "hybridep", False, "", None, ""),
         ("26.04.01", "H100", "fp8-cs", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1712, "a2a", True, "", None, ""),
@@ -262,7 +288,9 @@ _G = {
         ("25.11", "B200", "mxfp8", 8, 512, 1, 4096, 1, 1, 1, 1, 8, 9299, "a2a", False, "", None, ""),
         ("25.11", "GB200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 23766, "hybridep", False, "", None, ""),
         ("25.11", "GB300", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 28934, "hybridep", False, "", None, ""),
-        ("25.11", "H100", "fp8-cs", 16, 512, 2, 4096, 1, 2, 1, 24, 8, 5275, "a2a", True, "", None, ""),
+        # the recipe's MBS 1 and VP 12 (25.11), and EP 16 without pipelining (26.02.01), where the rows print
+        # the cells of the release before: see the docstring
+        ("25.11", "H100", "fp8-cs", 16, 512, 1, 4096, 1, 2, 1, 12, 8, 5275, "a2a", True, "", None, ""),
         ("26.02", "B200", "mxfp8", 8, 512, 1, 4096, 1, 1, 1, 1, 8, 9691, "a2a", False, "", None, ""),
         ("26.02", "B300", "mxfp8", 8, 512, 8, 4096, 1, 1, 1, 1, 8, 29521, "hybridep", False, "", None, ""),
         ("26.02", "GB200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 26084, "hybridep", False, "", None, ""),
@@ -272,7 +300,7 @@ _G = {
         ("26.02.01", "B300", "mxfp8", 8, 512, 8, 4096, 1, 1, 1, 1, 8, 29454, "hybridep", False, "", None, ""),
         ("26.02.01", "GB200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 26373, "hybridep", False, "", None, ""),
         ("26.02.01", "GB300", "mxfp8", 8, 512, 8, 4096, 1, 1, 1, 1, 8, 30411, "hybridep", False, "", None, ""),
-        ("26.02.01", "H100", "fp8-cs", 16, 1024, 1, 4096, 1, 2, 1, 12, 8, 9058, "hybridep", False, "", None, ""),
+        ("26.02.01", "H100", "fp8-cs", 16, 1024, 1, 4096, 1, 1, 1, 1, 16, 9058, "hybridep", False, "", None, ""),
         ("26.04", "B200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 26859, "hybridep", False, "", None, ""),
         ("26.04", "B300", "mxfp8", 8, 512, 8, 4096, 1, 1, 1, 1, 8, 30553, "hybridep", False, "", None, ""),
         ("26.04", "GB200", "mxfp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 26032, "hybridep", False, "", None, ""),
@@ -356,6 +384,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         grad_reduce_in_fp32=False,
         moe_capacity_factor=moe.capacity_factor,
         moe_pad_to_capacity=moe.capacity_factor is not None,
+        moe_flex_backend=None if dispatcher == "a2a" else dispatcher,
         cuda_graphs=_graphed(name, release, system),
         fp8_attention=_fp8_attention(name, release, system) and dtype == "mxfp8",
     )

@@ -94,6 +94,13 @@ class TrainingSpec(BaseModel):
         description="Pad every expert's input to its capacity (--moe-pad-expert-input-to-capacity): each runs "
         "exactly capacity rows, so no host sync on the row counts; needs moe_capacity_factor.",
     )
+    moe_flex_backend: Literal["deepep", "hybridep"] | None = Field(
+        default=None,
+        description="The flex dispatcher's backend (Megatron's --moe-flex-dispatcher-backend): 'hybridep' "
+        "permutes inside its dispatch and combine kernels (no separate permute and unpermute passes), 'deepep' "
+        "dispatches in token order and Megatron permutes after it; None = the cluster's rule (HybridEP on a "
+        "multi-host NVLink domain, else DeepEP: cost_models.moe.flex_backend).",
+    )
     cuda_graphs: bool = Field(
         default=False,
         description="Full-iteration CUDA graphs (Megatron's cuda_graph_impl with scope full_iteration): a captured "

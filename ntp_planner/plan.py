@@ -477,7 +477,9 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),
-    "TrainingSpec": frozenset({"moe_capacity_factor", "moe_pad_to_capacity", "cuda_graphs", "fp8_attention"}),
+    "TrainingSpec": frozenset(
+        {"moe_capacity_factor", "moe_pad_to_capacity", "moe_flex_backend", "cuda_graphs", "fp8_attention"}
+    ),
 }
 """Fields added to the inputs after plans were first saved (issue 24's MoE fields, issue 25's model
 fields the exports carry and their follow-up's query/key norm, norm offset and rotary share): the hash leaves

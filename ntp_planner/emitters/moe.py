@@ -24,12 +24,12 @@ MLA_NOTE = (
 
 
 def flex_backend(plan: Plan) -> str:
-    """The flex dispatcher's backend: HybridEP where one NVLink domain spans several hosts (GB200 /
-    GB300 NVL72, what it was written for: it dispatches over the multi-node NVLink), else DeepEP
-    (NVLink inside a host, RDMA across hosts, one copy of a token per host): the cost model's rule,
-    ``cost_models.moe.flex_backend``."""
+    """The flex dispatcher's backend: the plan's (``TrainingSpec.moe_flex_backend``), else HybridEP
+    where one NVLink domain spans several hosts (GB200 / GB300 NVL72, what it was written for: it
+    dispatches over the multi-node NVLink) and DeepEP elsewhere (NVLink inside a host, RDMA across
+    hosts, one copy of a token per host): the cost model's rule, ``cost_models.moe.flex_backend_of``."""
     spec = plan.cluster.spec
-    return moe.flex_backend(spec.domain_size, spec.gpus_per_node)
+    return moe.flex_backend_of(plan.training.moe_flex_backend, spec.domain_size, spec.gpus_per_node)
 
 
 def overlap_refusal(plan: Plan, layout: ParallelLayout) -> str | None:

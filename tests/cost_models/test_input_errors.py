@@ -222,6 +222,7 @@ def test_bad_model_fields(field, value, message):
         (dict(seq_len=math.inf), "seq_len: Input should be a finite number"),
         (dict(fp8_params=True), "need an fp8 or fp4 format, not bf16; set fp8_params false or dtype to fp8"),
         (dict(dtype="fp7"), "dtype: Input should be 'fp16', 'bf16', 'fp8', 'mxfp8' or 'nvfp4'"),
+        (dict(moe_flex_backend="nccl"), "moe_flex_backend: Input should be 'deepep' or 'hybridep'"),
     ],
 )
 def test_bad_training_fields(kwargs, message):

@@ -178,6 +178,39 @@ def test_folded_ep_group_stays_in_the_node():
     assert _env(ep=8, etp=1).degree(2).expert_dp_links.size == 64 // 8
 
 
+def test_the_recipes_flex_backend_decides_the_fused_permute():
+    # dgx-h100 hosts 8 GPUs in one NVLink domain: the cluster's rule is DeepEP (Megatron permutes after
+    # the dispatch); a recipe that names HybridEP there (Megatron-Bridge's Qwen3-30B-A3B, DeepSeek-V3 on
+    # B200) permutes inside the kernels, and one that names DeepEP on an NVL72 keeps the passes
+    from cost_models.flops import layer_ops
+
+    assert moe.flex_backend_of(None, 8, 8) == "deepep" and moe.flex_backend_of(None, 72, 4) == "hybridep"
+    assert moe.flex_backend_of("hybridep", 8, 8) == "hybridep" and moe.flex_backend_of("deepep", 72, 4) == "deepep"
+    layout = _env(ep=8, etp=1, moe_dispatcher="flex").layout
+    auto = CostEnv(MIXTRAL, TRAIN, layout, H64)
+    hybrid = CostEnv(MIXTRAL, TRAIN.model_copy(update={"moe_flex_backend": "hybridep"}), layout, H64)
+    d, kind = auto.degree(2), MIXTRAL.layer_kind(0)
+    ops = layer_ops(MIXTRAL, kind, d.seqs, TRAIN.seq_len, 2, 1, 8, True, True, "bf16", auto.arch, "delayed", 4)
+    names = {op.name for op in auto._moe_layer_ops(ops, d)} - {op.name for op in hybrid._moe_layer_ops(ops, d)}
+    assert names == {"permute", "unpermute"}
+    # each pass reads and writes the tokens' rows once plus their k copies, 16-bit: 2 x 2 x t x h x (1 + k);
+    # t = 4,096 tokens of the TP pair (seq 4,096, one sequence a micro-batch) over tp 2 = 2,048 a GPU,
+    # h 4,096, k 2: 2 x 2 x 2,048 x 4,096 x 3 = 100,663,296 bytes
+    permute = next(op for op in auto._moe_layer_ops(ops, d) if op.name == "permute")
+    assert permute.mem_bytes == 100_663_296
+    one = auto.op_time(permute) + EFF.kernel_overhead_s
+    a, b = auto.block_pass(kind, 2), hybrid.block_pass(kind, 2)
+    assert a.fwd - b.fwd == pytest.approx(2 * one, rel=1e-9)  # permute and unpermute, forward once each
+    assert a.bwd - b.bwd == pytest.approx(2 * one, rel=1e-9)
+    gb200 = Cluster(spec=CLUSTERS["gb200-nvl72"], num_gpus=64)
+    deep = TRAIN.model_copy(update={"moe_flex_backend": "deepep"})
+    ran = {op.name for op in CostEnv(MIXTRAL, deep, layout, gb200)._moe_layer_ops(ops, d)}
+    assert {"permute", "unpermute"} <= ran
+    assert not {"permute", "unpermute"} & {
+        op.name for op in CostEnv(MIXTRAL, TRAIN, layout, gb200)._moe_layer_ops(ops, d)
+    }
+
+
 def test_a_dense_layer_has_no_moe_terms():
     # flex over two nodes (tp 2 ep 8 unfolded: its ep x etp group is GPUs 0-15) stalls as the all-to-all
     # does; folded (etp 1) the group is GPUs 0-7, one node

@@ -188,15 +188,50 @@ def test_recipe_settings_per_era():
     assert by[("deepseek-v3", "25.11", "GB300", "bf16", 4096)][-1] == "no-mtp"
 
 
+def test_qwen3_30b_h100_rows_take_their_releases_recipe():
+    """25.11 and 26.02.01 print the layout cells of the release before (25.09's MBS 2 / VP 24, 26.02's
+    PP 2 / VP 12 / EP 8); the rows carry their own recipe's (v0.2.2: MBS 1, VP 12; v0.3.1: EP 16, no
+    pipelining), whose throughput twins are 26.02's and 26.04's runs (the module docstring)."""
+    by = {e["release"]: e for n, e in _entries() if n == "qwen3-30b-a3b" and e["system"] == "H100"}
+    assert [by["25.11"][k] for k in ("mb", "pp", "vp", "ep", "tokens")] == [1, 2, 12, 8, 5275]
+    assert [by["26.02.01"][k] for k in ("mb", "pp", "vp", "ep", "tokens")] == [1, 1, 1, 16, 9058]
+    assert [by["26.04"][k] for k in ("mb", "pp", "vp", "ep")] == [1, 1, 1, 16]  # printed so from 26.04
+    assert [by["25.09"][k] for k in ("mb", "vp")] == [2, 24]  # as printed
+    # per sample, 25.11 and 26.02 (both MBS 1, VP 12, the overlap): 512 x 4096 / (5,275 x 16) = 24.85 s a
+    # step of 512, 48.5 ms a sample; 1,024 x 4096 / (5,113 x 16) = 51.27 s a step of 1,024, 50.1 ms
+    assert g.tokens_to_step_time_s(512, 4096, 16, 5275) / 512 == pytest.approx(0.04853, abs=1e-5)
+    assert g.tokens_to_step_time_s(1024, 4096, 16, 5113) / 1024 == pytest.approx(0.05007, abs=1e-5)
+
+
+def test_qwen3_235b_b300_takes_hybridep_from_v0_4_2():
+    """v0.4.2 (26.04.01) runs Qwen3-235B-A22B on B300 with flex / HybridEP (Megatron-Bridge #3490); 26.04's
+    v0.4.0 ran the all-to-all at the same printed layout (PP 8, MBS 2, EP 8), 4,865 tokens/s/GPU against 5,936."""
+    by = {
+        e["release"]: run
+        for n, runs in g._G.items()
+        if n == "qwen3-235b-a22b"
+        for run in runs
+        for e in [dict(zip(_KEY, run, strict=False))]
+        if e["system"] == "B300"
+    }
+    assert by["26.04.01"][5:12] == by["26.04"][5:12] == (2, 4096, 1, 8, 1, 1, 8)  # mb, seq, tp, pp, cp, vp, ep
+    assert (by["26.04"][13], by["26.04.01"][13]) == ("a2a", "hybridep")
+    assert (by["26.04"][12], by["26.04.01"][12]) == (4865, 5936)
+    row = next(
+        r for r in g.table_g() if r.model.name == "qwen3-235b-a22b" and r.release == "26.04.01" and r.system == "B300"
+    )
+    assert row.layout.moe_dispatcher == "flex" and row.moe.dispatcher_backend == "hybridep"
+
+
 def test_table_g_stays_where_the_mechanisms_put_it():
-    # issue 24 item 8 (round 4): 9.0% mean (8.9% before routers narrower than a tile went unpadded), 8 runs
-    # over 20%, every run fits (the goal, 8% and none over 20%, is not reached: README "Mixture-of-experts");
-    # bounds a little above, so a change that makes it worse fails
+    # issue 24 item 8 (round 5 with round 4's review): 8.36% mean, 7 runs over 20%, every run fits (the
+    # goal, 8% and none over 20%, is not reached: README "Mixture-of-experts"); bounds a little above, so
+    # a change that makes it worse fails
     from cost_models.step import estimate_step
 
     costs = [(r, estimate_step(r.model, r.training, r.layout, r.cluster)) for r in g.table_g()]
     errors = [abs(c.step_time_s / r.measured_step_time_s - 1) for r, c in costs]
-    assert sum(errors) / len(errors) <= 0.091
+    assert sum(errors) / len(errors) <= 0.086
     assert sum(e > 0.2 for e in errors) <= 8
     assert all(c.fits() for _, c in costs)
 
