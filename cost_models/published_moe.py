@@ -87,6 +87,29 @@ differs (25.11's DeepSeek-V3 and several GBS/EP cells were rerun after the tag):
   recipe; 13,722 / 15,031 tokens/s/GPU against 26.02's 8,047 / 8,359 at EP 64, so the printed EP ran)
   and Qwen3-235B-A22B 26.02.01 on B300 (VP 4 printed, none in the recipe; 2,644 tokens/s/GPU, 26.02's
   2,691 at VP 4, so the printed VP ran), both kept as printed.
+- The dispatcher is the one the recipe function leaves, not its base config's backend (2026-12-06,
+  round 6): v0.3.1 (26.02.01) gave every Qwen3-235B-A22B base config ``moe_flex_dispatcher_backend=
+  "deepep"`` (#2351), but ``qwen3_235b_a22b_pretrain_config_b300`` / ``_b200`` / ``_h100`` then set
+  ``moe_token_dispatcher_type = "alltoall"`` (#2393, "Set flex and alltoall for perf jobs"; only the
+  GB200 / GB300 and Qwen3-30B-A3B functions set "flex"), and Megatron-Core picks its dispatcher by
+  that type alone, so 26.02.01's B300 and H100 runs are the all-to-all's (the backend then only sets
+  ``CUDA_DEVICE_MAX_CONNECTIONS`` and the layernorm SM margin in ``perf_plugins.py``). Their
+  throughputs agree: 2,644 and 1,611 tokens/s/GPU against 26.02's all-to-all 2,691 and 1,633 at
+  the same layouts. Checked and kept: the 25.09 DeepSeek-V3 rows are what the r0.1.0 branch head
+  sets ("Cherry pick perf 2509", #959, 2025-10-15: B200 TP 1, PP 16, no VP, no layout string, no
+  CUDA graphs, ``mla_up_proj`` recompute; GB200 PP 4, VP 4, ``mla_up_proj`` with token dropping),
+  where the September yaml had TP 2 and CUDA graphs on B200, VP 8 and the 32-stage layout on
+  GB200 and ``mla_up_proj``, ``mlp``, ``moe_act`` recompute; 25.09's GB200 mxfp8 row (PP 8, EP 64 on
+  256 GPUs: 32 GPUs a stage) stays left out, the recipe's PP 4 / VP 4 would be -24% beside its fp8
+  twin's -8% (the summary's note gives its mxfp8 a 32 x 32 block scaling, not costed). 25.11's
+  Qwen3-235B-A22B B200 prints VP 2 where v0.2.2 sets VP 4 (#1348, with the overlap the row takes);
+  no run at VP 4 to compare, so kept (-2.5% as printed, -3.8% at VP 4).
+- Recipe settings the cost model does not read, every row: ``moe_router_dtype="fp32"`` (the Qwen3 and
+  DeepSeek-V3 providers' default: the gate GEMM in fp32 outside Transformer Engine; the model costs it
+  at the low-precision rate), ``moe_permute_fusion``, ``moe_grouped_gemm``, ``moe_router_fusion`` and
+  Transformer Engine's fused cross entropy (DeepSeek-V3's native one from v0.5.1), all on; 25.09's
+  per-layer CUDA graphs (``enable_cuda_graph``, Megatron's local graphs, possible with the padded
+  token dropping) on the Qwen3 GB200 runs; the partial graphs (``cuda_graph_scope``) of later ones.
 - GB200 / GB300 runs of 64 GPUs or more use 64 of each NVL72 rack. The 26.06.01 GPT-OSS rows carry
   the summary's note of a cuDNN regression (fixed in 26.08); they are kept as measured.
 """
@@ -259,10 +282,11 @@ _G = {
         ("26.02", "B300", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 4, 8, 2691, "a2a", True, "", None, ""),
         ("26.02", "GB200", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 1, 32, 5448, "hybridep", False, "", None, ""),
         ("26.02", "H100", "fp8-cs", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1633, "a2a", True, "", None, ""),
-        ("26.02.01", "B300", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 4, 8, 2644, "deepep", False, "", None, ""),
+        # the all-to-all v0.3.1 names after the base config's DeepEP (#2393): see the docstring
+        ("26.02.01", "B300", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 4, 8, 2644, "a2a", False, "", None, ""),
         ("26.02.01", "GB200", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 1, 32, 5530, "hybridep", False, "", None, ""),
         ("26.02.01", "GB300", "mxfp8", 256, 8192, 2, 4096, 1, 4, 1, 1, 32, 6583, "hybridep", False, "", None, ""),
-        ("26.02.01", "H100", "fp8-cs", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1611, "deepep", True, "", None, ""),
+        ("26.02.01", "H100", "fp8-cs", 256, 8192, 1, 4096, 2, 8, 1, 4, 32, 1611, "a2a", True, "", None, ""),
         ("26.04", "B300", "mxfp8", 256, 8192, 2, 4096, 1, 8, 1, 1, 8, 4865, "a2a", False, "", None, ""),
         ("26.04", "GB200", "mxfp8", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 5672, "hybridep", False, "", None, ""),
         ("26.04", "GB300", "mxfp8", 256, 8192, 2, 4096, 1, 4, 1, 12, 32, 6994, "hybridep", False, "", None, ""),

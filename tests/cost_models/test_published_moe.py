@@ -223,15 +223,27 @@ def test_qwen3_235b_b300_takes_hybridep_from_v0_4_2():
     assert row.layout.moe_dispatcher == "flex" and row.moe.dispatcher_backend == "hybridep"
 
 
+def test_qwen3_235b_26_02_01_runs_the_all_to_all_its_recipe_functions_set():
+    # v0.3.1's base configs name DeepEP, but qwen3_235b_a22b_pretrain_config_b300 / _h100 set
+    # moe_token_dispatcher_type "alltoall" after it (#2393); GB200 / GB300 stay flex with HybridEP
+    rows = {r.system: r for r in g.table_g() if r.model.name == "qwen3-235b-a22b" and r.release == "26.02.01"}
+    for system in ("B300", "H100"):
+        assert rows[system].layout.moe_dispatcher == "alltoall" and rows[system].moe.dispatcher_backend == "alltoall"
+        assert rows[system].training.moe_flex_backend is None
+    assert rows["H100"].layout.moe_overlap == "1f1b" and rows["B300"].layout.moe_overlap == "none"
+    for system in ("GB200", "GB300"):
+        assert rows[system].layout.moe_dispatcher == "flex" and rows[system].moe.dispatcher_backend == "hybridep"
+
+
 def test_table_g_stays_where_the_mechanisms_put_it():
-    # issue 24 item 8 (round 5 with round 4's review): 8.36% mean, 7 runs over 20%, every run fits (the
-    # goal, 8% and none over 20%, is not reached: README "Mixture-of-experts"); bounds a little above, so
-    # a change that makes it worse fails
+    # issue 24 item 8 (round 6): 8.17% mean, 7 runs over 20%, every run fits (the goal, 8% and none over
+    # 20%, is not reached: README "Mixture-of-experts"); bounds a little above, so a change that makes it
+    # worse fails
     from cost_models.step import estimate_step
 
     costs = [(r, estimate_step(r.model, r.training, r.layout, r.cluster)) for r in g.table_g()]
     errors = [abs(c.step_time_s / r.measured_step_time_s - 1) for r, c in costs]
-    assert sum(errors) / len(errors) <= 0.086
+    assert sum(errors) / len(errors) <= 0.084
     assert sum(e > 0.2 for e in errors) <= 8
     assert all(c.fits() for _, c in costs)
 
