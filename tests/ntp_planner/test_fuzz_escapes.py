@@ -103,7 +103,7 @@ def test_hostile_runs_files(profile_files, tmp_path, line, message):
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--save-dir", "ckpt\nrm -rf /", r"--save-dir 'ckpt\nrm -rf /' holds the control character '\n'"),
+        ("--save-dir", "ckpt\rrm -rf /", r"--save-dir 'ckpt\rrm -rf /' holds the control character '\r'"),
         ("--data-path", "data\x00", r"--data-path 'data\x00' holds the control character '\x00'"),
         ("--data-path", "a\x1b[2Jb", r"holds the control character '\x1b'"),
         # a byte that is not UTF-8 on the command line: used to end in "'utf-8' codec can't encode"
