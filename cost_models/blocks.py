@@ -461,7 +461,8 @@ class CostEnv:
         accumulation recounted over the new GEMMs (``layer_ops``: 2 x grad_bytes per weight)."""
         m, s = self.model, self.moe_shape(d)
         old = {op.name for op in moe_ops(m, d.tokens, d.t, self.layout.ep)} | {"main-grad-accumulate"}
-        new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load)
+        probs = 4 if self.layout.moe_dispatcher == "flex" else 2  # DeepEP / HybridEP take fp32 probabilities
+        new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load, probs_bytes=probs)
         spec = self.cluster.spec
         backend = moe.flex_backend_of(self.training.moe_flex_backend, spec.domain_size, spec.gpus_per_node)
         hybridep = backend == "hybridep"

@@ -224,15 +224,15 @@ def test_qwen3_235b_b300_takes_hybridep_from_v0_4_2():
 
 
 def test_table_g_stays_where_the_mechanisms_put_it():
-    # issue 24 item 8 (round 5 with round 4's review): 8.36% mean, 7 runs over 20%, every run fits (the
-    # goal, 8% and none over 20%, is not reached: README "Mixture-of-experts"); bounds a little above, so
-    # a change that makes it worse fails
+    # issue 24 item 8 (round 6, GPT-OSS's expert-bias pass): 7.69% mean, 7 runs over 20%, every run fits
+    # (the goal's 8% holds, none over 20% does not: README "Mixture-of-experts"); bounds a little above,
+    # so a change that makes it worse fails
     from cost_models.step import estimate_step
 
     costs = [(r, estimate_step(r.model, r.training, r.layout, r.cluster)) for r in g.table_g()]
     errors = [abs(c.step_time_s / r.measured_step_time_s - 1) for r, c in costs]
-    assert sum(errors) / len(errors) <= 0.086
-    assert sum(e > 0.2 for e in errors) <= 8
+    assert sum(errors) / len(errors) <= 0.079
+    assert sum(e > 0.2 for e in errors) <= 7
     assert all(c.fits() for _, c in costs)
 
 
