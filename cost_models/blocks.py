@@ -14,7 +14,17 @@ from functools import lru_cache
 from cost_models import collectives as coll
 from cost_models import moe, titan
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from cost_models.flops import ACT_BYTES, Op, embedding_ops, gemm, head_ops, kv_heads_per_rank, layer_ops, moe_ops
+from cost_models.flops import (
+    ACT_BYTES,
+    Op,
+    embedding_ops,
+    gemm,
+    head_ops,
+    kv_heads_per_rank,
+    layer_ops,
+    moe_ops,
+    unfused_rotary,
+)
 from cost_models.layout import ParallelLayout, sub_batch
 from cost_models.memory import (
     StateBytes,
@@ -411,6 +421,8 @@ class CostEnv:
             tr.fp8_recipe,
             tr.grad_bytes,
         )
+        if not tr.rope_fusion:  # Megatron-Core's unfused rotation (YaRN: GPT-OSS)
+            ops = [unfused_rotary(op) if op.name == "rotary" else op for op in ops]
         if kind.moe:
             ops = self._moe_layer_ops(ops, d)
         p = self.compute_pass(kind, t, ops)

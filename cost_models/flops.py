@@ -227,6 +227,31 @@ def mlp_ops(
     ]
 
 
+UNFUSED_ROTARY_BYTES = (24.0, 26.0)
+"""Bytes per rotated element (16-bit) of Megatron-Core's unfused rotary embedding, forward and
+backward (``rope_utils._apply_rotary_pos_emb_bshd``, taken when ``apply_rope_fusion`` is off).
+Forward ``t * cos + _rotate_half(t) * sin`` then ``torch.cat((t, t_pass))``: the negated half
+(1 + 1), ``_rotate_half``'s concatenation (2 + 2), the two products (2 + 2 each), their sum (4 + 2)
+and the final concatenation (2 + 2): 24. Backward: the gradient times cos and times sin (2 + 2
+each), the negated half (1 + 1), the chunk's gradient concatenated (2 + 2), the two paths summed
+(4 + 2) and the full-width slice's gradient copied into zeros (2 + 2 + 2): 26. The fused kernel
+reads and writes once each way (``attention_ops``' "rotary": 4 forward, 8 backward)."""
+
+
+def unfused_rotary(op: Op) -> Op:
+    """``attention_ops``' fused "rotary" pass as Megatron-Core's unfused rotation
+    (``UNFUSED_ROTARY_BYTES``; ``TrainingSpec.rope_fusion`` False): the same rotated elements, 24 / 4 the
+    forward bytes and 26 backward.
+
+    >>> op = unfused_rotary(Op("rotary", "memory", mem_bytes=4.0 * 1000))
+    >>> op.mem_bytes, op.mem_bytes * op.bwd
+    (24000.0, 26000.0)
+    """
+    fwd, bwd = UNFUSED_ROTARY_BYTES
+    elements = op.mem_bytes / (2 * ACT_BYTES)
+    return Op(op.name, "memory", mem_bytes=fwd * elements, fwd=op.fwd, bwd=bwd / fwd)
+
+
 def expert_bias_bytes(probs_bytes: int) -> tuple[float, float]:
     """Bytes per element of the routed rows (hidden wide), forward and backward, that Megatron-Core's
     ``TEGroupedMLP._apply_bias`` moves when the experts have biases (``add_bias_linear``: GPT-OSS;
