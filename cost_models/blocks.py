@@ -14,7 +14,17 @@ from functools import lru_cache
 from cost_models import collectives as coll
 from cost_models import moe, titan
 from cost_models.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from cost_models.flops import ACT_BYTES, Op, embedding_ops, gemm, head_ops, kv_heads_per_rank, layer_ops, moe_ops
+from cost_models.flops import (
+    ACT_BYTES,
+    Op,
+    embedding_ops,
+    gemm,
+    head_ops,
+    kv_heads_per_rank,
+    layer_ops,
+    moe_ops,
+    unfused_rotary,
+)
 from cost_models.layout import ParallelLayout, sub_batch
 from cost_models.memory import (
     StateBytes,
@@ -411,6 +421,8 @@ class CostEnv:
             tr.fp8_recipe,
             tr.grad_bytes,
         )
+        if not tr.rope_fusion:  # Megatron-Core's unfused rotation (YaRN: GPT-OSS)
+            ops = [unfused_rotary(op) if op.name == "rotary" else op for op in ops]
         if kind.moe:
             ops = self._moe_layer_ops(ops, d)
         p = self.compute_pass(kind, t, ops)
@@ -461,7 +473,8 @@ class CostEnv:
         accumulation recounted over the new GEMMs (``layer_ops``: 2 x grad_bytes per weight)."""
         m, s = self.model, self.moe_shape(d)
         old = {op.name for op in moe_ops(m, d.tokens, d.t, self.layout.ep)} | {"main-grad-accumulate"}
-        new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load)
+        probs = 4 if self.layout.moe_dispatcher == "flex" else 2  # DeepEP / HybridEP take fp32 probabilities
+        new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load, probs_bytes=probs)
         spec = self.cluster.spec
         backend = moe.flex_backend_of(self.training.moe_flex_backend, spec.domain_size, spec.gpus_per_node)
         hybridep = backend == "hybridep"

@@ -227,6 +227,57 @@ def mlp_ops(
     ]
 
 
+UNFUSED_ROTARY_BYTES = (24.0, 26.0)
+"""Bytes per rotated element (16-bit) of Megatron-Core's unfused rotary embedding, forward and
+backward (``rope_utils._apply_rotary_pos_emb_bshd``, taken when ``apply_rope_fusion`` is off).
+Forward ``t * cos + _rotate_half(t) * sin`` then ``torch.cat((t, t_pass))``: the negated half
+(1 + 1), ``_rotate_half``'s concatenation (2 + 2), the two products (2 + 2 each), their sum (4 + 2)
+and the final concatenation (2 + 2): 24. Backward: the gradient times cos and times sin (2 + 2
+each), the negated half (1 + 1), the chunk's gradient concatenated (2 + 2), the two paths summed
+(4 + 2) and the full-width slice's gradient copied into zeros (2 + 2 + 2): 26. The fused kernel
+reads and writes once each way (``attention_ops``' "rotary": 4 forward, 8 backward)."""
+
+
+def unfused_rotary(op: Op) -> Op:
+    """``attention_ops``' fused "rotary" pass as Megatron-Core's unfused rotation
+    (``UNFUSED_ROTARY_BYTES``; ``TrainingSpec.rope_fusion`` False): the same rotated elements, 24 / 4 the
+    forward bytes and 26 backward.
+
+    >>> op = unfused_rotary(Op("rotary", "memory", mem_bytes=4.0 * 1000))
+    >>> op.mem_bytes, op.mem_bytes * op.bwd
+    (24000.0, 26000.0)
+    """
+    fwd, bwd = UNFUSED_ROTARY_BYTES
+    elements = op.mem_bytes / (2 * ACT_BYTES)
+    return Op(op.name, "memory", mem_bytes=fwd * elements, fwd=op.fwd, bwd=bwd / fwd)
+
+
+def expert_bias_bytes(probs_bytes: int) -> tuple[float, float]:
+    """Bytes per element of the routed rows (hidden wide), forward and backward, that Megatron-Core's
+    ``TEGroupedMLP._apply_bias`` moves when the experts have biases (``add_bias_linear``: GPT-OSS;
+    ``megatron/core/transformer/moe/experts.py``, "Enable bias in expert mlp [gpt-oss 5/5]",
+    2025-09-22, in every release since). fc2 runs with ``skip_bias_add`` and its bias is added per
+    expert in eager PyTorch, ``t + b * p`` over the expert's split of the 16-bit output ``t`` with
+    the router probability ``p``, then ``torch.cat`` and ``.to(t.dtype)``. ``p`` has the router's
+    dtype (16-bit for GPT-OSS, which sets no ``moe_router_dtype``) except behind DeepEP or HybridEP,
+    which cast it to fp32 (``token_dispatcher.py``: "DeepEP only supports float32 probs"), so the
+    pass runs in ``r = max(2, probs_bytes)`` bytes. Forward: ``b * p`` writes ``r``; the add reads
+    2 + ``r`` and writes ``r``; the concatenation reads and writes ``r``; a cast back (fp32 only)
+    reads ``r`` and writes 2. Backward: the cast's gradient up and ``t``'s back down (fp32 only,
+    2 + ``r`` each); the bias's gradient ``g * p`` written and summed over rows (3 ``r``) and the
+    probability's ``g * b`` summed over the hidden dimension (3 ``r``). fc1's bias is in its GEMM
+    (``skip_bias_add=False``: cuBLASLt's bias epilogue), so only fc2's pass is extra.
+
+    >>> expert_bias_bytes(2), expert_bias_bytes(4)
+    ((12.0, 12.0), (28.0, 36.0))
+    """
+    r = float(max(2, probs_bytes))
+    cast = r != 2.0
+    fwd = r + (2 + 2 * r) + 2 * r + cast * (r + 2)
+    bwd = 2 * cast * (2 + r) + 6 * r
+    return fwd, bwd
+
+
 def moe_ops(
     model: ModelSpec,
     tokens: int,
@@ -235,6 +286,7 @@ def moe_ops(
     etp: int | None = None,
     load: float = 1.0,
     aux_loss: bool = True,
+    probs_bytes: int = 2,
 ) -> list[Op]:
     """One MoE sublayer as Megatron-Core runs it (``cost_models.moe`` describes the steps).
 
@@ -253,7 +305,9 @@ def moe_ops(
       element of hidden); after an expert-TP gather the received rows are sorted again (2 x 2);
       unpermute reads the ``top_k`` rows and writes their weighted sum (the same as permute);
     - the grouped GEMMs are named ``experts-up`` / ``experts-down`` (``CostEnv.op_time`` applies
-      the grouped-GEMM efficiency to them).
+      the grouped-GEMM efficiency to them);
+    - experts with biases (``model.bias``) add fc2's bias outside its GEMM over the received rows
+      (``expert_bias_bytes`` of the router probabilities' ``probs_bytes``).
     """
     etp = tp if etp is None else etp
     h, e, k = model.hidden_size, model.num_experts, model.moe_top_k
@@ -277,6 +331,9 @@ def moe_ops(
         gemm("experts-down", m, h, f, batch=local),
         Op("unpermute", "memory", mem_bytes=2 * 2 * t * h * (1 + k), bwd=1.0),
     ]
+    if model.bias:  # GPT-OSS: fc2's bias, scaled by each row's probability, added outside the GEMM
+        fwd_bytes, bwd_bytes = expert_bias_bytes(probs_bytes)
+        ops.append(Op("experts-bias", "memory", mem_bytes=fwd_bytes * received * h, bwd=bwd_bytes / fwd_bytes))
     if model.moe_shared_ffn_hidden_size:
         ops += mlp_ops(model, tokens, tp, model.moe_shared_ffn_hidden_size, "shared-expert")
     return ops

@@ -411,6 +411,7 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         moe_flex_backend=None if dispatcher == "a2a" else dispatcher,
         cuda_graphs=_graphed(name, release, system),
         fp8_attention=_fp8_attention(name, release, system) and dtype == "mxfp8",
+        rope_fusion=not name.startswith("gpt-oss"),  # YaRN: the recipes' rope fusion is turned off
     )
     lay = run_layout(
         *(gpus, batch, mb, tp, pp, cp, vp),

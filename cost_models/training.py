@@ -67,6 +67,12 @@ class TrainingSpec(BaseModel):
         description="The loss runs as one fused kernel over the 16-bit logits (Transformer Engine's, as NeMo and "
         "Megatron-Bridge use); False is Megatron-LM's unfused fp32 vocabulary-parallel cross entropy.",
     )
+    rope_fusion: bool = Field(
+        default=True,
+        description="Rotary embeddings as one fused kernel (Megatron's apply_rope_fusion, Transformer Engine's "
+        "fused RoPE); False runs Megatron-Core's unfused PyTorch rotation (flops.unfused_rotary), as YaRN models "
+        "(GPT-OSS) do: Megatron-Bridge turns the fusion off for YaRN position embeddings.",
+    )
     flash_attention: bool = Field(
         default=True,
         description="Fused attention that never stores the s x s scores and skips masked blocks.",

@@ -478,7 +478,14 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
     ),
     "ParallelLayout": frozenset({"etp", "moe_dispatcher", "moe_overlap", "recompute_modules"}),
     "TrainingSpec": frozenset(
-        {"moe_capacity_factor", "moe_pad_to_capacity", "moe_flex_backend", "cuda_graphs", "fp8_attention"}
+        {
+            "moe_capacity_factor",
+            "moe_pad_to_capacity",
+            "moe_flex_backend",
+            "cuda_graphs",
+            "fp8_attention",
+            "rope_fusion",
+        }
     ),
 }
 """Fields added to the inputs after plans were first saved (issue 24's MoE fields, issue 25's model

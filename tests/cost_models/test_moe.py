@@ -76,6 +76,34 @@ def test_moe_ops_rows_and_widths_by_hand():
     assert "router-aux-loss" in ops and "router-aux-loss" not in no_aux
 
 
+def test_gpt_oss_expert_bias_pass_by_hand():
+    # GPT-OSS's fc2 bias, added per expert outside the GEMM over every received row (hidden 2,880):
+    # 4,096 tokens (tp 1) x top 4 x ep 8 / 128 experts = 1,024 rows an expert, 16 local experts = 16,384
+    # rows. 16-bit probabilities (all-to-all): 12 bytes an element forward, 12 backward;
+    # fp32 (DeepEP / HybridEP): 28 forward, 36 backward (flops.expert_bias_bytes' itemised passes)
+    from cost_models.flops import expert_bias_bytes, layer_ops
+
+    assert expert_bias_bytes(2) == (12.0, 12.0) and expert_bias_bytes(4) == (28.0, 36.0)
+    oss = MODELS["gpt-oss-120b"]
+    bias = {op.name: op for op in moe_ops(oss, 4096, 1, 8)}["experts-bias"]
+    assert bias.mem_bytes == 12 * 16_384 * 2_880 == 566_231_040 and (bias.fwd, bias.bwd) == (1.0, 1.0)
+    fp32 = {op.name: op for op in moe_ops(oss, 4096, 1, 8, probs_bytes=4)}["experts-bias"]
+    assert fp32.mem_bytes == 28 * 16_384 * 2_880 and fp32.bwd * fp32.mem_bytes == pytest.approx(36 * 16_384 * 2_880)
+    # experts without biases (Mixtral, Qwen3, DeepSeek-V3) have no such pass
+    assert "experts-bias" not in {op.name for op in moe_ops(MIXTRAL, 4096, 2, 4)}
+    # the layer takes the dispatcher's probabilities: flex's fp32 pass costs 28 / 12 of the all-to-all's
+    h100 = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=64)
+    train = TrainingSpec(seq_len=4096, global_batch=512)
+    got = {}
+    for dispatcher in ("alltoall", "flex"):
+        lay = ParallelLayout(tp=1, dp=64, ep=8, global_batch=512, moe_dispatcher=dispatcher)
+        env = CostEnv(oss, train, lay, h100)
+        d, kind = env.degree(1), oss.layer_kind(0)
+        ops = layer_ops(oss, kind, d.seqs, 4096, 1, 1, 8, False, True, "bf16", env.arch, "delayed", 4)
+        got[dispatcher] = next(op for op in env._moe_layer_ops(ops, d) if op.name == "experts-bias").mem_bytes
+    assert got["flex"] / got["alltoall"] == pytest.approx(28 / 12)
+
+
 def test_grouped_gemm_factor_closed_form():
     half = 166.0
     got = moe.grouped_gemm_factor(EFF, 512, 768, 2048, half)

@@ -10,9 +10,10 @@ from cost_models import moe
 from cost_models.blocks import CostEnv
 from cost_models.catalogue import MODELS
 from cost_models.efficiency import DEFAULT_EFFICIENCY as EFF
-from cost_models.flops import ACT_BYTES, norm_residual_ops
+from cost_models.flops import ACT_BYTES, Op, layer_ops, norm_residual_ops, unfused_rotary
 from cost_models.layout import ParallelLayout, check_layout
 from cost_models.memory import activation_bytes_per_layer
+from cost_models.published_moe import table_g
 from cost_models.training import TrainingSpec
 from topologies.cluster import Cluster
 from topologies.cluster_catalogue import CLUSTERS
@@ -274,3 +275,32 @@ def test_a2a_overlap_holds_a_layer_pair_to_the_host_time_of_its_schedule_nodes()
     # GPU work above the host time: nothing added
     assert moe.overlap_host_floor_s("1f1b", False, 0.012, 0.015) == 0.0
     assert moe.overlap_host_floor_s("dualpipe", False, 0.012, 0.005) == pytest.approx(0.007, rel=1e-12)
+
+
+def test_unfused_rope_moves_six_times_the_fused_bytes_forward():
+    # GPT-OSS's YaRN turns the recipes' rope fusion off (published_moe: rope_fusion False). The rotated
+    # elements of one GPU at tp 1, seq 4,096, one sequence: 4,096 tokens x (64 query + 8 key heads) x 64
+    # = 18,874,368; fused 4 bytes each forward and 8 backward, unfused 24 and 26
+    oss = MODELS["gpt-oss-120b"]
+    h100 = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=8)
+    lay = ParallelLayout(tp=1, dp=8, ep=8, global_batch=64)
+    fused = CostEnv(oss, TRAIN.model_copy(update={"global_batch": 64}), lay, h100)
+    unfused = CostEnv(oss, fused.training.model_copy(update={"rope_fusion": False}), lay, h100)
+    kind = oss.layer_kind(0)
+    rot = lambda env: next(op for op in layer_ops_of(env, kind) if op.name == "rotary")  # noqa: E731
+    assert rot(fused).mem_bytes == 4 * 18_874_368 and rot(fused).bwd == 2.0
+    one = unfused_rotary(rot(fused))
+    assert one.mem_bytes == 24 * 18_874_368 and one.mem_bytes * one.bwd == pytest.approx(26 * 18_874_368)
+    a, b = fused.block_pass(kind, 1), unfused.block_pass(kind, 1)
+    t = lambda nbytes: fused.op_time(Op("x", "memory", mem_bytes=nbytes))  # noqa: E731
+    assert b.fwd - a.fwd == pytest.approx(t(24 * 18_874_368) - t(4 * 18_874_368), rel=1e-9)
+    k = EFF.kernel_overhead_s  # each pass pays it as many times as its multiplier
+    assert b.bwd - a.bwd == pytest.approx(26 / 24 * (t(24 * 18_874_368) + k) - 2 * (t(4 * 18_874_368) + k), rel=1e-9)
+    rows = [r for r in table_g() if r.model.name == "gpt-oss-120b"]
+    assert rows and not any(r.training.rope_fusion for r in rows)
+    assert all(r.training.rope_fusion for r in table_g() if r.model.name != "gpt-oss-120b")
+
+
+def layer_ops_of(env: CostEnv, kind):
+    d, tr = env.degree(1), env.training
+    return layer_ops(env.model, kind, d.seqs, tr.seq_len, 1, 1, 8, False, True, "bf16", env.arch, "delayed", 4)
