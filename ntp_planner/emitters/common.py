@@ -104,7 +104,8 @@ def sharding_warnings(layout: ParallelLayout, target: str) -> list[str]:
 
 def mcore_fields(plan: Plan, layout: ParallelLayout) -> dict:
     """megatron-core TransformerConfig / parallelism field names for ``layout`` (NeMo 1.x forwards
-    model.* keys of these names, Megatron-Bridge takes them under model.*)."""
+    model.* keys of these names, Megatron-Bridge takes them under model.*). ``apply_rope_fusion`` is
+    given only when the plan turns it off: the recipes' providers set their own default otherwise."""
     m = plan.model
     fields = {
         "tensor_model_parallel_size": layout.tp,
@@ -126,6 +127,8 @@ def mcore_fields(plan: Plan, layout: ParallelLayout) -> dict:
     fields.update({k: v for k, v in moe_fields(plan, layout).items() if v is not None})
     fields.update(attention_fields(m))
     fields.update(model_fields(m))
+    if not plan.training.rope_fusion:  # TrainingSpec.rope_fusion: the unfused rotation the plan costed (YaRN)
+        fields["apply_rope_fusion"] = False
     return fields
 
 

@@ -247,6 +247,7 @@ def megatron_args(
         ("--grad-reduce-in-bf16", t.grad_bytes == 2 and t.dtype != "fp16"),
         ("--use-precision-aware-optimizer", t.precision_aware_optimizer),
         ("--cross-entropy-loss-fusion", t.fused_cross_entropy),
+        ("--no-rope-fusion", not t.rope_fusion),  # Megatron-LM fuses RoPE unless told (apply_rope_fusion)
     ]
     args += [flag for flag, on in switches if on]
     args += flags(sharding_fields(layout))

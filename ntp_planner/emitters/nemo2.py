@@ -91,6 +91,7 @@ MODEL_FIELDS = (  # set on the model's TransformerConfig
     "moe_aux_loss_coeff",
     "moe_router_score_function",
     "moe_router_enable_expert_bias",
+    "apply_rope_fusion",  # set only when the plan runs RoPE unfused (TrainingSpec.rope_fusion: YaRN)
 )
 
 

@@ -991,3 +991,30 @@ def test_nemo1_refuses_fsdp_with_pipeline_parallelism(tmp_path):
     assert out.exit_code == 2 and "has pp 2" in out.output and "Traceback" not in out.output
     good = make("llama3-8b", 16, tp=2, pp=1, dp=8, global_batch=16, zero=3)
     assert yaml.safe_load(export(good, "nemo").files["nemo_config.yaml"])["model"]["fsdp"] is True
+
+
+def test_an_unfused_rope_plan_is_exported_unfused_to_every_megatron_target():
+    # TrainingSpec.rope_fusion False (GPT-OSS's YaRN: Megatron-Bridge's provider turns the fusion off, and the
+    # cost model charges the unfused rotation, flops.unfused_rotary): Megatron-LM's --no-rope-fusion (dest
+    # apply_rope_fusion, on by default in its arguments), apply_rope_fusion false in Bridge's model overrides,
+    # on NeMo 2's recipe.model.config and under NeMo 1's model.*; a fused plan leaves each recipe's own default
+    d = dict(tp=1, dp=8, global_batch=16)
+    fused = _plan(gpus=8, **d)
+    unfused = _plan(gpus=8, training=fused.training.model_copy(update={"rope_fusion": False}), **d)
+    assert fused.inputs_hash != unfused.inputs_hash
+    for plan, off in ((fused, False), (unfused, True)):
+        args = megatron_args(plan, plan.layout)
+        assert ("--no-rope-fusion" in args) is off and "--rope-fusion" not in args
+        bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])["model"]
+        nemo = yaml.safe_load(export(plan, "nemo").files["nemo_config.yaml"])["model"]
+        recipe, _ = _nemo2_configure(export(plan, "nemo2").files["nemo2_recipe.py"])
+        got = [
+            bridge.get("apply_rope_fusion"),
+            nemo.get("apply_rope_fusion"),
+            vars(recipe.model.config).get("apply_rope_fusion"),
+        ]
+        assert got == ([False] * 3 if off else [None] * 3)
+    mcore = pytest.importorskip("megatron.core.transformer.transformer_config", reason="megatron-core is not installed")
+    import dataclasses
+
+    assert "apply_rope_fusion" in {f.name for f in dataclasses.fields(mcore.TransformerConfig)}
