@@ -1018,3 +1018,22 @@ def test_an_unfused_rope_plan_is_exported_unfused_to_every_megatron_target():
     import dataclasses
 
     assert "apply_rope_fusion" in {f.name for f in dataclasses.fields(mcore.TransformerConfig)}
+
+
+def test_the_plans_flex_backend_is_exported_and_none_keeps_the_clusters_rule():
+    # TrainingSpec.moe_flex_backend: a recipe's HybridEP on an 8-GPU DGX host (Megatron-Bridge's Qwen3-30B-A3B)
+    # reaches --moe-flex-dispatcher-backend and Bridge's model overrides; None is the cluster's rule (DeepEP on a
+    # DGX), and the hash leaves the field out at None (plans saved before it keep their hash)
+    auto = _moe_plan(moe_dispatcher="flex")
+    dgx = Cluster(spec=CLUSTERS["dgx-h100"], num_gpus=16)
+    with_backend = lambda b: auto.training.model_copy(update={"moe_flex_backend": b})  # noqa: E731
+    hybrid = plan_from_layout(auto.model, with_backend("hybridep"), dgx, auto.layout)
+    deep = plan_from_layout(auto.model, with_backend("deepep"), dgx, auto.layout)
+    assert len({auto.inputs_hash, hybrid.inputs_hash, deep.inputs_hash}) == 3
+    assert "moe_flex_backend" not in auto.training.model_dump(exclude_defaults=True)
+    got = {}
+    for name, plan in (("auto", auto), ("hybrid", hybrid), ("deep", deep)):
+        flags = _flag_values(megatron_args(plan, plan.layout))
+        bridge = yaml.safe_load(export(plan, "bridge").files["bridge_override.yaml"])["model"]
+        got[name] = (flags["--moe-flex-dispatcher-backend"], bridge["moe_flex_dispatcher_backend"])
+    assert got == {"auto": ("deepep",) * 2, "hybrid": ("hybridep",) * 2, "deep": ("deepep",) * 2}
