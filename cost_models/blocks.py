@@ -480,6 +480,8 @@ class CostEnv:
         hybridep = backend == "hybridep"
         if self.layout.moe_dispatcher == "flex" and hybridep:  # permuted inside dispatch and combine
             new = [op for op in new if op.name not in moe.FUSED_BY_HYBRIDEP]
+        if self.training.cuda_graphs:  # graphed: TE's fused grouped MLP adds fc2's bias (expert_bias_bytes)
+            new = [op for op in new if op.name != "experts-bias"]
         kept = [op for op in ops if op.name not in old] + new
         gemms = [op for op in kept if op.kind == "gemm" and not op.name.startswith("attention")]
         weights = sum(op.n * op.k * op.batch for op in gemms)

@@ -266,7 +266,12 @@ def expert_bias_bytes(probs_bytes: int) -> tuple[float, float]:
     reads ``r`` and writes 2. Backward: the cast's gradient up and ``t``'s back down (fp32 only,
     2 + ``r`` each); the bias's gradient ``g * p`` written and summed over rows (3 ``r``) and the
     probability's ``g * b`` summed over the hidden dimension (3 ``r``). fc1's bias is in its GEMM
-    (``skip_bias_add=False``: cuBLASLt's bias epilogue), so only fc2's pass is extra.
+    (``skip_bias_add=False``: cuBLASLt's bias epilogue), so only fc2's pass is extra. Under
+    full-iteration CUDA graphs (``TrainingSpec.cuda_graphs``; ``CostEnv._moe_layer_ops`` drops the
+    pass) it does not run: the eager split needs each expert's row count on the host, which a graph
+    cannot read, and the graphed recipes (Megatron-Bridge v0.5.0 on, GPT-OSS 120B fp8-mx on GB200 /
+    GB300: ``cutedsl_fused_grouped_mlp`` / ``use_transformer_engine_op_fuser``) run Megatron-Core's
+    fused grouped MLP, whose Transformer Engine ``GroupedLinear`` op holds fc2's bias.
 
     >>> expert_bias_bytes(2), expert_bias_bytes(4)
     ((12.0, 12.0), (28.0, 36.0))

@@ -236,14 +236,15 @@ def test_qwen3_235b_26_02_01_runs_the_all_to_all_its_recipe_functions_set():
 
 
 def test_table_g_stays_where_the_mechanisms_put_it():
-    # issue 24 item 8 (round 6, GPT-OSS's expert-bias pass and the recipe audit): 7.50% mean, 7 runs
-    # over 20%, every run fits (the goal's 8% holds, none over 20% does not: README "Mixture-of-experts");
+    # issue 24 item 8 (round 6, GPT-OSS's expert-bias pass and the recipe audit, the pass left out of the
+    # graphed runs' fused grouped MLP by its review): 7.88% mean, 7 runs over 20%, every run fits (the
+    # goal's 8% holds, none over 20% does not: README "Mixture-of-experts");
     # bounds a little above, so a change that makes it worse fails
     from cost_models.step import estimate_step
 
     costs = [(r, estimate_step(r.model, r.training, r.layout, r.cluster)) for r in g.table_g()]
     errors = [abs(c.step_time_s / r.measured_step_time_s - 1) for r, c in costs]
-    assert sum(errors) / len(errors) <= 0.077
+    assert sum(errors) / len(errors) <= 0.080
     assert sum(e > 0.2 for e in errors) <= 7
     assert all(c.fits() for _, c in costs)
 
