@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cost_models.model import ModelSpec
+from cost_models.model import ModelSpec, YarnScaling
 from topologies.naming import lookup
 
 _GPT = dict(
@@ -153,7 +153,12 @@ def _moe(
 # 0.0001 in the paper) has no key in the config.json the catalogue follows, so it is left unset.
 _LLAMA3 = dict(rope_theta=500000.0, norm_eps=1e-5)
 _QWEN3 = dict(rope_theta=1e6, norm_eps=1e-6, moe_aux_loss_coeff=0.001, qk_norm=True)
+# YaRN as their config.json files' rope_scaling has it (openai/gpt-oss-20b, -120b: factor 32 over 4,096 pretrained
+# positions, truncate false; deepseek-ai/DeepSeek-V3: factor 40, mscale = mscale_all_dim = 1)
+_OSS_YARN = YarnScaling(factor=32.0, original_max_position_embeddings=4096, truncate=False)
+_DSV3_YARN = YarnScaling(factor=40.0, original_max_position_embeddings=4096, mscale=1.0, mscale_all_dim=1.0)
 _GPT_OSS = dict(
+    yarn=_OSS_YARN,
     rope_theta=150000.0,
     norm_eps=1e-5,
     moe_aux_loss_coeff=0.9,
@@ -165,6 +170,7 @@ _LLAMA4 = dict(
     rope_theta=500000.0, norm_eps=1e-5, moe_aux_loss_coeff=0.001, moe_router_score_function="sigmoid", nope_every=4
 )
 _DSV3_ROUTER = dict(
+    yarn=_DSV3_YARN,
     rope_theta=10000.0,
     norm_eps=1e-6,
     moe_router_score_function="sigmoid",

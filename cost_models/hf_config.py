@@ -24,6 +24,9 @@ num_nextn_predict_layers (MTP modules); sliding windows from sliding_window and 
 ("sliding_attention" / "full_attention", GPT-OSS), or on every layer when layer_types is absent
 (Mistral) unless use_sliding_window is false (Qwen); GPT-OSS's attention sinks (model_type
 gpt_oss: every GPT-OSS model has them, no key says so).
+Rotary scaling: Llama 3.1's rope_scaling (rope_type "llama3": its factor) and YaRN's (rope_type or
+type "yarn": GPT-OSS, DeepSeek-V3, Qwen3 past 32K: factor, original_max_position_embeddings, beta_fast,
+beta_slow, DeepSeek's mscale and mscale_all_dim, GPT-OSS's truncate false).
 
 Every value is read strictly: a whole number for a count, a finite one for a probability, true
 or false for a flag; a string ("4096", "false") or a boolean where a number belongs is refused,
@@ -43,7 +46,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cost_models.model import MAX_LAYERS, ModelSpec
+from cost_models.model import MAX_LAYERS, ModelSpec, YarnScaling
 from topologies.errors import InputError
 from topologies.files import read_mapping
 
@@ -303,6 +306,41 @@ def _attention_fields(cfg: dict[str, Any], layers: int, where: str) -> dict:
     return fields | (dict(attention_sinks=True) if cfg.get("model_type") == "gpt_oss" else {})
 
 
+_YARN_NUMBERS = ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def _yarn(cfg: dict[str, Any], where: str) -> YarnScaling | None:
+    """YaRN's settings from ``rope_scaling`` (or transformers 5's ``rope_parameters``) when its
+    rope_type (or type, DeepSeek-V3's spelling) is "yarn"; original_max_position_embeddings
+    defaults to max_position_embeddings / factor as in transformers. A key of another scaling
+    (attention_factor, which overrides the mscale rule) is refused, not ignored."""
+    block, scaling = next(
+        ((k, cfg[k]) for k in ("rope_scaling", "rope_parameters") if isinstance(cfg.get(k), dict)), ("", {})
+    )
+    if (scaling.get("rope_type") or scaling.get("type")) != "yarn":
+        return None
+    if scaling.get("attention_factor") is not None:
+        raise InputError(
+            f"{where}: {block}.attention_factor is not read by ntp; leave it out to scale as YaRN's rule does."
+        )
+    given = {k: _number(scaling[k], f"{block}.{k}", where) for k in _YARN_NUMBERS if scaling.get(k) is not None}
+    factor = given.get("factor", 1.0)
+    key = "original_max_position_embeddings"
+    if scaling.get(key) is not None:
+        original = _whole(scaling[key], f"{block}.{key}", where)
+    else:
+        longest = _whole(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where)
+        original = int(longest / max(factor, 1))
+    truncate = _flag(scaling, "truncate", where, True)
+    try:
+        return YarnScaling(**given, original_max_position_embeddings=original, truncate=truncate)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = f"{block}.{err['loc'][0]}" if err["loc"] else block
+        msg = err["msg"].removeprefix("Value error, ").splitlines()[0]
+        raise InputError(f"{where}: {key}: {msg}") from None
+
+
 _EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps")  # Nemotron: norm_eps
 _QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl"}  # Qwen2's attention: q, k, v with bias, o without
 
@@ -318,6 +356,9 @@ def _exported_fields(cfg: dict[str, Any], where: str, keys: dict[str, str]) -> d
     if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == "llama3":
         out["rope_scaling_factor"] = _number(scaling.get("factor", 8.0), "rope_scaling.factor", where)
         keys["rope_scaling_factor"] = "rope_scaling.factor"
+    yarn = _yarn(cfg, where)
+    if yarn is not None:
+        out["yarn"] = yarn
     for key in _EPS_KEYS:
         if cfg.get(key) is not None:
             out["norm_eps"], keys["norm_eps"] = _number(cfg[key], key, where), key

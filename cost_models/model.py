@@ -72,6 +72,56 @@ class LayerOverride(BaseModel):
     _bounds = bounds_validator({"ffn_hidden_size": _OPTIONAL_WIDTH})
 
 
+class YarnScaling(BaseModel):
+    """YaRN rotary scaling (Peng et al. 2023, arXiv 2309.00071) as HuggingFace's ``rope_scaling``
+    with ``rope_type: "yarn"`` holds it (GPT-OSS, DeepSeek-V3, Qwen3 past 32K). It changes which
+    frequencies the rotation turns and scales the rotated queries and keys, never the FLOPs: the
+    cost model charges the rotation alone (``TrainingSpec.rope_fusion``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    factor: float = Field(
+        gt=1, le=1024, description="Context extension s: positions stretch s-fold (GPT-OSS: 32, DeepSeek-V3: 40)."
+    )
+    original_max_position_embeddings: int = Field(
+        ge=1, le=10**9, description="Context the model was pretrained for before the stretch (both: 4,096 tokens)."
+    )
+    beta_fast: float = Field(
+        default=32.0, gt=0, le=1e6, description="Rotations over the pretrained context above which a frequency is "
+        "kept as is (extrapolated); HF's default 32."
+    )  # fmt: skip
+    beta_slow: float = Field(
+        default=1.0, gt=0, le=1e6, description="Rotations below which a frequency is divided by factor "
+        "(interpolated); between the two a linear ramp; HF's default 1."
+    )  # fmt: skip
+    mscale: float | None = Field(
+        default=None, gt=0, le=1e3, description="DeepSeek's attention scale: with mscale_all_dim, queries and keys "
+        "scale by (0.1 m ln s + 1) / (0.1 m_all ln s + 1); None = by 0.1 ln s + 1 (HF's default)."
+    )  # fmt: skip
+    mscale_all_dim: float | None = Field(
+        default=None, gt=0, le=1e3, description="DeepSeek's m_all (DeepSeek-V3: 1, with mscale 1); given with "
+        "mscale or not at all."
+    )  # fmt: skip
+    truncate: bool = Field(
+        default=True, description="The ramp's ends rounded to whole dimensions (HF's default); GPT-OSS: false "
+        "(Megatron's yarn_correction_range_round_to_int)."
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _check(self) -> YarnScaling:
+        if self.beta_slow >= self.beta_fast:
+            raise InputError(
+                f"YaRN's beta_slow({self.beta_slow}) must be below beta_fast({self.beta_fast}): frequencies between "
+                "them are ramped from interpolated to kept"
+            )
+        if (self.mscale is None) != (self.mscale_all_dim is None):
+            raise InputError(
+                f"YaRN's mscale({self.mscale}) and mscale_all_dim({self.mscale_all_dim}) scale attention as a "
+                "ratio: give both or neither"
+            )
+        return self
+
+
 class ModelSpec(BaseModel):
     """What is trained. Sizes are element counts; derived sizes are properties."""
 
@@ -132,6 +182,10 @@ class ModelSpec(BaseModel):
         le=1024,
         allow_inf_nan=False,
         description="Llama 3.1-style rotary frequency scaling by this factor (HF rope_type 'llama3').",
+    )
+    yarn: YarnScaling | None = Field(
+        default=None,
+        description="YaRN rotary scaling (HF rope_type 'yarn': GPT-OSS, DeepSeek-V3); None = plain rotary.",
     )
     norm_eps: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False, description="Norm epsilon.")
     qkv_bias: bool = Field(default=False, description="Biases on the query/key/value projections only (Qwen2).")
@@ -302,6 +356,11 @@ class ModelSpec(BaseModel):
                 f"nope_every({self.nope_every}) picks the layers without rotary positions among num_layers"
                 f"({self.num_layers}) rotary ones (position {self.position!r}): set position 'rope' and k <= layers, "
                 "or leave nope_every 0"
+            )
+        if self.yarn is not None and (self.position != "rope" or self.rope_scaling_factor is not None):
+            raise InputError(
+                f"yarn scales rotary positions, and position is {self.position!r} with rope_scaling_factor "
+                f"{self.rope_scaling_factor} (Llama 3.1's scaling): set position 'rope' and one scaling, not both"
             )
         if self.rotary_fraction != 1 and self.position != "rope":
             raise InputError(

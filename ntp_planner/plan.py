@@ -456,6 +456,7 @@ LATER_FIELDS: dict[str, frozenset[str]] = {
             "attention_sinks",
             "rope_theta",
             "rope_scaling_factor",
+            "yarn",
             "norm_eps",
             "qkv_bias",
             "moe_aux_loss_coeff",
