@@ -12,7 +12,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
-from ntp_planner.emitters.moe import FP8_ATTENTION_NOTE, MLA_NOTE, moe_warnings
+from ntp_planner.emitters.moe import FP8_ATTENTION_NOTE, MLA_NOTE, moe_warnings, yarn_notes
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -126,7 +126,9 @@ def structure_fields(m) -> dict:
         "add_bias_linear": m.bias,
         "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
         "layernorm_zero_centered_gamma": m.norm_zero_centered,
-        "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
+        # YaRN on a GPT model is a position type of its own (MLA's is rope_type, emitters.moe.yarn_fields)
+        "position_embedding_type": "learned_absolute" if m.position != "rope" else "yarn" if m.yarn and not m.is_mla
+        else "rope",
         "rotary_percent": m.rotary_fraction,
         "qk_l2_norm": m.qk_l2_norm,
         "share_embeddings_and_output_weights": m.tie_embeddings,
@@ -144,6 +146,26 @@ WHOLE_QK_NOTE = (
     "Megatron-Bridge 0.3.1 has no query/key norms over the whole projections ({name}'s, OLMo 2 style; megatron-core's "
     "qk_layernorm norms each head): the model it builds lacks them"
 )
+
+
+# Bridge 0.3.1's recipes whose provider declares megatron-core's yarn_* fields (GPTOSSProvider); another
+# recipe's provider drops them from the overrides unread, and megatron-core then fails to build a 'yarn' model
+YARN_RECIPES = ("gpt_oss.",)
+YARN_NOTE = (
+    "Megatron-Bridge 0.3.1: {recipe}'s provider has no YaRN fields (yarn_*; GPTOSSProvider has them), so {name} "
+    "is exported with plain rotary positions: its YaRN scaling (factor {factor}) is not applied"
+)
+
+
+def without_yarn(model: dict, m, recipe: str) -> list[str]:
+    """Drop a GPT model's YaRN from ``model`` (the overrides) where the recipe's provider cannot take
+    it, and say so; MLA providers (DeepSeek-V3's) declare their own YaRN fields."""
+    if m.yarn is None or m.is_mla or recipe.startswith(YARN_RECIPES):
+        return []
+    for key in [k for k in model if k.startswith("yarn_")]:
+        model.pop(key)
+    model["position_embedding_type"] = "rope"
+    return [YARN_NOTE.format(recipe=recipe, name=m.name, factor=m.yarn.factor)]
 
 
 def model_notes(m, recipe: str) -> list[str]:
@@ -166,7 +188,7 @@ def emit(
         warnings.append(MLA_NOTE.format(target="Megatron-Bridge", config=provider))
     recipe, notes = recipe_of(plan)
     precision, differs = precision_of(plan)
-    warnings += notes + differs + model_notes(plan.model, recipe)
+    warnings += notes + differs + model_notes(plan.model, recipe) + yarn_notes(plan.model, "Megatron-Bridge")
     if plan.training.fp8_attention:
         why = f"Bridge's {precision} recipe sets fp8_dot_product_attention false over the model's"
         how = "on the resolved mixed_precision config (cfg.mixed_precision.fp8_dot_product_attention = True)"
@@ -181,6 +203,7 @@ def emit(
             f"model's {m.max_position_embeddings} positions: its checkpoints hold {seq} rows"
         )
     model |= structure_fields(plan.model)
+    warnings += without_yarn(model, plan.model, recipe)
     if notes:  # another model's recipe: its QK layernorm (Qwen3's) is this model's only if it has one
         model["qk_layernorm"] = model.get("qk_layernorm", False)
     for key in PIPELINE_KEYS:  # the recipe's own split (DeepSeek-V3's layout string) would clash with the plan's

@@ -21,7 +21,15 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
-from ntp_planner.emitters.moe import FP8_ATTENTION_NOTE, attention_fields, model_fields, moe_fields, moe_warnings
+from ntp_planner.emitters.moe import (
+    FP8_ATTENTION_NOTE,
+    MLA_YARN_DEFAULTS,
+    attention_fields,
+    model_fields,
+    moe_fields,
+    moe_warnings,
+)
+from ntp_planner.emitters.moe import yarn_notes as moe_yarn_notes
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -114,7 +122,25 @@ FLAGS = {
     "activation_func_clamp_value": "--activation-func-clamp-value",
     "layernorm_zero_centered_gamma": "--apply-layernorm-1p",
     "rotary_percent": "--rotary-percent",
+    # YaRN (emitters.moe.yarn_fields): the GPT model's yarn_* attributes (argument_utils'
+    # _apply_yarn_config_from_args maps --rotary-scaling-factor, --mscale, --mscale-all-dim onto them),
+    # MLATransformerConfig's unprefixed fields
+    "yarn_rotary_scaling_factor": "--rotary-scaling-factor",
+    "yarn_original_max_position_embeddings": "--yarn-original-max-position-embeddings",
+    "yarn_beta_fast": "--yarn-beta-fast",
+    "yarn_beta_slow": "--yarn-beta-slow",
+    "yarn_correction_range_round_to_int": "--yarn-correction-range-round-to-int",
+    "yarn_mscale": "--mscale",
+    "yarn_mscale_all_dim": "--mscale-all-dim",
+    "rope_type": "--rope-type",
+    "rotary_scaling_factor": "--rotary-scaling-factor",
+    "mscale": "--mscale",
+    "mscale_all_dim": "--mscale-all-dim",
 }
+MLA_YARN_NOTE = (
+    "Megatron-LM's command line has no flag for MLA's YaRN {fields}; megatron-core builds {name} with its defaults "
+    "{defaults} instead: set them in pretrain_gpt.py's model provider to train the model exactly as written"
+)
 
 
 # Megatron-LM's command line gates the MLP with SiLU (--swiglu) or with quick GELU (--quick-geglu,
@@ -192,6 +218,35 @@ def pipeline_split_args(layout: ParallelLayout, num_layers: int, mtp_layers: int
     return flags(pipeline_split(layout, num_layers, mtp_layers))
 
 
+def position_type(m) -> str:
+    """--position-embedding-type: MLA takes its rotary kind as --rope-type, beside plain 'rope'."""
+    if m.position != "rope":
+        return "learned_absolute"
+    return "yarn" if m.yarn is not None and not m.is_mla else "rope"
+
+
+def model_args_fields(m) -> dict:
+    """``model_fields`` less what the arguments say elsewhere (the position type) or cannot say (MLA's
+    YaRN ramp settings, ``yarn_notes``)."""
+    fields = model_fields(m)
+    for key in ("position_embedding_type", *MLA_YARN_DEFAULTS):
+        fields.pop(key, None)
+    return fields
+
+
+def yarn_notes(m) -> list[str]:
+    """MLA's YaRN settings Megatron-LM cannot pass, where they differ from megatron-core's defaults."""
+    if m.yarn is None or not m.is_mla:
+        return []
+    fields = model_fields(m)
+    off = {k: fields[k] for k, v in MLA_YARN_DEFAULTS.items() if fields[k] != v}
+    notes = moe_yarn_notes(m, "Megatron-LM")
+    if off:
+        defaults = {k: MLA_YARN_DEFAULTS[k] for k in off}
+        notes.append(MLA_YARN_NOTE.format(fields=off, name=m.name, defaults=defaults))
+    return notes
+
+
 def megatron_args(
     plan: Plan, layout: ParallelLayout, data_path: str | None = None, save_dir: str | None = None
 ) -> list[str]:
@@ -223,7 +278,7 @@ def megatron_args(
         "--max-position-embeddings",
         str(max(m.max_position_embeddings, t.seq_len) if m.position == "rope" else m.max_position_embeddings),
         "--position-embedding-type",
-        "rope" if m.position == "rope" else "learned_absolute",
+        position_type(m),
         "--normalization",
         "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
         "--attention-dropout",
@@ -263,7 +318,9 @@ def megatron_args(
         args += ["--recompute-granularity", "selective"]
     elif layout.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    args += flags(moe_fields(plan, layout)) + flags(attention_fields(m)) + flags(model_fields(m))
+    args += flags(moe_fields(plan, layout)) + flags(attention_fields(m)) + flags(model_args_fields(m))
+    if m.yarn is not None and not m.is_mla and not m.yarn.truncate:  # the switch is on by default
+        args += ["--no-yarn-correction-range-round-to-int"]
     args += user_value("--data-path", data_path) if data_path else ["--mock-data"]
     checkpoints = save_dir or f"checkpoints/{m.name}"
     args += [*user_value("--save", checkpoints), *user_value("--load", checkpoints), *TRAINING_HYPERPARAMETERS]
@@ -417,7 +474,7 @@ def emit(
     warnings += sharding_warnings(layout, "Megatron-LM") + moe_warnings(plan, layout, "Megatron-LM")
     if plan.model.gated_mlp and plan.model.gate_activation == "gelu":
         warnings.append(GEGLU_NOTE.format(name=plan.model.name))
-    warnings += missing_model_notes(plan.model)
+    warnings += missing_model_notes(plan.model) + yarn_notes(plan.model)
     if plan.model.qk_l2_norm and plan.model.nope_every:
         warnings.append(L2_NOPE_NOTE.format(name=plan.model.name, k=plan.model.nope_every))
     if plan.training.fp8_attention:

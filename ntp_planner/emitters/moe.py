@@ -133,6 +133,7 @@ def model_fields(m: ModelSpec) -> dict:
         "layernorm_zero_centered_gamma": m.norm_zero_centered or None,
         "rotary_percent": _number(m.rotary_fraction) if m.position == "rope" and m.rotary_fraction != 1 else None,
     }
+    fields |= yarn_fields(m)
     if m.is_moe:
         fields |= {
             "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
@@ -142,6 +143,54 @@ def model_fields(m: ModelSpec) -> dict:
             "moe_router_enable_expert_bias": m.moe_router_expert_bias or None,
         }
     return {k: v for k, v in fields.items() if v is not None}
+
+
+# MLATransformerConfig's YaRN fields with no Megatron-LM flag (its --yarn-* arguments set the GPT model's
+# yarn_* attributes only), at megatron-core 0.19.2's defaults
+MLA_YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}
+
+
+def yarn_fields(m: ModelSpec) -> dict:
+    """YaRN as megatron-core reads it (empty without it). A GPT model takes ``position_embedding_type
+    'yarn'`` and the ``yarn_*`` attributes GPTModel reads (Megatron-Bridge's and NeMo 2's GPT-OSS
+    configs declare them); MLA takes MLATransformerConfig's ``rope_type 'yarn'`` and its unprefixed
+    fields, and always rounds the ramp's ends (no truncate field). The attention scale: HF scales by
+    (0.1 m ln s + 1) / (0.1 m_all ln s + 1) when mscale and mscale_all_dim are given, else by
+    0.1 ln s + 1, which megatron-core computes from mscale 1, mscale_all_dim 0 (1 / 1 = its ratio)."""
+    y = m.yarn
+    if y is None:
+        return {}
+    mscale = (y.mscale, y.mscale_all_dim) if y.mscale is not None else (1.0, 0.0)
+    if m.is_mla:
+        return {
+            "rope_type": "yarn",
+            "rotary_scaling_factor": _number(y.factor),
+            "original_max_position_embeddings": y.original_max_position_embeddings,
+            "beta_fast": _number(y.beta_fast),
+            "beta_slow": _number(y.beta_slow),
+            "mscale": _number(mscale[0]),
+            "mscale_all_dim": _number(mscale[1]),
+        }
+    return {
+        "position_embedding_type": "yarn",
+        "yarn_rotary_scaling_factor": _number(y.factor),
+        "yarn_original_max_position_embeddings": y.original_max_position_embeddings,
+        "yarn_beta_fast": _number(y.beta_fast),
+        "yarn_beta_slow": _number(y.beta_slow),
+        "yarn_correction_range_round_to_int": y.truncate,
+        "yarn_mscale": _number(mscale[0]),
+        "yarn_mscale_all_dim": _number(mscale[1]),
+    }
+
+
+def yarn_notes(m: ModelSpec, target: str) -> list[str]:
+    """What megatron-core's MLA cannot build of the model's YaRN: unrounded ramp ends."""
+    if m.yarn is None or not m.is_mla or m.yarn.truncate:
+        return []
+    return [
+        f"{target}: megatron-core's MLA rounds YaRN's ramp ends to whole dimensions; {m.name}'s rope_scaling has "
+        "truncate false: its rotary frequencies differ slightly from the model's"
+    ]
 
 
 FP8_ATTENTION_NOTE = (
@@ -170,6 +219,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "window_size": _NEMO1.format(what="sliding-window attention in its GPT layers"),
         "softmax_type": _NEMO1.format(what="attention sinks (softmax_type)"),
         "rope_scaling": _NEMO1.format(what="Llama 3.1's rotary scaling (rope_scaling)"),
+        "yarn_rotary_scaling_factor": _NEMO1.format(what="YaRN rotary scaling (position_embedding_type 'yarn')"),
         "moe_router_score_function": _NEMO1.format(what="sigmoid routing (moe_router_score_function)"),
         "moe_router_enable_expert_bias": _NEMO1.format(what="aux-loss-free expert bias"),
         "glu_linear_offset": _NEMO1.format(what="GPT-OSS's offset gate (glu_linear_offset)"),
@@ -178,13 +228,18 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "no_rope_freq": _NEMO1.format(what="layers without rotary positions (no_rope_freq, Llama 4's NoPE layers)"),
     },
 }
-_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm")
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
+               "rope_type", "rotary_scaling_factor", *MLA_YARN_DEFAULTS, "mscale", "mscale_all_dim")  # fmt: skip
+_YARN_REST = tuple(
+    f"yarn_{k}" for k in (*MLA_YARN_DEFAULTS, "correction_range_round_to_int", "mscale", "mscale_all_dim")
+)
 # what goes with a dropped field: fields dropped with it, or set to what the target runs instead
 _WITH: dict[str, dict] = {
     "moe_flex_dispatcher_backend": {"moe_token_dispatcher_type": "alltoall"},
     "multi_latent_attention": dict.fromkeys(_MLA_FIELDS),
     "window_size": {"window_attn_skip_freq": None},
     "rope_scaling": {"rope_scaling_factor": None},
+    "yarn_rotary_scaling_factor": dict.fromkeys(("position_embedding_type", *_YARN_REST)),
 }
 
 

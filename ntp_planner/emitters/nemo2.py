@@ -14,7 +14,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
-from ntp_planner.emitters.moe import MLA_NOTE, moe_warnings
+from ntp_planner.emitters.moe import MLA_NOTE, moe_warnings, yarn_notes
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -92,6 +92,27 @@ MODEL_FIELDS = (  # set on the model's TransformerConfig
     "moe_router_score_function",
     "moe_router_enable_expert_bias",
     "apply_rope_fusion",  # set only when the plan runs RoPE unfused (TrainingSpec.rope_fusion: YaRN)
+    # YaRN (emitters.moe.yarn_fields): GPTOSSConfig's position type and yarn_* fields (its mscale pair defaults
+    # to 1, 1, not HF's rule, so both are set), DeepSeekV3Config's (MLATransformerConfig's) unprefixed ones
+    "position_embedding_type",
+    "yarn_rotary_scaling_factor",
+    "yarn_original_max_position_embeddings",
+    "yarn_beta_fast",
+    "yarn_beta_slow",
+    "yarn_correction_range_round_to_int",
+    "yarn_mscale",
+    "yarn_mscale_all_dim",
+    "rope_type",
+    "rotary_scaling_factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+)
+YARN_NOTE = (
+    "NeMo 2.0: {name}'s YaRN fields (yarn_*) exist on llm.GPTOSSConfig's model config only (GPTConfig lacks them): "
+    "configure() a recipe whose model config is a GPTOSSConfig"
 )
 
 
@@ -102,7 +123,9 @@ def emit(
     warnings += sharding_warnings(layout, "NeMo 2.0") + moe_warnings(plan, layout, "NeMo 2.0")
     if plan.model.is_mla and RECIPES.get(plan.model.name) != "deepseek_v3":
         warnings.append(MLA_NOTE.format(target="NeMo 2.0", config="an MLA model config (llm.DeepSeekV3Config)"))
-    warnings += _model_notes(plan)
+    warnings += _model_notes(plan) + yarn_notes(plan.model, "NeMo 2.0")
+    if plan.model.yarn is not None and not plan.model.is_mla:
+        warnings.append(YARN_NOTE.format(name=plan.model.name))
     hosts, per_host = launch_geometry(plan)
     fields = _fields(plan, layout)
     lines = [f"    strategy.{k} = {fields[k]!r}" for k in STRATEGY_FIELDS if k in fields]
