@@ -166,6 +166,20 @@ def loader_variants() -> dict:
     return plans
 
 
+# YaRN on a model whose framework recipe is not GPT-OSS's (Qwen3 0.6B's shape with the rope_scaling Qwen's model
+# card gives for 131,072 tokens): every framework's loader test loads it beside the catalogue's GPT-OSS and
+# DeepSeek-V3, whose published config.json files carry YaRN too (tests/cost_models/hf_configs/)
+YARN_HF_CONFIGS = {
+    "qwen3-yarn": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "vocab_size": 151936, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+        "max_position_embeddings": 131072, "tie_word_embeddings": True,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    },
+}  # fmt: skip
+
+
 def _catalogue_plan(name):
     m = MODELS[name]
     widths = [m.ffn_hidden_size] + ([m.moe_ffn_hidden_size] if m.is_moe else [])

@@ -121,6 +121,11 @@ def _fields(cfg) -> dict:
         "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "qk_layernorm", "normalization",
         "position_embedding_type", "glu_linear_offset", "activation_func_clamp_value", "qk_l2_norm",
         "layernorm_zero_centered_gamma", "rotary_percent", "no_rope_freq",
+        # YaRN: a GPT provider's yarn_* fields, an MLA provider's unprefixed ones
+        "yarn_rotary_scaling_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
+        "yarn_correction_range_round_to_int", "yarn_mscale", "yarn_mscale_all_dim", "rope_type",
+        "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+        "mscale_all_dim",
     )  # fmt: skip
     out = {k: getattr(m, k, None) for k in names}
     out.update(

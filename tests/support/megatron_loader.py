@@ -55,6 +55,7 @@ FIELDS = (
     "quick_geglu", "overlap_p2p_comm", "multi_latent_attention", "mtp_num_layers", "recompute_granularity",
     "pipeline_model_parallel_layout", "qk_layernorm", "squared_relu", "glu_linear_offset",
     "activation_func_clamp_value", "qk_l2_norm", "layernorm_zero_centered_gamma", "rotary_percent", "no_rope_freq",
+    "position_embedding_type", "rope_type",
 )  # fmt: skip
 
 
@@ -154,6 +155,7 @@ def _built_params(args) -> dict:
         )  # fmt: skip
     rotary = getattr(model, "rotary_pos_emb", None)
     return {
+        "yarn": _yarn(model),
         "params_total": sum(p.numel() for p in model.parameters()),
         "l2_norms": sum(type(mod).__name__ == "L2Norm" for mod in model.modules()),
         "rotary_dim": 2 * rotary.inv_freq.numel() if rotary is not None else 0,
@@ -164,6 +166,20 @@ def _built_params(args) -> dict:
         "glu_linear_offset": config.glu_linear_offset,
         "activation_func_clamp_value": config.activation_func_clamp_value,
     }
+
+
+def _yarn(model) -> dict | None:
+    """The YaRN rotary embedding megatron-core built (GPTModel's, or MLA's inside each attention):
+    its settings and the attention scale it applies (its concentration factor); None without one."""
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import _yarn_get_concentration_factor
+
+    found = next((mod for mod in model.modules() if type(mod).__name__ == "YarnRotaryEmbedding"), None)
+    if found is None:
+        return None
+    keys = ("scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+            "correction_range_round_to_int")  # fmt: skip
+    scale = _yarn_get_concentration_factor(found.scaling_factor, found.mscale, found.mscale_all_dim)
+    return {k: getattr(found, k) for k in keys} | {"attention_scale": scale}
 
 
 def main(cases_file: str) -> None:

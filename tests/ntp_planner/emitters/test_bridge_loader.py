@@ -151,7 +151,9 @@ def test_every_variant_is_accepted_by_bridge_and_keeps_the_plan(loaded):
             "gated_linear_unit": m.gated_mlp, "add_bias_linear": m.bias,
             "share_embeddings_and_output_weights": m.tie_embeddings,
             "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
-            "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
+            # YaRN where the recipe's provider takes it (GPT-OSS's; test_bridge_takes_yarn_as_the_hf_config_writes)
+            "position_embedding_type": "learned_absolute" if m.position != "rope" else "yarn" if m.yarn
+            and not m.is_mla and recipe_of(plan)[0].startswith("gpt_oss.") else "rope",
             # OpenAI's x * sigmoid(1.702 x) gate from GPT-OSS's recipe; Nemotron's squared ReLU has no recipe
             # (the export says the model gets GELU)
             "activation": ACTIVATIONS[m.gate_activation if m.gated_mlp else "plain"],
@@ -213,6 +215,32 @@ def test_bridge_builds_the_model_ntp_counts(loaded):
         positions = (plans[n].training.seq_len - m.max_position_embeddings) * m.hidden_size  # Bridge: seq_length rows
         whole_qk = m.num_layers * m.qk_norm_params if m.qk_norm and m.qk_norm_span == "projection" else 0
         want[n] = m.params_total + (positions if m.position == "learned" else 0) - whole_qk
-    assert len(built) == len(MODELS) + 2 and built == want
+    assert len(built) == len(MODELS) + len(HF_CONFIGS) - 1 and built == want  # Gemma 2: not built
     assert plans["hf:olmo2-1b"].model.params_total - built["hf:olmo2-1b"] == 16 * (2048 + 2048)
     assert built["catalogue:llama3-8b"] == 8_030_261_248 and built["hf:qwen2.5-7b"] == 7_615_616_512
+
+
+def test_bridge_takes_yarn_as_the_hf_config_writes(loaded):
+    """GPT-OSS's provider gets position_embedding_type 'yarn' and its yarn_* fields as the published
+    config.json has them (mscale 1 and mscale_all_dim 0 give megatron-core's 0.1 ln s + 1, HF's rule without
+    mscale keys); DeepSeek-V3's MLA provider its unprefixed fields; Qwen3 with YaRN on Llama 3's recipe, whose
+    provider has no YaRN fields, plain rotary positions and a warning."""
+    plans, results = loaded
+    oss = json.loads((HF / "gpt-oss-20b.json").read_text())["rope_scaling"]
+    got = {k: v for k, v in results["catalogue:gpt-oss-20b"]["fields"].items() if k.startswith("yarn_")}
+    assert got == {
+        "yarn_rotary_scaling_factor": oss["factor"], "yarn_original_max_position_embeddings": 4096,
+        "yarn_beta_fast": oss["beta_fast"], "yarn_beta_slow": oss["beta_slow"],
+        "yarn_correction_range_round_to_int": oss["truncate"], "yarn_mscale": 1, "yarn_mscale_all_dim": 0,
+    }  # fmt: skip
+    ds = json.loads((HF / "deepseek-v3.json").read_text())["rope_scaling"]
+    keys = ("rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+            "mscale_all_dim")  # fmt: skip
+    hf_keys = ("factor", *keys[1:])
+    fields = results["catalogue:deepseek-v3"]["fields"]
+    assert {k: fields[k] for k in ("rope_type", *keys)} == {"rope_type": ds["type"]} | {
+        k: ds[h] for k, h in zip(keys, hf_keys, strict=True)
+    }
+    qwen = results["hf:qwen3-yarn"]["fields"]
+    assert qwen["position_embedding_type"] == "rope" and qwen["yarn_rotary_scaling_factor"] is None
+    assert any("no YaRN fields" in w for w in export(plans["hf:qwen3-yarn"], "bridge").warnings)

@@ -6,6 +6,7 @@ device (tests/support/megatron_loader.py, in the folder ``make test-slow`` build
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -22,7 +23,14 @@ from ntp_planner.emitters.common import expressible_layout
 from ntp_planner.failures.replan import Replanner
 from ntp_planner.solver.planner import make_plan, plan_from_layout
 from ntp_planner.solver.search import SearchSpace
-from tests.ntp_planner.test_emitters import LOADER_DENSE, _catalogue_plan, frozen, loader_variants, make
+from tests.ntp_planner.test_emitters import (
+    LOADER_DENSE,
+    YARN_HF_CONFIGS,
+    _catalogue_plan,
+    frozen,
+    loader_variants,
+    make,
+)
 from topologies import CLUSTERS, Cluster
 from topologies.gpus import GPUS
 
@@ -67,6 +75,7 @@ HF_CONFIGS = {
         "num_key_value_heads": 16, "vocab_size": 100352, "hidden_act": "silu", "rms_norm_eps": 1e-6,
         "rope_theta": 500000, "max_position_embeddings": 4096, "tie_word_embeddings": False,
     },
+    **YARN_HF_CONFIGS,
 }  # fmt: skip
 
 
@@ -281,3 +290,45 @@ def test_megatron_builds_the_norms_and_rotation_as_written(loaded):
     assert rotary["catalogue:nemotron4-15b"] == 64 and rotary["catalogue:llama3-8b"] == 128
     assert all(rotary[n] == plans[n].model.head_dim * plans[n].model.rotary_fraction for n in rotary
                if plans[n].model.position == "rope" and not plans[n].model.is_mla)  # fmt: skip
+
+
+FIXTURES = Path(__file__).parents[2] / "cost_models" / "hf_configs"
+YARN_MODELS = {  # loader case -> the config.json it was read from (the catalogue's follow the fixtures)
+    "catalogue:gpt-oss-20b": json.loads((FIXTURES / "gpt-oss-20b.json").read_text()),
+    "catalogue:gpt-oss-120b": json.loads((FIXTURES / "gpt-oss-120b.json").read_text()),
+    "catalogue:deepseek-v3": json.loads((FIXTURES / "deepseek-v3.json").read_text()),
+    "hf:qwen3-yarn": YARN_HF_CONFIGS["qwen3-yarn"],
+}
+
+
+def _hf_yarn(config: dict, mla: bool) -> dict:
+    """What HF's YaRN rotates with, from a config.json's rope_scaling, by transformers' rules: absent
+    betas 32 and 1, original positions max_position_embeddings / factor, truncate true, and the
+    attention scale (0.1 m ln s + 1) / (0.1 m_all ln s + 1) with mscale and mscale_all_dim, else
+    0.1 ln s + 1. megatron-core's MLA always rounds (the export warns where truncate is false)."""
+    rs, s = config["rope_scaling"], config["rope_scaling"]["factor"]
+    m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
+    scale = (0.1 * m * math.log(s) + 1) / (0.1 * m_all * math.log(s) + 1) if m and m_all else 0.1 * math.log(s) + 1
+    return {
+        "scaling_factor": s,
+        "original_max_position_embeddings": rs.get("original_max_position_embeddings",
+                                                   config["max_position_embeddings"] // s),
+        "beta_fast": rs.get("beta_fast", 32), "beta_slow": rs.get("beta_slow", 1),
+        "correction_range_round_to_int": True if mla else rs.get("truncate", True), "attention_scale": scale,
+    }  # fmt: skip
+
+
+def test_megatron_builds_yarn_as_the_hf_config_writes(loaded):
+    """GPT-OSS (factor 32 over 4,096 positions, unrounded ramp, scale 0.1 ln 32 + 1 = 1.3466), DeepSeek-V3's
+    MLA (factor 40, mscale = mscale_all_dim = 1: scale 1) and Qwen3 with YaRN (factor 4 over 32,768) come out
+    of Megatron-LM's arguments with the YaRN rotary embedding their config.json files describe; no other
+    model gets one."""
+    plans, results = loaded
+    built = {n: results[n]["built"]["yarn"] for n in plans if n.startswith(("catalogue:", "hf:"))}
+    assert {n for n, y in built.items() if y is not None} == set(YARN_MODELS)
+    for name, config in YARN_MODELS.items():
+        mla = plans[name].model.is_mla
+        assert built[name] == pytest.approx(_hf_yarn(config, mla), rel=1e-12), name
+        fields = results[name]["fields"]
+        assert (fields["position_embedding_type"], fields["rope_type"]) == (("rope", "yarn") if mla else ("yarn", None))
+    assert built["catalogue:gpt-oss-20b"]["attention_scale"] == pytest.approx(1.3465735902799727)
