@@ -312,7 +312,7 @@ _YARN_NUMBERS = ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 def _yarn(cfg: dict[str, Any], where: str) -> YarnScaling | None:
     """YaRN's settings from ``rope_scaling`` (or transformers 5's ``rope_parameters``) when its
     rope_type (or type, DeepSeek-V3's spelling) is "yarn"; original_max_position_embeddings
-    defaults to max_position_embeddings / factor as in transformers. A key of another scaling
+    defaults to max_position_embeddings, as transformers' _compute_yarn_parameters reads it. A key of another scaling
     (attention_factor, which overrides the mscale rule) is refused, not ignored."""
     block, scaling = next(
         ((k, cfg[k]) for k in ("rope_scaling", "rope_parameters") if isinstance(cfg.get(k), dict)), ("", {})
@@ -324,13 +324,11 @@ def _yarn(cfg: dict[str, Any], where: str) -> YarnScaling | None:
             f"{where}: {block}.attention_factor is not read by ntp; leave it out to scale as YaRN's rule does."
         )
     given = {k: _number(scaling[k], f"{block}.{k}", where) for k in _YARN_NUMBERS if scaling.get(k) is not None}
-    factor = given.get("factor", 1.0)
     key = "original_max_position_embeddings"
     if scaling.get(key) is not None:
         original = _whole(scaling[key], f"{block}.{key}", where)
     else:
-        longest = _whole(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where)
-        original = int(longest / max(factor, 1))
+        original = _whole(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where)
     truncate = _flag(scaling, "truncate", where, True)
     try:
         return YarnScaling(**given, original_max_position_embeddings=original, truncate=truncate)

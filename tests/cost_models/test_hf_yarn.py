@@ -40,9 +40,10 @@ def test_qwen3_with_yarn_and_the_transformers_defaults():
     cfg = {**QWEN3, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
     y = model_from_hf_config(cfg, "q").yarn
     assert (y.factor, y.original_max_position_embeddings, y.beta_fast, y.beta_slow, y.mscale) == (4, 32768, 32, 1, None)
-    # no original positions: max_position_embeddings / factor (40,960 / 4); transformers 5's rope_parameters too
+    # no original positions: max_position_embeddings (40,960), as transformers reads it; transformers 5's
+    # rope_parameters too
     alone = {**QWEN3, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}
-    assert model_from_hf_config(alone, "q").yarn.original_max_position_embeddings == 10240
+    assert model_from_hf_config(alone, "q").yarn.original_max_position_embeddings == 40960
     llama3 = {**QWEN3, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
     assert model_from_hf_config(llama3, "q").yarn is None  # Llama 3.1's kind stays rope_scaling_factor
 

@@ -303,7 +303,7 @@ YARN_MODELS = {  # loader case -> the config.json it was read from (the catalogu
 
 def _hf_yarn(config: dict, mla: bool) -> dict:
     """What HF's YaRN rotates with, from a config.json's rope_scaling, by transformers' rules: absent
-    betas 32 and 1, original positions max_position_embeddings / factor, truncate true, and the
+    betas 32 and 1, original positions max_position_embeddings, truncate true, and the
     attention scale (0.1 m ln s + 1) / (0.1 m_all ln s + 1) with mscale and mscale_all_dim, else
     0.1 ln s + 1. megatron-core's MLA always rounds (the export warns where truncate is false)."""
     rs, s = config["rope_scaling"], config["rope_scaling"]["factor"]
@@ -312,7 +312,7 @@ def _hf_yarn(config: dict, mla: bool) -> dict:
     return {
         "scaling_factor": s,
         "original_max_position_embeddings": rs.get("original_max_position_embeddings",
-                                                   config["max_position_embeddings"] // s),
+                                                   config["max_position_embeddings"]),
         "beta_fast": rs.get("beta_fast", 32), "beta_slow": rs.get("beta_slow", 1),
         "correction_range_round_to_int": True if mla else rs.get("truncate", True), "attention_scale": scale,
     }  # fmt: skip
