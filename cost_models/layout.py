@@ -429,6 +429,11 @@ def check_layout(
             f"moe_capacity_factor({training.moe_capacity_factor:g}) caps the tokens each expert takes; {m.name} is "
             "dense (leave it unset)"
         )
+    if training.moe_flex_backend is not None and not m.is_moe:
+        raise InputError(
+            f"moe_flex_backend({training.moe_flex_backend}) picks how MoE tokens are dispatched; {m.name} is dense "
+            "(leave it unset)"
+        )
     if "mla_up_proj" in lay.recompute_modules and not m.is_mla:
         raise InputError(f"recompute module 'mla_up_proj' needs multi-latent attention; {m.name} has none")
     if "moe_act" in lay.recompute_modules and not m.is_moe:

@@ -17,6 +17,7 @@ from ntp_planner.cli.options import (
     Dispatcher,
     DtypeOpt,
     FlashOpt,
+    FlexBackend,
     Fp8ParamsOpt,
     Fp8RecipeOpt,
     FusedLossOpt,
@@ -54,6 +55,14 @@ DispatcherOpt = Annotated[
     Dispatcher, typer.Option("--moe-dispatcher", help="MoE token dispatcher (flex: DeepEP / HybridEP).")
 ]
 MoeOverlapOpt = Annotated[MoeOverlap, typer.Option("--moe-overlap", help="Overlap of MoE dispatch with compute.")]
+FlexBackendOpt = Annotated[
+    FlexBackend | None,
+    typer.Option(
+        "--moe-flex-backend",
+        help="The flex dispatcher's backend (Megatron's --moe-flex-dispatcher-backend); default: HybridEP where one "
+        "NVLink domain spans several hosts, else DeepEP.",
+    ),
+]
 MicroBatchOpt = Annotated[
     int, typer.Option("--micro-batch", min=1, max=MAX_GLOBAL_BATCH, help="Sequences per micro-batch.")
 ]
@@ -137,6 +146,7 @@ def estimate(
     etp: EtpOpt = None,
     moe_dispatcher: DispatcherOpt = "alltoall",
     moe_overlap: MoeOverlapOpt = "none",
+    moe_flex_backend: FlexBackendOpt = None,
     micro_batch: MicroBatchOpt = 1,
     vpp: VppOpt = 1,
     pp_layers: PpLayersOpt = None,
@@ -181,10 +191,9 @@ def estimate(
     from ntp_planner.cli.options import profile_efficiency
     from ntp_planner.outputs import check_output
 
-    refuse_unused_training(dtype, fp8_recipe)
+    refuse_unused_training(dtype, fp8_recipe, moe_dispatcher, moe_flex_backend)
     if output:
         check_output(output, "--output", [model, cluster, profile])
-
     inputs = plan_inputs(
         model,
         cluster,
@@ -203,6 +212,7 @@ def estimate(
         attention_kernel=attention_kernel_for(attention_kernel, runtime),
         moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity,
+        moe_flex_backend=moe_flex_backend,
         cuda_graphs=cuda_graphs,
     )
     degrees = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro_batch, global_batch=global_batch)

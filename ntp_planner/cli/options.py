@@ -23,6 +23,7 @@ GradReduce = Literal["fp32", "bf16"]
 Recompute = Literal["none", "selective", "full"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
 MoeOverlap = Literal["none", "1f1b", "dualpipe"]
+FlexBackend = Literal["deepep", "hybridep"]
 Objective = Literal["step-time", "goodput"]
 Strategy = Literal["restart", "dp-drop", "spares", "ntp", "ntp-pw"]
 Policy = Literal["dp-drop", "ntp", "ntp-pw", "spares"]
@@ -132,13 +133,21 @@ HeadroomOpt = Annotated[
 ]
 
 
-def refuse_unused_training(dtype: str, fp8_recipe: str) -> None:
-    """--fp8-recipe current without fp8 GEMMs: the run would drop it without a word (as
-    --fp8-params without a low-precision format is refused). The default, delayed, passes with
-    any format: scripts that always pass it (the calibration tables do) stay valid."""
+def refuse_unused_training(
+    dtype: str, fp8_recipe: str, moe_dispatcher: str = "alltoall", moe_flex_backend: str | None = None
+) -> None:
+    """Options the run would drop without a word: --fp8-recipe current without fp8 GEMMs (as
+    --fp8-params without a low-precision format is refused; the default, delayed, passes with any
+    format: scripts that always pass it, as the calibration tables do, stay valid), and
+    --moe-flex-backend without the flex dispatcher it configures."""
     if fp8_recipe != "delayed" and dtype != "fp8":
         raise InputError(
             f"--fp8-recipe {fp8_recipe} scales fp8 GEMMs and --dtype {dtype} runs none; drop it or use --dtype fp8"
+        )
+    if moe_flex_backend is not None and moe_dispatcher != "flex":
+        raise InputError(
+            f"--moe-flex-backend {moe_flex_backend} picks the flex dispatcher's backend and --moe-dispatcher is "
+            f"{moe_dispatcher}; add --moe-dispatcher flex or drop it"
         )
 
 

@@ -127,7 +127,10 @@ def structure_fields(m) -> dict:
         "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
         "layernorm_zero_centered_gamma": m.norm_zero_centered,
         # YaRN on a GPT model is a position type of its own (MLA's is rope_type, emitters.moe.yarn_fields)
-        "position_embedding_type": "learned_absolute" if m.position != "rope" else "yarn" if m.yarn and not m.is_mla
+        "position_embedding_type": "learned_absolute"
+        if m.position != "rope"
+        else "yarn"
+        if m.yarn and not m.is_mla
         else "rope",
         "rotary_percent": m.rotary_fraction,
         "qk_l2_norm": m.qk_l2_norm,

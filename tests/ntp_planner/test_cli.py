@@ -90,6 +90,7 @@ def test_cli_surface_is_frozen():
                 "--etp",
                 "--moe-dispatcher",
                 "--moe-overlap",
+                "--moe-flex-backend",
                 "--recompute-modules",
                 "--moe-capacity-factor",
                 "--moe-pad-to-capacity",

@@ -292,3 +292,33 @@ def test_estimate_takes_the_moe_recipe_settings():
     # a padded capacity factor of 1 runs the balanced rows exactly, with no host sync: faster than dropless
     assert cost("--moe-capacity-factor", "1", "--moe-pad-to-capacity")["step_time_s"] < base["step_time_s"]
     assert cost("--cuda-graphs")["step_time_s"] < base["step_time_s"]
+
+
+def test_estimate_takes_the_flex_dispatchers_backend():
+    def step(*extra):
+        args = ["estimate", "-m", "qwen3-30b-a3b", "-c", "dgx-b200", "-n", "64", "--ep", "8", "--global-batch", "256",
+                "--seq-len", "4096", "--moe-dispatcher", "flex", "--json", *extra]  # fmt: skip
+        out = run(*args)
+        assert out.exit_code == 0, out.stderr
+        return json.loads(out.stdout)["step_time_s"]
+
+    # on an 8-GPU host the cluster's rule is DeepEP; HybridEP permutes inside its kernels, so it is faster
+    default, deepep, hybridep = step(), step("--moe-flex-backend", "deepep"), step("--moe-flex-backend", "hybridep")
+    assert default == deepep and hybridep < deepep
+    refused = run("estimate", *SMALL, "--moe-flex-backend", "hybridep")
+    assert refused.exit_code == 2
+    assert refused.stderr == (
+        "error: --moe-flex-backend hybridep picks the flex dispatcher's backend and --moe-dispatcher is alltoall; "
+        "add --moe-dispatcher flex or drop it.\n"
+    )
+
+
+def test_a_flex_backend_on_a_dense_model_is_refused():
+    from cost_models import MODELS, ParallelLayout, TrainingSpec
+    from cost_models.layout import check_layout
+    from topologies.errors import InputError
+
+    training = TrainingSpec(seq_len=4096, global_batch=64, moe_flex_backend="hybridep")
+    layout = ParallelLayout(tp=8, pp=1, dp=1, micro_batch=1, global_batch=64)
+    with pytest.raises(InputError, match=r"moe_flex_backend\(hybridep\) picks how MoE tokens are dispatched; llama3"):
+        check_layout(layout, MODELS["llama3-8b"], training, 8, 8)
