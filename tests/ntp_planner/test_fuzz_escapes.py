@@ -249,7 +249,13 @@ def test_a_full_stdout_is_one_sentence(plan_file, monkeypatch, args):
 def test_an_option_the_run_ignores_is_refused(plan_file, args, message):
     command, *options = args
     base = ["--samples", "2", "--fractions", "0.01"] if command == "sweep" else ["--days", "1", "--trials", "2"]
-    _refused([command, plan_file, *base, *options], message)
+    code, out, _ = run([command, plan_file, *base, *options, "--json"])
+    # refused before any trial or sample: exit 2 and, for scripts, one JSON error naming the option
+    # in one sentence instead of a result
+    assert code == 2, (args, code, out[-800:])
+    error = json.loads(out)["error"]
+    assert (error["code"], error["kind"]) == (2, "input") and error["message"].startswith(message), error
+    assert error["message"].endswith(".") and "\n" not in error["message"]
 
 
 @pytest.mark.parametrize(
@@ -278,7 +284,12 @@ def test_the_same_options_where_they_apply_run(plan_file, options):
     ],
 )
 def test_a_training_option_the_model_or_format_ignores_is_refused(options, message):
-    _refused(["estimate", "-m", "llama3-8b", "-c", "dgx-b200", "-n", "8", "--tp", "8", *options], message)
+    code, out, _ = run(["estimate", "-m", "llama3-8b", "-c", "dgx-b200", "-n", "8", "--tp", "8", *options, "--json"])
+    # no step cost for a layout the options do not describe: exit 2 and one JSON error sentence
+    assert code == 2, (options, code, out[-800:])
+    error = json.loads(out)["error"]
+    assert (error["code"], error["kind"]) == (2, "input") and error["message"].startswith(message), error
+    assert "step_time_s" not in out and "\n" not in error["message"]
 
 
 def test_the_same_training_options_where_they_apply_run():
