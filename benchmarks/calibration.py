@@ -98,7 +98,7 @@ def rich_table(table: str, console: Console) -> list[float]:
         )
     console.print(t)
     console.print(f"{TITLES[table]}: {summary(errors)}\n")
-    for line in failed_lines(table, failed) + excluded_lines(table) + floor_lines(table) + oracle_lines(table, rows):
+    for line in footer_lines(table, failed, rows):
         console.print(line)
     return errors
 
@@ -196,6 +196,12 @@ def oracle_lines(table: str, rows: list) -> list[str]:
     return [f"What a correction fitted afterwards would leave of table {table}'s {len(rows)} runs:", *lines, ""]
 
 
+def footer_lines(table: str, failed: list[str], rows: list) -> list[str]:
+    """The lines under a table, in either format: its failed and excluded runs, its floor and what a
+    fitted correction would leave."""
+    return failed_lines(table, failed) + excluded_lines(table) + floor_lines(table) + oracle_lines(table, rows)
+
+
 def markdown(table: str) -> None:
     print(f"{TITLES[table]}\n")
     failed: list[str] = []
@@ -221,7 +227,7 @@ def markdown(table: str) -> None:
                 f"{r.measured_step_time_s:.2f} | {cost.step_time_s:.2f} | {err:+.1%} |"
             )
     print(f"\n**{table}: {summary(errors)}**\n")
-    for line in failed_lines(table, failed) + excluded_lines(table) + floor_lines(table) + oracle_lines(table, rows):
+    for line in footer_lines(table, failed, rows):
         print(line)
 
 
