@@ -110,6 +110,7 @@ _GB300 = "NVIDIA GB300 NVL72 specifications (2025), 72-GPU rack figures / 72; sp
 _ULTRA = "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (2025)"
 GIB = 2**30
 _BINARY = "read as GiB (HBM stacks are binary)"
+_OWN_PEAKS = "None: its datasheet peaks are its own, quoted at its own board power"
 _SM_A100 = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): A100 has 108 SMs"
 _SM_H100 = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): H100 SXM5 has 132 SMs"
 _SM_B200 = "Chips and Cheese, 'Nvidia's B200: Keeping the CUDA Juggernaut Rolling' (2025): 74 SMs per die, 148 per GPU"
@@ -138,7 +139,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_A100}: 80GB HBM2e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_A100}: 2,039 GB/s",
                 "tdp_watts": f"{_A100}: max TDP 400W",
-                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
+                "peak_basis_watts": _OWN_PEAKS,
             },
         ),
         GPUSpec(
@@ -159,7 +160,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_H100}: 80GB HBM3, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_H100}: 3.35 TB/s",
                 "tdp_watts": f"{_H100}: up to 700W (configurable)",
-                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
+                "peak_basis_watts": _OWN_PEAKS,
             },
         ),
         GPUSpec(
@@ -180,7 +181,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_H200}: 141GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_H200}: 4.8 TB/s",
                 "tdp_watts": f"{_H200}: up to 700W (configurable)",
-                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
+                "peak_basis_watts": _OWN_PEAKS,
             },
         ),
         GPUSpec(
@@ -202,7 +203,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_B200}: 180GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_B200}: 7.7 TB/s",
                 "tdp_watts": f"{_B200}: configurable up to 1,000W",
-                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
+                "peak_basis_watts": _OWN_PEAKS,
             },
         ),
         GPUSpec(
@@ -224,7 +225,7 @@ GPUS: dict[str, GPUSpec] = {
                 "hbm_bytes": f"{_GB200}: 186GB HBM3e, {_BINARY}",
                 "hbm_bw_bytes_per_s": f"{_GB200}: 8 TB/s",
                 "tdp_watts": f"{_GB200}: configurable up to 1,200W",
-                "peak_basis_watts": "None: its datasheet peaks are its own, quoted at its own board power",
+                "peak_basis_watts": _OWN_PEAKS,
             },
         ),
         GPUSpec(
