@@ -473,12 +473,12 @@ class CostEnv:
         accumulation recounted over the new GEMMs (``layer_ops``: 2 x grad_bytes per weight)."""
         m, s = self.model, self.moe_shape(d)
         old = {op.name for op in moe_ops(m, d.tokens, d.t, self.layout.ep)} | {"main-grad-accumulate"}
-        probs = 4 if self.layout.moe_dispatcher == "flex" else 2  # DeepEP / HybridEP take fp32 probabilities
+        flex = self.layout.moe_dispatcher == "flex"
+        probs = 4 if flex else 2  # DeepEP / HybridEP take fp32 probabilities
         new = moe_ops(m, d.tokens, d.t, self.layout.ep, s.etp, s.load, probs_bytes=probs)
         spec = self.cluster.spec
         backend = moe.flex_backend_of(self.training.moe_flex_backend, spec.domain_size, spec.gpus_per_node)
-        hybridep = backend == "hybridep"
-        if self.layout.moe_dispatcher == "flex" and hybridep:  # permuted inside dispatch and combine
+        if flex and backend == "hybridep":  # permuted inside dispatch and combine
             new = [op for op in new if op.name not in moe.FUSED_BY_HYBRIDEP]
         if self.training.cuda_graphs:  # graphed: TE's fused grouped MLP adds fc2's bias (expert_bias_bytes)
             new = [op for op in new if op.name != "experts-bias"]
