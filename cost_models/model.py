@@ -578,12 +578,12 @@ class ModelSpec(BaseModel):
 
     def layer_tp_replicated_params(self, kind: LayerKind) -> int:
         """Parameters every TP rank keeps whole: norms, the biases of row-parallel
-        projections (attention output, MLP down), added after the reduction, and MLA's
-        down-projections with their latent norms."""
+        projections (attention output, MLP down), added after the reduction, MLA's
+        down-projections with their latent norms and the per-head query/key norms."""
         has_mlp = kind.moe or kind.ffn > 0
         bias = (kind.attention + has_mlp) * self.hidden_size if self.bias else 0
-        mla = (self._mla_replicated + self._qk_norm_replicated) if kind.attention else 0
-        return (kind.attention + has_mlp) * self._block_norm_size() + bias + mla
+        attention = (self._mla_replicated + self._qk_norm_replicated) if kind.attention else 0
+        return (kind.attention + has_mlp) * self._block_norm_size() + bias + attention
 
     @property
     def _mla_replicated(self) -> int:
