@@ -142,8 +142,8 @@ def _whole(value: Any, key: str, where: str) -> int:
 def _number(value: Any, key: str, where: str) -> float:
     """``value`` as a finite float, else InputError."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        # an int past the largest float (a 309+ digit number) would overflow float()
-        if not math.isfinite(value) if isinstance(value, float) else abs(value) > sys.float_info.max:
+        too_big = isinstance(value, int) and abs(value) > sys.float_info.max  # 309+ digits: float() overflows
+        if too_big or not math.isfinite(value):
             raise InputError(f"{where}: {key} is {_shown(value)}; it must be a finite number, e.g. 0.1.")
         return float(value)
     raise InputError(f"{where}: {key} is {_shown(value)}; it must be a number, e.g. 0.1.")
