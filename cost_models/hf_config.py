@@ -426,14 +426,14 @@ def _nope_every(cfg: dict[str, Any], where: str, keys: dict[str, str]) -> int:
 def _softcap_fields(cfg: dict[str, Any], defaults: tuple, where: str) -> dict:
     """Gemma 2's attention and output logit soft-capping (null: none, as in transformers)."""
     out = {}
-    for field, key, default in zip(("attention_softcap", "final_softcap"), _SOFTCAP_KEYS, defaults, strict=True):
+    for field, default in zip(("attention_softcap", "final_softcap"), defaults, strict=True):
+        key = _KEYS[field]
         value = cfg.get(key, default)
         if value is not None:
             out[field] = _number(value, key, where)
     return out
 
 
-_SOFTCAP_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
 QUICK_GELU_ALPHA = 1.702  # GPT-OSS's swiglu_alpha: gate * sigmoid(1.702 gate), Megatron's quick_gelu
 
 
