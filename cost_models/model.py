@@ -502,7 +502,7 @@ class ModelSpec(BaseModel):
         if not self.qk_norm:
             return 0
         width = 2 * self.head_dim if self.qk_norm_span == "head" else self.q_width + self.kv_width
-        return width * (2 if self.norm == "layernorm" else 1)
+        return self._norm_size(width)
 
     @property
     def mla_down_params(self) -> int:
@@ -554,8 +554,9 @@ class ModelSpec(BaseModel):
     def dense_layer_params(self) -> int:
         return self.attention_params + self.norm_params + self.mlp_params(self.ffn_hidden_size)
 
-    def _norm_size(self) -> int:
-        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+    def _norm_size(self, width: int | None = None) -> int:
+        """One norm over ``width`` features (hidden_size unless given): LayerNorm's bias doubles it."""
+        return (self.hidden_size if width is None else width) * (2 if self.norm == "layernorm" else 1)
 
     def _block_norm_size(self) -> int:
         """The norms of one block (attention or MLP): before it, and after it with ``post_norms``."""
@@ -617,8 +618,7 @@ class ModelSpec(BaseModel):
     @property
     def head_params(self) -> int:
         """Final norm plus an untied output layer."""
-        norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
-        return norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
+        return self._norm_size() + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
 
     @property
     def num_params(self) -> int:
