@@ -309,14 +309,18 @@ def _attention_fields(cfg: dict[str, Any], layers: int, where: str) -> dict:
 _YARN_NUMBERS = ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
 
+def _rope_block(cfg: dict[str, Any]) -> tuple[str, dict]:
+    """The rotary settings' block and its name: ``rope_scaling``, or transformers 5's
+    ``rope_parameters``, which also holds rope_theta (("", {}) when neither is a mapping)."""
+    return next(((k, cfg[k]) for k in ("rope_scaling", "rope_parameters") if isinstance(cfg.get(k), dict)), ("", {}))
+
+
 def _yarn(cfg: dict[str, Any], where: str) -> YarnScaling | None:
     """YaRN's settings from ``rope_scaling`` (or transformers 5's ``rope_parameters``) when its
     rope_type (or type, DeepSeek-V3's spelling) is "yarn"; original_max_position_embeddings
     defaults to max_position_embeddings, as transformers' _compute_yarn_parameters reads it. A key of another scaling
     (attention_factor, which overrides the mscale rule) is refused, not ignored."""
-    block, scaling = next(
-        ((k, cfg[k]) for k in ("rope_scaling", "rope_parameters") if isinstance(cfg.get(k), dict)), ("", {})
-    )
+    block, scaling = _rope_block(cfg)
     if (scaling.get("rope_type") or scaling.get("type")) != "yarn":
         return None
     if scaling.get("attention_factor") is not None:
@@ -348,12 +352,15 @@ def _exported_fields(cfg: dict[str, Any], where: str, keys: dict[str, str]) -> d
     scaling, norm epsilon, Qwen2's QKV bias, the router's aux-loss weight, score function and
     expert bias. Absent keys stay unset (the framework's default)."""
     out: dict[str, Any] = {}
+    block, scaling = _rope_block(cfg)  # transformers 5 writes rope_theta and the scaling in rope_parameters
     if cfg.get("rope_theta") is not None:
         out["rope_theta"] = _number(cfg["rope_theta"], "rope_theta", where)
-    scaling = cfg.get("rope_scaling")
-    if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == "llama3":
-        out["rope_scaling_factor"] = _number(scaling.get("factor", 8.0), "rope_scaling.factor", where)
-        keys["rope_scaling_factor"] = "rope_scaling.factor"
+    elif scaling.get("rope_theta") is not None:
+        key = keys["rope_theta"] = f"{block}.rope_theta"
+        out["rope_theta"] = _number(scaling["rope_theta"], key, where)
+    if (scaling.get("rope_type") or scaling.get("type")) == "llama3":
+        out["rope_scaling_factor"] = _number(scaling.get("factor", 8.0), f"{block}.factor", where)
+        keys["rope_scaling_factor"] = f"{block}.factor"
     yarn = _yarn(cfg, where)
     if yarn is not None:
         out["yarn"] = yarn

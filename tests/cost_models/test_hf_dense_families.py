@@ -140,3 +140,19 @@ def test_gpt2_takes_four_times_its_width_without_n_inner():
 def test_a_bad_family_key_is_one_sentence_naming_it(keys, says):
     with pytest.raises(InputError, match=re.escape(says)):
         model_from_hf_config({**SHAPE, **keys}, "x")
+
+
+def test_transformers_5_rope_parameters_read_as_the_older_keys():
+    # transformers 5 saves rope_theta and Llama 3.1's scaling inside rope_parameters, with no
+    # top-level rope_theta or rope_scaling: both must read as they do from a 4.x file
+    from transformers import LlamaConfig
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}  # fmt: skip
+    cfg = LlamaConfig(rope_scaling=scaling, rope_theta=500000.0, max_position_embeddings=131072).to_dict()
+    assert "rope_theta" not in cfg and "rope_scaling" not in cfg  # what transformers 5 writes
+    m = model_from_hf_config(cfg, "llama31")
+    assert (m.rope_theta, m.rope_scaling_factor) == (500000.0, 8.0)
+    old = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    m4 = model_from_hf_config({**old, "rope_theta": 500000.0, "rope_scaling": scaling}, "llama31")
+    assert (m4.rope_theta, m4.rope_scaling_factor) == (500000.0, 8.0)
