@@ -411,7 +411,8 @@ def _row(name: str, release: str, system: str, fmt: str, *cols, note: str) -> Mo
         moe_flex_backend=None if dispatcher == "a2a" else dispatcher,
         cuda_graphs=_graphed(name, release, system),
         fp8_attention=_fp8_attention(name, release, system) and dtype == "mxfp8",
-        rope_fusion=not name.startswith("gpt-oss"),  # YaRN: the recipes' rope fusion is turned off
+        # Bridge turns rope fusion off for the "yarn" position type (GPT-OSS); MLA's YaRN is a rope_type of "rope"
+        rope_fusion=model.yarn is None or model.is_mla,
     )
     lay = run_layout(
         *(gpus, batch, mb, tp, pp, cp, vp),
