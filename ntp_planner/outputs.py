@@ -21,7 +21,8 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from topologies.errors import InputError
@@ -125,17 +126,26 @@ def _write_stdout(content: Content) -> None:
         with tempfile.TemporaryDirectory(prefix=_tmp_prefix()) as tmp:
             content(Path(tmp) / "out")
             content = (Path(tmp) / "out").read_bytes()
-    try:
+    with stream_errors():
         if isinstance(content, bytes):
             sys.stdout.buffer.write(content)
         else:
             sys.stdout.write(content if content.endswith("\n") else content + "\n")
         sys.stdout.flush()
-    except BrokenPipeError:  # the reader stopped reading (| head): Python's own handling
+
+
+@contextmanager
+def stream_errors(name: str = "output") -> Iterator[None]:
+    """A write to standard ``name`` (output or error) that fails (``> /dev/full``, a full disk, a
+    file-size limit) is said in one sentence, exit 2, not as a bug. A reader that stopped reading
+    (``| head``) is left to Python's own handling."""
+    try:
+        yield
+    except BrokenPipeError:
         raise
     except OSError as exc:
         raise InputError(
-            f"cannot write to standard output: {_reason(exc)}; send it to a file or device with room"
+            f"cannot write to standard {name}: {_reason(exc)}; send it to a file or device with room"
         ) from None
 
 

@@ -20,6 +20,7 @@ from ntp_planner.cli.options import (
     PowerOpt,
     SeedOpt,
     SparesOpt,
+    given,
     parse_list,
 )
 from ntp_planner.cli.output import progress, show, show_json
@@ -184,16 +185,11 @@ def _refuse_unused_sweep_options(ctx: typer.Context, names: list[str], fallback:
     """--fallback and --max-power given (not defaulted) where no policy swept uses them, as
     ``_replan_settings`` refuses them for one policy: the sweep would ignore them and its table
     read as if it had not."""
-
-    def given(name: str) -> bool:
-        source = ctx.get_parameter_source(name)
-        return source is not None and source.name != "DEFAULT"
-
-    if given("fallback") and "spares" not in names:
+    if given(ctx, "fallback") and "spares" not in names:
         raise InputError(
             f"--fallback {fallback} only applies to the spares policy, which --policies lacks; drop it or add spares"
         )
-    if given("max_power") and "ntp-pw" not in names and not ("spares" in names and fallback == "ntp-pw"):
+    if given(ctx, "max_power") and "ntp-pw" not in names and not ("spares" in names and fallback == "ntp-pw"):
         raise InputError(
             f"--max-power {max_power:g} only applies when ntp-pw decides the replicas (ntp-pw in --policies, or spares "
             "with --fallback ntp-pw); drop it or add ntp-pw"

@@ -133,6 +133,13 @@ HeadroomOpt = Annotated[
 ]
 
 
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the command's option ``name`` was given (on the command line or from the
+    environment), not left at its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
 def refuse_unused_training(
     dtype: str, fp8_recipe: str, moe_dispatcher: str = "alltoall", moe_flex_backend: str | None = None
 ) -> None:

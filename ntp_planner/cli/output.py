@@ -40,21 +40,11 @@ def show_json(data) -> None:
         (sys.stderr if stderr else sys.stdout).write(json.dumps(data, indent=1) + "\n")
 
 
-@contextmanager
-def _stream_errors(stderr: bool) -> Iterator[None]:
-    """A write to standard output that fails (``> /dev/full``, a full disk, a file-size limit) is
-    said in one sentence, exit 2, not as a bug. A reader that stopped reading (``| head``) is
-    left to Python's own handling."""
-    try:
-        yield
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        from topologies.errors import InputError
+def _stream_errors(stderr: bool):
+    """``outputs.stream_errors`` for the stream the views go to."""
+    from ntp_planner import outputs
 
-        reason = (exc.strerror or type(exc).__name__).lower()
-        name = "error" if stderr else "output"
-        raise InputError(f"cannot write to standard {name}: {reason}; send it to a file or device with room") from None
+    return outputs.stream_errors("error" if stderr else "output")
 
 
 @contextmanager

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from ntp_planner.cli.options import given
 from topologies.errors import InputError
 
 TraceOpt = Annotated[
@@ -105,8 +106,7 @@ IDLE_WITHOUT = {
 def refuse_idle_options(ctx: typer.Context) -> None:
     """An option of ``IDLE_WITHOUT`` given while the draws it shapes are absent, in one sentence."""
     for name, (absent, why) in IDLE_WITHOUT.items():
-        source = ctx.get_parameter_source(name)
-        if source is not None and source.name != "DEFAULT" and absent(ctx.params):
+        if given(ctx, name) and absent(ctx.params):
             option = "--" + name.replace("_", "-")
             raise InputError(f"{option} {ctx.params[name]} does nothing here: {why}; drop it")
 
@@ -115,15 +115,10 @@ def _refuse_draw_options(ctx: typer.Context, trials: int) -> None:
     """With --trace, refuse in one sentence an option given (on the command line or from the
     environment) that only shapes random draws (``NOT_FOR_A_REPLAY``), and --trials above 1: a
     replay is one run."""
-
-    def given(name: str) -> bool:
-        source = ctx.get_parameter_source(name)
-        return source is not None and source.name != "DEFAULT"
-
-    if given("trials") and trials > 1:
+    if given(ctx, "trials") and trials > 1:
         raise InputError(f"--trials {trials} does not apply to --trace: a replay is one run of the trace's failures")
     for name, (option, why) in NOT_FOR_A_REPLAY.items():
-        if given(name):
+        if given(ctx, name):
             raise InputError(f"{option} does not apply to --trace: {why}")
 
 

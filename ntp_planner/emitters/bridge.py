@@ -12,7 +12,7 @@ from ntp_planner.emitters.common import (
     sharding_fields,
     sharding_warnings,
 )
-from ntp_planner.emitters.moe import FP8_ATTENTION_NOTE, MLA_NOTE, moe_warnings, yarn_notes
+from ntp_planner.emitters.moe import FP8_ATTENTION_NOTE, MLA_NOTE, moe_warnings, position_type, yarn_notes
 from ntp_planner.plan import Plan
 from ntp_planner.replan_result import ReplanResult
 
@@ -126,12 +126,7 @@ def structure_fields(m) -> dict:
         "add_bias_linear": m.bias,
         "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
         "layernorm_zero_centered_gamma": m.norm_zero_centered,
-        # YaRN on a GPT model is a position type of its own (MLA's is rope_type, emitters.moe.yarn_fields)
-        "position_embedding_type": "learned_absolute"
-        if m.position != "rope"
-        else "yarn"
-        if m.yarn and not m.is_mla
-        else "rope",
+        "position_embedding_type": position_type(m),
         "rotary_percent": m.rotary_fraction,
         "qk_l2_norm": m.qk_l2_norm,
         "share_embeddings_and_output_weights": m.tie_embeddings,

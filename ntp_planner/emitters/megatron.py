@@ -28,6 +28,7 @@ from ntp_planner.emitters.moe import (
     model_fields,
     moe_fields,
     moe_warnings,
+    position_type,
 )
 from ntp_planner.emitters.moe import yarn_notes as moe_yarn_notes
 from ntp_planner.plan import Plan
@@ -216,13 +217,6 @@ def pipeline_split_args(layout: ParallelLayout, num_layers: int, mtp_layers: int
     ['--pipeline-model-parallel-layout', 'Ettt|tttttL']
     """
     return flags(pipeline_split(layout, num_layers, mtp_layers))
-
-
-def position_type(m) -> str:
-    """--position-embedding-type: MLA takes its rotary kind as --rope-type, beside plain 'rope'."""
-    if m.position != "rope":
-        return "learned_absolute"
-    return "yarn" if m.yarn is not None and not m.is_mla else "rope"
 
 
 def model_args_fields(m) -> dict:

@@ -145,6 +145,14 @@ def model_fields(m: ModelSpec) -> dict:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def position_type(m: ModelSpec) -> str:
+    """megatron-core's position_embedding_type: YaRN on a GPT model is a type of its own ('yarn');
+    MLA takes its rotary kind as rope_type (``yarn_fields``), beside plain 'rope'."""
+    if m.position != "rope":
+        return "learned_absolute"
+    return "yarn" if m.yarn is not None and not m.is_mla else "rope"
+
+
 # MLATransformerConfig's YaRN fields with no Megatron-LM flag (its --yarn-* arguments set the GPT model's
 # yarn_* attributes only), at megatron-core 0.19.2's defaults
 MLA_YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}

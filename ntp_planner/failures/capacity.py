@@ -109,7 +109,8 @@ def _forget_failures(recent: list[Job]) -> list[Job]:
 def _pruned(spec: CapacitySpec, bound: Candidate, winners: list[Candidate]) -> Candidate:
     """The candidate of a job with a plan, with a reason when it loses without simulating: a
     failure-free time past the deadline, or bounds dominated by a simulated winner."""
-    if bound.failure_free_days * (1 - BOUND_TOLERANCE) > spec.deadline_days:
+    t, c = bound.failure_free_days * (1 - BOUND_TOLERANCE), bound.cost_usd * (1 - BOUND_TOLERANCE)
+    if t > spec.deadline_days:
         return bound.model_copy(
             update={
                 "p_deadline": 0.0,
@@ -118,7 +119,6 @@ def _pruned(spec: CapacitySpec, bound: Candidate, winners: list[Candidate]) -> C
             }
         )
     for w in winners:
-        t, c = bound.failure_free_days * (1 - BOUND_TOLERANCE), bound.cost_usd * (1 - BOUND_TOLERANCE)
         if (w.days_at_confidence < t and w.cost_usd <= c) or (w.days_at_confidence <= t and w.cost_usd < c):
             return bound.model_copy(
                 update={"reason": f"dominated by {w.label}: it needs at least {t:.1f} days and {usd(c)}"}
